@@ -1,0 +1,74 @@
+"""The contract every stage implements.
+
+A stage is one function `run(ctx: StageContext) -> StageResult` in `dflashx/stages/<name>.py`.
+It reads its resolved config from `ctx.config` and its inputs from `ctx.inputs` (the outputs of
+earlier stages, keyed "<stage>.<artifact>"), writes only inside `ctx.out_dir`, and returns the
+artifacts it produced (paths relative to `ctx.out_dir`) and its measured metrics. The orchestrator
+(`dflashx.run`) owns everything around it: the run directory, stage keys, `_SUCCESS` markers,
+records, provenance, W&B and the manifest. A stage that must stop the run (QC failing) raises
+`StageFailed` with a plain-words message.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from dflashx.config.schema import Recipe, STAGE_ORDER
+
+
+class StageFailed(RuntimeError):
+    """A stage ran but its result must stop the pipeline (e.g. the QC gate)."""
+
+    def __init__(self, message: str, metrics: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.metrics = metrics or {}
+
+
+class MetricLogger(Protocol):
+    def __call__(self, metrics: dict[str, Any], step: int | None = None) -> None: ...
+
+
+@dataclass
+class Artifact:
+    """One output of a stage. `path` is relative to the stage folder."""
+
+    path: str
+    tier: str = "replaceable"  # irreplaceable | replaceable | garbage (recipes may override)
+    description: str = ""
+
+
+@dataclass
+class StageContext:
+    name: str
+    recipe: Recipe  # validated, hardware resolved
+    plan: dict[str, Any]  # the planner's JSON for this stage (commands, estimates)
+    resolved: dict[str, Any]  # the plan's `resolved` recipe (derived values filled in)
+    run_dir: Path
+    out_dir: Path  # this stage's folder; persists across resumes until _SUCCESS
+    inputs: dict[str, Path] = field(default_factory=dict)  # "<stage>.<artifact>" -> absolute path
+    log: MetricLogger = lambda metrics, step=None: None
+
+    @property
+    def config(self) -> Any:
+        """This stage's section of the recipe (e.g. `TrainStage`)."""
+        return getattr(self.recipe.stages, self.name)
+
+
+@dataclass
+class StageResult:
+    artifacts: dict[str, Artifact] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+StageFn = Callable[[StageContext], StageResult]
+
+
+def load_stage(name: str) -> StageFn:
+    """Import `dflashx.stages.<name>.run` lazily (so planning never imports torch)."""
+    if name not in STAGE_ORDER:
+        raise KeyError(f"unknown stage {name!r}; stages are {', '.join(STAGE_ORDER)}")
+    module = importlib.import_module(f"dflashx.stages.{name}")
+    return module.run
