@@ -1,7 +1,8 @@
 """A byte-level BPE tokenizer trained locally, wrapped as a transformers fast tokenizer with a
 Qwen3-style chat template (`<|im_start|>`, `<|im_end|>`, `<think>`, `</think>`, `enable_thinking`).
 
-Used by the tiny target and by tests that need a real tokenizer without downloads. The template is
+Used by the tiny target and by tests that need a real tokenizer without downloads. Digits are split
+one per token (as Qwen3 does), so the tiny target can learn column arithmetic. The template is
 ours, written to render the same token layout as the Qwen3 family: the final assistant turn is
 `<think>\\n{reasoning}\\n</think>\\n\\n{answer}<|im_end|>`, and a generation prompt with thinking off
 pre-fills an empty think block.
@@ -49,7 +50,10 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, out_dir: str |
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Digits one token each, as in the Qwen3 tokenizer: arithmetic stays digit-aligned.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -1,0 +1,180 @@
+"""The production backend: SGLang (or any OpenAI-compatible server) over HTTP, never imported.
+
+Servers come from the plan (`ServerPool` launches them) or from `stages.generate.urls` (attach).
+Requests go to `/v1/chat/completions` with the recipe's sampling settings and
+`chat_template_kwargs: {enable_thinking, ...}`. Each replica gets `concurrency` asyncio workers
+that pull from one bounded queue, so faster replicas take more work and memory stays bounded.
+A transient failure (connection error or drop, timeout, HTTP 408/429/5xx, an unreadable body) is
+retried on the next replica after an exponential back-off with jitter; other 4xx answers are final
+and recorded with `error`. The reasoning comes from `reasoning_content` (SGLang's
+`--reasoning-parser`) or `reasoning`; without either, `<think>...</think>` in the content is split.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any, Iterable
+
+import httpx
+
+from dflashx.backends.base import Backend, Emit, completion_record, split_think
+from dflashx.backends.servers import ServerPool, ServerSpec, base_url, wait_healthy
+from dflashx.config.schema import ChatTemplateSpec, GenerateStage
+
+RETRY_STATUS = {408, 409, 425, 429}
+MAX_BACKOFF_S = 60.0
+
+
+class TransientError(Exception):
+    """A failure worth retrying."""
+
+
+def backoff_s(attempt: int, base_s: float) -> float:
+    """Exponential back-off with jitter: uniform in [0.5, 1] x min(cap, base x 2^attempt)."""
+    return min(MAX_BACKOFF_S, base_s * 2**attempt) * random.uniform(0.5, 1.0)
+
+
+class SGLangBackend(Backend):
+    name = "sglang"
+
+    def __init__(
+        self,
+        cfg: GenerateStage,
+        chat: ChatTemplateSpec,
+        model: str,
+        servers: list[dict[str, Any]] | None = None,
+        log_dir: Path | None = None,
+    ):
+        super().__init__()
+        self.cfg = cfg
+        self.chat = chat
+        self.model = model
+        self.pool: ServerPool | None = None
+        if cfg.urls:
+            self.urls = [base_url(u) for u in cfg.urls]
+        elif servers:
+            specs = [ServerSpec.from_plan(s) for s in servers]
+            self.pool = ServerPool(specs, log_dir or Path("."), cfg.server_startup_timeout_s)
+            self.urls = self.pool.urls
+        else:
+            raise ValueError(
+                "stages.generate.backend is 'sglang' but the plan lists no servers and "
+                "stages.generate.urls is empty: give the URLs of running servers, or plan on a GPU profile"
+            )
+
+    def __enter__(self) -> "SGLangBackend":
+        if self.pool is not None:
+            self.pool.__enter__()
+        else:
+            wait_healthy(self.urls, self.cfg.server_startup_timeout_s)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.__exit__(*exc)
+
+    def generate(self, prompts: Iterable[dict[str, Any]], emit: Emit) -> None:
+        asyncio.run(self._generate(prompts, emit))
+
+    # ------------------------------------------------------------------ async core
+
+    async def _generate(self, prompts: Iterable[dict[str, Any]], emit: Emit) -> None:
+        workers = len(self.urls) * self.cfg.concurrency
+        limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
+        timeout = httpx.Timeout(self.cfg.request_timeout_s, connect=min(30.0, self.cfg.request_timeout_s))
+        async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+            model = await self._served_model(http)
+            queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=2 * workers)
+            async with asyncio.TaskGroup() as group:
+                for replica in range(len(self.urls)):
+                    for _ in range(self.cfg.concurrency):
+                        group.create_task(self._worker(http, model, replica, queue, emit))
+                for prompt in prompts:
+                    await queue.put(prompt)
+                for _ in range(workers):
+                    await queue.put(None)
+
+    async def _served_model(self, http: httpx.AsyncClient) -> str:
+        """The name the first server serves (`/v1/models`), else the recipe's target model."""
+        try:
+            resp = await http.get(f"{self.urls[0]}/v1/models")
+            resp.raise_for_status()
+            return resp.json()["data"][0]["id"]
+        except (httpx.HTTPError, KeyError, IndexError, ValueError):
+            return self.model
+
+    async def _worker(self, http: httpx.AsyncClient, model: str, replica: int,
+                      queue: asyncio.Queue, emit: Emit) -> None:
+        while (prompt := await queue.get()) is not None:
+            record = await self._complete(http, model, replica, prompt)
+            if record is not None:
+                emit(record)
+
+    def _body(self, model: str, prompt: dict[str, Any]) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": prompt["messages"],
+            "max_tokens": self.cfg.max_tokens,
+            "temperature": self.cfg.temperature,
+            "top_p": self.cfg.top_p,
+            "chat_template_kwargs": {**self.chat.kwargs, "enable_thinking": self.chat.enable_thinking},
+        }
+        if prompt.get("tools"):
+            body["tools"] = prompt["tools"]
+        return body
+
+    async def _complete(self, http: httpx.AsyncClient, model: str, replica: int,
+                        prompt: dict[str, Any]) -> dict[str, Any] | None:
+        body = self._body(model, prompt)
+        attempt = 0
+        while True:
+            url = self.urls[(replica + attempt) % len(self.urls)]
+            try:
+                async with asyncio.timeout(self.cfg.request_timeout_s):
+                    resp = await http.post(f"{url}/v1/chat/completions", json=body)
+                if resp.status_code in RETRY_STATUS or resp.status_code >= 500:
+                    raise TransientError(f"HTTP {resp.status_code} from {url}: {resp.text[:300]}")
+                if resp.status_code >= 400:
+                    return self._rejected(prompt, f"HTTP {resp.status_code} from {url}: {resp.text[:500]}")
+                return self._parse(prompt, resp)
+            except (httpx.TransportError, TimeoutError, TransientError) as e:
+                message = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                if attempt == self.cfg.retries:
+                    self.stats.failed += 1
+                    self.stats.note_error(f"prompt {prompt['id']}: {message}")
+                    return None
+                self.stats.retries += 1
+                await asyncio.sleep(backoff_s(attempt, self.cfg.retry_backoff_s))
+                attempt += 1
+
+    def _rejected(self, prompt: dict[str, Any], error: str) -> dict[str, Any]:
+        self.stats.rejected += 1
+        self.stats.note_error(f"prompt {prompt['id']}: {error}")
+        return completion_record(prompt, reasoning="", answer="", finish_reason="error", prompt_tokens=0,
+                                 completion_tokens=0, backend=self.name, error=error)
+
+    def _parse(self, prompt: dict[str, Any], resp: httpx.Response) -> dict[str, Any]:
+        try:
+            data = resp.json()
+            choice = data["choices"][0]
+            message = choice["message"]
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise TransientError(f"unreadable completion body ({e!r}): {resp.text[:200]}") from None
+        content = message.get("content") or ""
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        if reasoning is None:
+            reasoning, answer = split_think(content)
+        else:
+            answer = content.strip()
+        usage = data.get("usage") or {}
+        return completion_record(
+            prompt,
+            reasoning=reasoning.strip(),
+            answer=answer,
+            finish_reason=choice.get("finish_reason") or "stop",
+            prompt_tokens=usage.get("prompt_tokens", 0),
+            completion_tokens=usage.get("completion_tokens", 0),
+            backend=self.name,
+        )

@@ -1,0 +1,115 @@
+"""In-process backend: batched `model.generate` with transformers (CPU or one GPU).
+
+For the tiny target and tests, and for small targets without a server. Prompts are rendered with
+the tokenizer's chat template (tools and `enable_thinking` passed through), left-padded into
+batches of `batch_size`, and decoded greedily when `temperature` is 0. The reasoning/answer split
+comes from the decoded `<think>...</think>`; usage counts are real token counts (the prompt's
+tokens, and the generated tokens up to and including end-of-turn).
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from dflashx.backends.base import Backend, Emit, completion_record, split_think
+from dflashx.config.schema import ChatTemplateSpec, GenerateStage
+from dflashx.data.chat_mask import THINK_OPEN
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _batched(items: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    it = iter(items)
+    while batch := list(islice(it, size)):
+        yield batch
+
+
+class TransformersBackend(Backend):
+    name = "transformers"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        tokenizer_path: str | Path,
+        cfg: GenerateStage,
+        chat: ChatTemplateSpec,
+        precision: str = "fp32",
+        device: str | None = None,
+    ):
+        super().__init__()
+        self.model_path = str(model_path)
+        self.tokenizer_path = str(tokenizer_path)
+        self.cfg = cfg
+        self.chat = chat
+        self.precision = precision
+        self.device = device
+        self.model: Any = None
+        self.tokenizer: Any = None
+
+    def __enter__(self) -> "TransformersBackend":
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = getattr(torch, DTYPES.get(self.precision, "float32"))
+        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, padding_side="left")
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.model = None
+
+    def render(self, prompt: dict[str, Any]) -> str:
+        """The prompt as the target sees it: chat template with a generation prompt."""
+        return self.tokenizer.apply_chat_template(
+            prompt["messages"],
+            tools=prompt.get("tools") or None,
+            add_generation_prompt=True,
+            tokenize=False,
+            **{**self.chat.kwargs, "enable_thinking": self.chat.enable_thinking},
+        )
+
+    def generate(self, prompts: Iterable[dict[str, Any]], emit: Emit) -> None:
+        for batch in _batched(prompts, self.cfg.batch_size):
+            for record in self._generate_batch(batch):
+                emit(record)
+
+    def _sampling(self) -> dict[str, Any]:
+        if self.cfg.temperature == 0:
+            return {"do_sample": False}
+        return {"do_sample": True, "temperature": self.cfg.temperature, "top_p": self.cfg.top_p}
+
+    def _generate_batch(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        import torch
+
+        tok = self.tokenizer
+        texts = [self.render(p) for p in batch]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        with torch.inference_mode():
+            out = self.model.generate(
+                **enc,
+                max_new_tokens=self.cfg.max_tokens,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+                **self._sampling(),
+            )
+        new_tokens = out[:, enc["input_ids"].shape[1]:].tolist()
+        prompt_lengths = enc["attention_mask"].sum(dim=1).tolist()
+        records = []
+        for prompt, text, ids, n_prompt in zip(batch, texts, new_tokens, prompt_lengths, strict=True):
+            stop = tok.eos_token_id in ids
+            ids = ids[: ids.index(tok.eos_token_id) + 1] if stop else ids
+            decoded = tok.decode(ids, skip_special_tokens=False).removesuffix(tok.eos_token)
+            reasoning, answer = split_think(decoded, opened_in_prompt=text.rstrip().endswith(THINK_OPEN))
+            records.append(completion_record(
+                prompt,
+                reasoning=reasoning,
+                answer=answer,
+                finish_reason="stop" if stop else "length",
+                prompt_tokens=n_prompt,
+                completion_tokens=len(ids),
+                backend=self.name,
+            ))
+        return records

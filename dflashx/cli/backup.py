@@ -1,0 +1,56 @@
+"""`dflashx backup RUN_DIR`: copy the run to S3 (or --to a folder), verify, say if it is safe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def command(
+    run_dir: Path = typer.Argument(..., exists=True, file_okay=False, help="The run directory."),
+    to: str = typer.Option(None, "--to", help="Back up to this folder instead of storage.s3."),
+    only_irreplaceable: bool = typer.Option(False, "--only-irreplaceable",
+                                            help="Skip replaceable artifacts (logs, regenerable data)."),
+    verify_only: bool = typer.Option(False, "--verify-only", help="Upload nothing; verify the remote copies."),
+    repair: bool = typer.Option(False, "--repair", help="Upload again the remote copies that fail verification."),
+) -> None:
+    from rich.console import Console
+    from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
+
+    from dflashx.report.fmt import human_bytes
+    from dflashx.store.backup import SAFE, backup_run
+    from dflashx.store.base import StoreError
+    from dflashx.store.inventory import run_remote
+    from dflashx.store.progress import write_progress
+
+    console = Console()
+    try:
+        store = run_remote(run_dir, to)
+        if store is None:
+            console.print(f"[red]error:[/red] {run_dir}/recipe.yaml has no storage.s3: set "
+                          "storage.s3 in the recipe or pass --to FOLDER")
+            raise typer.Exit(1)
+        with Progress(*Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
+                      console=console, transient=True) as bar:
+            task = bar.add_task("uploading", total=None)
+            report = backup_run(run_dir, store, include_replaceable=not only_irreplaceable,
+                                verify_only=verify_only, repair=repair,
+                                progress=lambda n: bar.advance(task, n),
+                                before_run_files=write_progress)
+    except StoreError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"{len(report.files)} file(s), {human_bytes(report.bytes_verified)} verified at "
+                  f"{report.remote}; {human_bytes(report.bytes_uploaded)} uploaded")
+    if report.garbage:
+        total = human_bytes(sum(g["size"] for g in report.garbage))
+        console.print(f"garbage, not copied ({total}; `dflashx gc {run_dir}` deletes it):")
+        for g in report.garbage:
+            console.print(f"  {g['name']}  {g['path']}  {human_bytes(g['size'])}")
+    if not report.ok:
+        console.print(f"[red]do not shut down yet:[/red] {len(report.problems)} file(s) not verified:")
+        for p in report.problems:
+            console.print(f"  {p.status:13s} {p.rel}  {p.detail}")
+        raise typer.Exit(1)
+    console.print(f"[green]{SAFE}[/green]: every copy verified by sha256")

@@ -1,0 +1,34 @@
+"""`dflashx compare RUN...`: runs side by side (recipe differences, estimate vs actual, results)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+
+def command(
+    runs: list[Path] = typer.Argument(..., exists=True, file_okay=False, help="Run directories."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print markdown instead of tables."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    from rich.console import Console
+
+    from dflashx.report.compare import compare
+    from dflashx.report.runinfo import RunInfo
+
+    try:
+        infos = [RunInfo.load(r) for r in runs]
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    sections = compare(infos)
+    if as_json:
+        typer.echo(json.dumps({"sections": [s.to_json() for s in sections]}, indent=1))
+    elif markdown:
+        typer.echo("\n".join(s.markdown() for s in sections))
+    else:
+        console = Console()
+        for section in sections:
+            console.print(section.rich())

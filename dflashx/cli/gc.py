@@ -1,0 +1,40 @@
+"""`dflashx gc RUN_DIR [--yes]`: delete a run's garbage artifacts after a confirmation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def command(
+    run_dir: Path = typer.Argument(..., exists=True, file_okay=False, help="The run directory."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Delete without asking."),
+    remote: bool = typer.Option(False, "--remote", help="Also delete remote copies of the garbage."),
+    to: str = typer.Option(None, "--to", help="Remote folder instead of storage.s3 (with --remote)."),
+) -> None:
+    from rich.console import Console
+
+    from dflashx.report.fmt import human_bytes
+    from dflashx.store.base import StoreError
+    from dflashx.store.inventory import collect_garbage, run_remote
+    from dflashx.store.manifest import Manifest
+
+    console = Console()
+    garbage = [e for e in Manifest.load(run_dir).entries.values() if e.tier == "garbage"]
+    if not garbage:
+        console.print("no garbage in this run")
+        return
+    for e in garbage:
+        console.print(f"  {e.name}  {e.path}  {human_bytes(e.size)}")
+    total = human_bytes(sum(e.size for e in garbage))
+    where = "locally and remotely" if remote else "locally"
+    if not yes and not typer.confirm(f"Delete these {len(garbage)} artifact(s), {total}, {where}?"):
+        console.print("nothing deleted")
+        raise typer.Exit(1)
+    try:
+        deleted = collect_garbage(run_dir, run_remote(run_dir, to) if remote else None)
+    except StoreError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"deleted {len(deleted)} artifact(s), {total} freed")

@@ -1,0 +1,94 @@
+"""`dflashx plan RECIPE [OVERRIDES...] [--dry-run] [--json] [--explain]`.
+
+Loads the recipe (exit 2 when it cannot be read or validated), reads a local target's
+config.json (the planner itself never reads files), plans, and prints either a rich view or
+exactly one JSON object. Exit 0 without plan errors, 1 with.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from dflashx.cli._common import OverridesArg, RecipeArg, load_or_exit, target_facts
+from dflashx.plan.explain import human_bytes, human_count, human_seconds
+
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Plan only (plan never runs anything; accepted for scripts).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object (see docs/planner.md).")]
+ExplainOpt = Annotated[bool, typer.Option("--explain", help="Show every estimate's formula, inputs and source.")]
+
+
+def _value(value: float, unit: str) -> str:
+    if unit == "bytes":
+        return human_bytes(value)
+    if unit == "s":
+        return human_seconds(value)
+    if unit in ("fraction",):
+        return f"{value:.1%}"
+    return f"{human_count(value)} {unit}"
+
+
+def _inputs(inputs: dict[str, Any]) -> str:
+    def fmt(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{k}={fmt(v)}" for k, v in inputs.items())
+
+
+def render(plan: dict[str, Any], title: str, explain: bool) -> None:
+    """The human view: stages table, totals, commands, findings (and formulas with --explain)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=title)
+    for col in ("stage", "on", "time", "GPU-h", "USD", "storage", "peak mem/GPU"):
+        table.add_column(col, justify="left" if col in ("stage", "on") else "right")
+    for stage in plan["stages"]:
+        e = stage["estimates"]
+        table.add_row(stage["name"], "yes" if stage["enabled"] else "no", human_seconds(e["seconds"]),
+                      f"{e['gpu_hours']:,.1f}", f"{e['usd']:,.0f}", human_bytes(e["storage_bytes"]),
+                      human_bytes(e["peak_gpu_memory_bytes"]))
+    t = plan["totals"]
+    table.add_row("[bold]total", "", f"[bold]{human_seconds(t['seconds'])}", f"[bold]{t['gpu_hours']:,.1f}",
+                  f"[bold]{t['usd']:,.0f}", f"[bold]{human_bytes(t['storage_bytes'])}",
+                  f"[bold]{human_bytes(t['peak_gpu_memory_bytes'])}")
+    console.print(table)
+    for stage in plan["stages"]:
+        if stage["enabled"] and stage["commands"]:
+            console.print(f"[bold]{stage['name']}[/bold] runs:")
+            for line in stage["commands"]:
+                console.print(f"  {line}", soft_wrap=True, highlight=False, markup=False)
+    if explain:
+        console.print("[bold]how each number is estimated[/bold]")
+        for term in plan["explain"]:
+            console.print(f"  {term['key']} = {_value(term['value'], term['unit'])}", highlight=False, markup=False)
+            console.print(f"      {term['formula']}", highlight=False, markup=False)
+            if term["inputs"]:
+                console.print(f"      inputs: {_inputs(term['inputs'])}", highlight=False, markup=False)
+    for kind, style in (("warnings", "yellow"), ("errors", "red")):
+        for f in plan[kind]:
+            console.print(f"[{style}]{kind[:-1]}[/{style}] " + escape(f"[{f['code']}] {f['key']}: {f['message']}"),
+                          highlight=False)
+            console.print(f"    fix: {f['fix']}", highlight=False, markup=False)
+    verdict = f"{len(plan['errors'])} error(s), {len(plan['warnings'])} warning(s)"
+    console.print(("[red]" if plan["errors"] else "[green]") + verdict)
+
+
+def command(recipe: RecipeArg, overrides: OverridesArg = None, dry_run: DryRunOpt = False,
+            json_output: JsonOpt = False, explain: ExplainOpt = False) -> None:
+    from dflashx.plan.plan import make_plan
+
+    loaded = load_or_exit(recipe, overrides)
+    plan = make_plan(loaded.recipe, target_facts(loaded.recipe)).to_json(explain=explain)
+    if json_output:
+        sys.stdout.write(json.dumps(plan) + "\n")
+    else:
+        r = loaded.recipe
+        render(plan, f"{r.name}: {r.target.model} on {r.hardware.name} (train {r.stages.train.mode})", explain)
+    if plan["errors"]:
+        raise typer.Exit(1)

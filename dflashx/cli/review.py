@@ -1,0 +1,31 @@
+"""`dflashx review BASE HEAD`: markdown for a pull request changing a recipe.
+
+BASE/HEAD are recipe files or `path@gitref`, e.g. `dflashx review recipes/a.yaml@origin/main
+recipes/a.yaml`. Exit 1 when the head recipe does not load or its plan has errors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def command(
+    base: str = typer.Argument(..., help="Base recipe: a file, or path@gitref."),
+    head: str = typer.Argument(..., help="Head recipe: a file, or path@gitref."),
+    out: Path = typer.Option(None, "--out", help="Also write the markdown to this file."),
+) -> None:
+    import tempfile
+
+    from dflashx.cli._common import target_facts
+    from dflashx.report.review import review
+    from dflashx.store.manifest import atomic_write_text
+
+    with tempfile.TemporaryDirectory(prefix="dflashx-review-") as tmp:
+        markdown, ok = review(base, head, target_facts, Path(tmp))
+    typer.echo(markdown)
+    if out is not None:
+        atomic_write_text(out, markdown)
+    if not ok:
+        raise typer.Exit(1)

@@ -1,0 +1,54 @@
+"""`dflashx run RECIPE [OVERRIDES...]`: plan, then run (or resume) the recipe's stages."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dflashx.cli._common import OverridesArg, RecipeArg, load_or_exit, target_facts
+
+
+def command(
+    recipe: RecipeArg,
+    overrides: OverridesArg = None,
+    run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Default: <storage.root>/<recipe name>.")] = None,
+    only: Annotated[Optional[str], typer.Option("--only", help="Run just this stage.")] = None,
+    until: Annotated[Optional[str], typer.Option("--until", help="Run the stages up to and including this one.")] = None,
+    force: Annotated[Optional[list[str]], typer.Option("--force", help="Re-run this stage even if done (repeatable).")] = None,
+) -> None:
+    from dflashx.plan.plan import make_plan
+    from dflashx.run.graph import select
+    from dflashx.run.orchestrator import default_run_dir, run_pipeline
+    from dflashx.run.rundir import RunDirBusy
+
+    loaded = load_or_exit(recipe, overrides)
+    try:
+        selection = select(only, until, force or ())
+    except ValueError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    plan = make_plan(loaded.recipe, target_facts(loaded.recipe)).to_json()
+    for finding in plan.get("warnings", []):
+        typer.echo(f"warning [{finding.get('key')}]: {finding.get('message')} (fix: {finding.get('fix')})", err=True)
+    if plan.get("errors"):
+        for finding in plan["errors"]:
+            typer.echo(f"error [{finding.get('key')}]: {finding.get('message')} (fix: {finding.get('fix')})", err=True)
+        typer.echo(f"{recipe}: the plan has {len(plan['errors'])} error(s); nothing was run", err=True)
+        raise typer.Exit(1)
+    target = run_dir or default_run_dir(loaded.recipe)
+    typer.echo(f"run dir: {target}")
+    try:
+        result = run_pipeline(loaded.recipe, plan, target, selection, argv=sys.argv, echo=typer.echo)
+    except RunDirBusy as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted: run the same command again to resume", err=True)
+        raise typer.Exit(130) from None
+    if not result.ok:
+        typer.echo(f"stopped; see `dflashx status {target}`", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"all selected stages done; see `dflashx status {target}`")

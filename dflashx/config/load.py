@@ -1,0 +1,391 @@
+"""Load a recipe file into a validated `Recipe`.
+
+Order: the `extends` chain (base first, child keys win, lists replace) -> a `hardware=NAME`
+override -> the hardware profile (by name, with its optional calibration file) -> the other
+dotted overrides -> secrets check -> `${...}` interpolation -> relative paths -> validation.
+Every problem found on the way is collected and raised together as one `RecipeError`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+from pydantic import ValidationError
+
+from dflashx.config import suggest
+from dflashx.config.errors import (
+    Loc,
+    Origin,
+    Problem,
+    RecipeError,
+    SourceMap,
+    dotted,
+    duplicate_keys,
+    validation_problems,
+    yaml_problem,
+)
+from dflashx.config.schema import STAGE_ORDER, HardwareProfile, Recipe
+
+PROFILES_ENV = "DFLASHX_PROFILES_DIR"
+REPO_PROFILES = Path(__file__).resolve().parents[2] / "hardware_profiles"
+CALIBRATION_SUFFIX = ".calibration.yaml"
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C parser keeps line marks too
+SECRETS_HINT = (
+    "remove it: credentials come from the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+    "WANDB_API_KEY, HF_TOKEN) or an AWS profile (storage.s3.aws_profile), never from the recipe"
+)
+
+
+@dataclass(frozen=True)
+class LoadedRecipe:
+    """A validated recipe, the file it came from and the merged dict that was validated."""
+
+    recipe: Recipe
+    path: Path
+    data: dict[str, Any]
+    files: tuple[Path, ...] = ()  # every file that contributed: bases, the recipe, profile, calibration
+
+
+@dataclass(frozen=True)
+class Override:
+    """One `KEY=VALUE` command-line override, with short forms expanded (`train.lr` -> `stages.train.lr`)."""
+
+    loc: Loc
+    value: Any
+    text: str
+
+    @property
+    def key(self) -> str:
+        return ".".join(str(p) for p in self.loc)
+
+    @property
+    def origin(self) -> Origin:
+        return _override_origin(self.text)
+
+
+def _override_origin(text: str) -> Origin:
+    """`override 'KEY=VALUE'`, the value hidden when it looks like a credential."""
+    key, _, raw = text.partition("=")
+    hidden = suggest.looks_secret(key.split(".")[-1], raw) or suggest.SECRET_KEY.search(raw)
+    return Origin(f"override '{key}=<hidden>'" if hidden else f"override '{text}'")
+
+
+# --------------------------------------------------------------------------- hardware profiles
+
+
+def profile_dirs(recipe_dir: Path | None = None) -> list[Path]:
+    """Folders searched for `NAME.yaml`, first match wins (see docs/design.md)."""
+    dirs = [Path(p) for p in os.environ.get(PROFILES_ENV, "").split(os.pathsep) if p]
+    if recipe_dir is not None:
+        dirs.append(recipe_dir.parent / "hardware_profiles")
+    dirs += [Path.cwd() / "hardware_profiles", REPO_PROFILES]
+    unique: dict[Path, None] = {}
+    for d in dirs:
+        unique.setdefault(d.resolve(), None)
+    return list(unique)
+
+
+def available_profiles(recipe_dir: Path | None = None) -> dict[str, Path]:
+    """Profile name -> file, over the search folders in order."""
+    found: dict[str, Path] = {}
+    for d in profile_dirs(recipe_dir):
+        for f in sorted(d.glob("*.yaml")) if d.is_dir() else []:
+            if not f.name.endswith(CALIBRATION_SUFFIX):
+                found.setdefault(f.stem, f)
+    return found
+
+
+def load_profile(name: str, recipe_dir: Path | None = None) -> HardwareProfile:
+    """One hardware profile by name, calibration merged, validated on its own."""
+    loader = _Loader(name)
+    cfg = loader.profile(name, recipe_dir, where=Origin(f"profile '{name}'"), prefix=())
+    data = loader.resolve(cfg) if cfg is not None else {}
+    loader.raise_if_any()
+    try:
+        return HardwareProfile.model_validate(data)
+    except ValidationError as exc:
+        loader.fail(validation_problems(exc, loader.sources, Origin(name), root=HardwareProfile))
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def parse_overrides(items: Sequence[str]) -> tuple[list[Override], list[Problem]]:
+    """Parse `KEY=VALUE` strings; values are YAML (`1e-4`, `true`, `[1, 2]`, `{a: 1}`)."""
+    out, problems = [], []
+    for text in items:
+        key, sep, raw = text.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
+            problems.append(Problem(
+                "override must look like KEY=VALUE", _override_origin(text),
+                hint="e.g. train.lr=1e-4, stages.generate.max_tokens=4096 or hardware=b200_nvl8",
+            ))
+            continue
+        loc: Loc = tuple(int(p) if p.isdigit() else p for p in parts)
+        if loc[0] in STAGE_ORDER:
+            loc = ("stages",) + loc
+        try:
+            value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]), resolve=False)["v"]
+        except (yaml.YAMLError, OmegaConfBaseException) as exc:
+            problems.append(Problem(f"cannot parse the value: {exc}", _override_origin(text), dotted(loc)))
+            continue
+        out.append(Override(loc, value, text))
+    return out, problems
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> LoadedRecipe:
+    """Compose, override, interpolate, resolve paths and validate one recipe file."""
+    file = Path(os.path.abspath(path))
+    loader = _Loader(file)
+    cfg = loader.compose(file, stack=())
+    parsed, problems = parse_overrides(overrides)
+    loader.problems += problems
+    for ov in parsed:
+        if ov.loc == ("hardware",):
+            loader.apply(cfg, ov)
+    loader.select_hardware(cfg, file.parent)
+    for ov in parsed:
+        if ov.loc != ("hardware",):
+            loader.apply(cfg, ov)
+    skip = loader.check_secrets(cfg)
+    data = loader.resolve(cfg)
+    _resolve_paths(data, loader.sources)
+    skip += loader.unresolved
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        loader.problems += validation_problems(exc, loader.sources, Origin(str(file)), skip=skip)
+    loader.raise_if_any()
+    return LoadedRecipe(recipe, file, data, tuple(loader.sources.files))
+
+
+class _Loader:
+    """State of one load: where each key came from and the problems found so far."""
+
+    def __init__(self, top: Path | str) -> None:
+        self.top = top  # the recipe (or profile) being loaded, named in the error's title
+        self.sources = SourceMap()
+        self.problems: list[Problem] = []
+        self.unresolved: list[Loc] = []
+
+    def fail(self, problems: list[Problem]) -> NoReturn:
+        raise RecipeError(problems, self.top) from None
+
+    def raise_if_any(self) -> None:
+        if self.problems:
+            self.fail(self.problems)
+
+    def parse(self, file: Path) -> tuple[DictConfig, yaml.MappingNode]:
+        """One YAML mapping file as a DictConfig and its node tree (for line numbers)."""
+        try:
+            text = file.read_text(encoding="utf-8")
+        except OSError as exc:
+            siblings = (f.name for f in file.parent.glob("*.yaml")) if file.parent.is_dir() else ()
+            hint = suggest.did_you_mean(file.name, siblings)
+            self.fail([Problem(f"cannot read file: {exc.strerror}", Origin(str(file)), hint=hint)])
+        try:
+            node = yaml.compose(text, Loader=_YAML_LOADER)
+            dups = duplicate_keys(file, node) if node is not None else []
+            if dups:
+                self.fail(dups)
+            cfg = OmegaConf.create(text) if node is not None else None
+        except yaml.YAMLError as exc:
+            self.fail([yaml_problem(exc, file)])
+        if not isinstance(node, yaml.MappingNode) or not isinstance(cfg, DictConfig):
+            self.fail([Problem(
+                "the file must hold a YAML mapping of keys" + (" (it is empty)" if node is None else ""),
+                Origin(str(file), 1), hint="start with e.g. `name: my-run`",
+            )])
+        return cfg, node
+
+    def read(self, file: Path, prefix: Loc = ()) -> DictConfig:
+        cfg, node = self.parse(file)
+        self.sources.add_file(file, node, prefix)
+        return cfg
+
+    def compose(self, file: Path, stack: tuple[Path, ...]) -> DictConfig:
+        """The recipe merged over its `extends` chain (child keys win, lists replace)."""
+        cfg, node = self.parse(file)
+        base_cfg = None
+        found = next(((k, v) for k, v in node.value if k.value == "extends"), None)
+        if found is not None:
+            key_node, value_node = found
+            where = Origin(str(file), key_node.start_mark.line + 1)
+            base_name = value_node.value
+            if not isinstance(value_node, yaml.ScalarNode) or value_node.tag != "tag:yaml.org,2002:str":
+                self.fail([Problem("`extends` must be a path to a base recipe", where, "extends",
+                                   expected="a file name such as base.yaml")])
+            base = Path(os.path.normpath(file.parent / base_name))
+            chain = stack + (file,)
+            if base.resolve() in {p.resolve() for p in chain}:
+                cycle = " -> ".join(p.name for p in chain + (base,))
+                self.fail([Problem(f"extends cycle: {cycle}", where, "extends",
+                                   hint="remove `extends` from one of these files")])
+            if not base.is_file():
+                siblings = (f.name for f in base.parent.glob("*.yaml")) if base.parent.is_dir() else ()
+                hint = suggest.did_you_mean(base.name, siblings) or f"`extends` is relative to {file.parent}"
+                self.fail([Problem(f"base recipe not found: {base}", where, "extends", hint=hint)])
+            base_cfg = self.compose(base, chain)
+            cfg.pop("extends")
+        self.sources.add_file(file, node)
+        return OmegaConf.merge(base_cfg, cfg) if base_cfg is not None else cfg
+
+    def apply(self, cfg: DictConfig, ov: Override) -> None:
+        """Merge one override into `cfg`; it may add keys but never turn a value into a section."""
+        for n in range(1, len(ov.loc)):
+            above = OmegaConf.select(cfg, ".".join(map(str, ov.loc[:n])), throw_on_resolution_failure=False)
+            if above is not None and not isinstance(above, (DictConfig, ListConfig)):
+                self.problems.append(Problem(
+                    f"cannot apply override: `{dotted(ov.loc[:n])}` is a value, not a section",
+                    ov.origin, dotted(ov.loc), hint=f"set `{dotted(ov.loc[:n])}=...` itself"))
+                return
+        try:
+            OmegaConf.update(cfg, ov.key, ov.value, merge=True)
+        except (OmegaConfBaseException, ValueError, KeyError, IndexError, TypeError) as exc:
+            self.problems.append(Problem(f"cannot apply override: {str(exc).splitlines()[0]}", ov.origin,
+                                         dotted(ov.loc)))
+            return
+        self.sources.add_override(ov.loc, ov.origin)
+
+    def select_hardware(self, cfg: DictConfig, recipe_dir: Path) -> None:
+        """Replace `hardware: NAME` by the named profile (a mapping is an inline profile)."""
+        if "hardware" not in cfg:
+            return
+        try:
+            name = cfg.hardware
+        except OmegaConfBaseException as exc:
+            return self._interpolation_problem(("hardware",), exc)
+        if isinstance(name, str):
+            where = self.sources.locate(("hardware",)) or Origin(str(recipe_dir))
+            profile = self.profile(name, recipe_dir, where, prefix=("hardware",))
+            if profile is not None:
+                cfg.hardware = profile
+            else:
+                self.unresolved.append(("hardware",))
+
+    def profile(self, name: str, recipe_dir: Path | None, where: Origin, prefix: Loc) -> DictConfig | None:
+        """The profile `name` (with `NAME.calibration.yaml` merged into `calibrated`), or None."""
+        known = available_profiles(recipe_dir)
+        if name not in known:
+            hint = suggest.did_you_mean(name, known) or (
+                f"known profiles: {', '.join(sorted(known))}" if known else "no profiles found")
+            dirs = ", ".join(str(d) for d in profile_dirs(recipe_dir))
+            self.problems.append(Problem(f"unknown hardware profile '{name}' (searched {dirs})", where,
+                                         "hardware", hint=hint))
+            return None
+        cfg = self.read(known[name], prefix)
+        cfg.setdefault("name", name)
+        calibration = known[name].with_name(name + CALIBRATION_SUFFIX)
+        if calibration.is_file():
+            cal = self.read(calibration, prefix)
+            extra = [k for k in cal if k != "calibrated"]
+            if extra:
+                self.problems.append(Problem("a calibration file may only hold `calibrated:`",
+                                             self.sources.locate(prefix + (extra[0],)), dotted(prefix + (extra[0],)),
+                                             hint="written by `dflashx calibrate`; edit the profile itself instead"))
+            else:
+                cfg = OmegaConf.merge(cfg, cal)
+        return cfg
+
+    def check_secrets(self, cfg: DictConfig) -> list[Loc]:
+        """Report credential-looking keys/values (never echoing them); returns their keys."""
+        found: list[Loc] = []
+
+        def walk(value: Any, loc: Loc) -> None:
+            items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+            for k, v in items:
+                if suggest.looks_secret(str(k), v):
+                    found.append(loc + (k,))
+                else:
+                    walk(v, loc + (k,))
+
+        walk(OmegaConf.to_container(cfg, resolve=False), ())
+        for loc in found:
+            self.problems.append(Problem("credentials do not belong in a recipe (value not shown)",
+                                         self.sources.locate(loc), dotted(loc), hint=SECRETS_HINT))
+        return found
+
+    def resolve(self, cfg: DictConfig | ListConfig, loc: Loc = ()) -> Any:
+        """Plain containers with every `${...}` resolved; failures become problems, keys skipped."""
+        keys = list(cfg.keys()) if isinstance(cfg, DictConfig) else range(len(cfg))
+        out: dict[Any, Any] | list[Any] = {} if isinstance(cfg, DictConfig) else []
+        for k in keys:
+            try:
+                value = cfg[k]
+            except OmegaConfBaseException as exc:
+                self._interpolation_problem(loc + (k,), exc)
+                continue
+            if isinstance(value, (DictConfig, ListConfig)):
+                value = self.resolve(value, loc + (k,))
+            if isinstance(out, dict):
+                out[k] = value
+            else:
+                out.append(value)
+        return out
+
+    def _interpolation_problem(self, loc: Loc, exc: OmegaConfBaseException) -> None:
+        self.unresolved.append(loc)
+        if isinstance(exc, MissingMandatoryValue):
+            message, hint = "value is required (`???`)", "set it in the recipe or with an override"
+        else:
+            reason = re.sub(r"^\w+ raised while resolving interpolation: ", "", str(exc).splitlines()[0])
+            message = f"cannot resolve interpolation: {reason}"
+            env = "Environment variable" in str(exc)
+            hint = "set the variable or give a default: ${oc.env:NAME,default}" if env else None
+        self.problems.append(Problem(message, self.sources.locate(loc), dotted(loc), hint=hint))
+
+
+# --------------------------------------------------------------------------- relative paths
+
+_PATH_KEYS: tuple[Loc, ...] = (("drafter", "init_from"), ("stages", "eval", "prompts"))
+_MAYBE_LOCAL_KEYS: tuple[Loc, ...] = (("target", "model"), ("target", "tokenizer"))
+
+
+def _parent(data: Any, loc: Loc) -> Any:
+    """The container that holds `loc`'s last key, or None where the recipe has no such branch."""
+    for part in loc[:-1]:
+        if isinstance(data, dict):
+            data = data.get(part)
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+            data = data[part]
+        else:
+            return None
+    return data
+
+
+def _resolve_paths(data: dict[str, Any], sources: SourceMap) -> None:
+    """Make relative paths absolute against the folder of the file that wrote them (see docs/recipes.md)."""
+
+    def fix(loc: Loc, base: Path | None = None, only_if_local: bool = False) -> None:
+        container = _parent(data, loc)
+        value = container.get(loc[-1]) if isinstance(container, dict) else None
+        if not isinstance(value, str) or value.startswith("builtin:") or "://" in value:
+            return
+        if base is None:
+            origin = sources.locate(loc)
+            base = Path(origin.file).parent if origin and origin.line is not None else Path.cwd()
+        path = base / Path(value).expanduser()
+        if only_if_local and not (value.startswith(("/", "./", "../", "~")) or path.exists()):
+            return  # a hub id such as Qwen/Qwen3.6-27B
+        container[loc[-1]] = os.path.normpath(path)
+
+    sources_list = _parent(data, ("dataset", "sources", 0))
+    for i in range(len(sources_list) if isinstance(sources_list, list) else 0):
+        fix(("dataset", "sources", i, "path"))
+    for loc in _PATH_KEYS:
+        fix(loc)
+    for loc in _MAYBE_LOCAL_KEYS:
+        fix(loc, only_if_local=True)
+    fix(("storage", "root"), base=Path.cwd())

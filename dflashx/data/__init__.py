@@ -1,0 +1,1 @@
+"""Data shapes and files shared by the data stages: source formats, source readers, JSONL shards."""

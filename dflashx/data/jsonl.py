@@ -1,0 +1,190 @@
+"""JSONL shards: atomic whole-file writes, and an append-only, fsync'ed, resumable shard writer.
+
+A folder of shards is `shard-00000.jsonl`, `shard-00001.jsonl`, ... with one JSON object per line,
+each carrying a unique `"id"`. `ShardWriter` appends records in batches (write, flush, fsync every
+`flush_every` records), so a kill loses at most the unflushed batch. Reopening the folder scans the
+shards, collects the ids already written (the caller skips them) and truncates a torn last line
+left by a kill in the middle of a write. A bad line anywhere but at the end is corruption, not a
+torn write, and raises.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+SHARD_GLOB = "shard-*.jsonl"
+
+
+class CorruptShardError(RuntimeError):
+    """A shard has an unreadable line before its last one (not a torn write): move it aside."""
+
+
+def shard_path(folder: Path, index: int) -> Path:
+    return folder / f"shard-{index:05d}.jsonl"
+
+
+def shard_paths(folder: str | Path) -> list[Path]:
+    """The shards of a folder in order (a single .jsonl file is its own one shard)."""
+    folder = Path(folder)
+    return [folder] if folder.is_file() else sorted(folder.glob(SHARD_GLOB))
+
+
+def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Records of one JSONL file (blank lines skipped)."""
+    with Path(path).open("rb") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def iter_shards(folder: str | Path) -> Iterator[dict[str, Any]]:
+    """Records of every shard of a folder, in shard order."""
+    for path in shard_paths(folder):
+        yield from iter_jsonl(path)
+
+
+def count_records(folder: str | Path) -> int:
+    """Number of non-blank lines over a folder's shards (no JSON parsing)."""
+    total = 0
+    for path in shard_paths(folder):
+        with path.open("rb") as f:
+            total += sum(1 for line in f if line.strip())
+    return total
+
+
+def dumps(record: dict[str, Any]) -> str:
+    """One JSONL line (no trailing newline): compact, UTF-8 kept readable."""
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+
+
+def write_jsonl_atomic(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
+    """Write records to `path` through a temporary file and `os.replace`; return the count."""
+    return write_lines_atomic(path, (dumps(r) for r in records))
+
+
+def write_lines_atomic(path: str | Path, lines: Iterable[str]) -> int:
+    """Write ready JSONL lines (no newlines) to `path` via a temporary file + `os.replace`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    count = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for line in lines:
+                f.write(line + "\n")
+                count += 1
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return count
+
+
+def scan_and_repair(path: Path) -> tuple[list[str], int]:
+    """Ids of a shard's complete records, truncating a torn or unreadable last line.
+
+    Returns (ids, bytes truncated)."""
+    ids: list[str] = []
+    good_end = 0
+    bad_line: int | None = None
+    with path.open("rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            if bad_line is not None:
+                raise CorruptShardError(
+                    f"{path}: line {bad_line} is not a complete JSON record but more lines follow; "
+                    f"this is not a torn write — move the file aside and rerun to regenerate its records"
+                )
+            try:
+                record = json.loads(line) if line.endswith(b"\n") else None
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                record = None
+            if record is None:
+                if line.strip():
+                    bad_line = lineno
+                else:
+                    good_end += len(line) if line.endswith(b"\n") else 0
+                continue
+            ids.append(record["id"])
+            good_end += len(line)
+        size = f.seek(0, os.SEEK_END)
+    if size > good_end:
+        with path.open("r+b") as f:
+            f.truncate(good_end)
+            f.flush()
+            os.fsync(f.fileno())
+    return ids, size - good_end
+
+
+class ShardWriter:
+    """Append-only writer over a folder of shards, resuming what is already there.
+
+    `ids` holds every id written (before and during this session); `write` ignores an id already
+    present, so each id appears exactly once across the folder."""
+
+    def __init__(self, folder: str | Path, shard_size: int = 50_000, flush_every: int = 64):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.shard_size = shard_size
+        self.flush_every = flush_every
+        self.ids: set[str] = set()
+        self.resumed = 0
+        self.truncated_bytes = 0
+        self._index = 0
+        self._in_shard = 0
+        for i, path in enumerate(shard_paths(self.folder)):
+            ids, cut = scan_and_repair(path)
+            self.ids.update(ids)
+            self.truncated_bytes += cut
+            self._index, self._in_shard = i, len(ids)
+        self.resumed = len(self.ids)
+        self._buffer: list[str] = []
+        self._file = None
+
+    def write(self, record: dict[str, Any]) -> bool:
+        """Buffer one record (flushed every `flush_every`); False if its id was already written."""
+        if record["id"] in self.ids:
+            return False
+        self.ids.add(record["id"])
+        self._buffer.append(dumps(record) + "\n")
+        if len(self._buffer) >= self.flush_every:
+            self.flush()
+        return True
+
+    def flush(self) -> None:
+        """Append the buffered records, rolling to a new shard at `shard_size`, then fsync."""
+        if not self._buffer:
+            return
+        lines, self._buffer = self._buffer, []
+        while lines:
+            if self._in_shard >= self.shard_size:
+                self._close_file()
+                self._index, self._in_shard = self._index + 1, 0
+            if self._file is None:
+                self._file = shard_path(self.folder, self._index).open("ab")
+            room = self.shard_size - self._in_shard
+            chunk, lines = lines[:room], lines[room:]
+            self._file.write("".join(chunk).encode("utf-8"))
+            self._in_shard += len(chunk)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def close(self) -> None:
+        self.flush()
+        self._close_file()
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,114 @@
+"""Read one recipe source as a stream of raw records, each with where it came from.
+
+Local files: `.jsonl` (one object per line), `.json` (a JSON array, or JSON lines), `.parquet`
+(read in record batches with pyarrow), or a folder of those. `builtin:` paths resolve through
+`dflashx.tiny.resolve_builtin`. `hf_id` sources stream through `datasets.load_dataset` (needs a
+network or a warm `datasets` cache). A line that is not JSON is yielded as a `RawRecord` with
+`error` set, so the caller counts it as malformed with its line number instead of stopping.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from dflashx.config.schema import SourceSpec
+
+SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+class SourceError(ValueError):
+    """A source cannot be read at all (missing file, unsupported type): the message says the fix."""
+
+
+@dataclass
+class RawRecord:
+    where: str  # "file.jsonl:12" (1-based line) or "file.parquet#row 3" or "hf_id#row 3"
+    data: Any = None
+    error: str | None = None
+
+
+def source_files(spec: SourceSpec) -> list[Path]:
+    """The local files a `path` source reads, in a stable order."""
+    assert spec.path is not None
+    if spec.path.startswith("builtin:"):
+        from dflashx.tiny import resolve_builtin
+
+        return [Path(resolve_builtin(spec.path))]
+    path = Path(spec.path)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
+        if not files:
+            raise SourceError(
+                f"source {spec.name!r}: folder {path} holds no {'/'.join(SUFFIXES)} files "
+                f"(fix dataset.sources[{spec.name}].path)"
+            )
+        return files
+    if not path.exists():
+        raise SourceError(f"source {spec.name!r}: {path} does not exist (fix dataset.sources[{spec.name}].path)")
+    if path.suffix not in SUFFIXES:
+        raise SourceError(
+            f"source {spec.name!r}: {path} is not one of {', '.join(SUFFIXES)} "
+            f"(convert it, or point dataset.sources[{spec.name}].path at such a file)"
+        )
+    return [path]
+
+
+def iter_source(spec: SourceSpec) -> Iterator[RawRecord]:
+    """Every raw record of a source, in file order."""
+    if spec.hf_id is not None:
+        yield from _iter_hub(spec)
+        return
+    for path in source_files(spec):
+        if path.suffix == ".parquet":
+            yield from _iter_parquet(path)
+        else:
+            yield from _iter_json(path)
+
+
+def _iter_json(path: Path) -> Iterator[RawRecord]:
+    with path.open("rb") as f:
+        head = f.read(64).lstrip()
+    if path.suffix == ".json" and head.startswith(b"["):
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            yield RawRecord(f"{path}:{getattr(e, 'lineno', 1)}", error=f"not valid JSON: {e}")
+            return
+        for i, row in enumerate(rows):
+            yield RawRecord(f"{path}#item {i}", row)
+        return
+    with path.open("rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield RawRecord(f"{path}:{lineno}", json.loads(line))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                yield RawRecord(f"{path}:{lineno}", error=f"not valid JSON: {e}")
+
+
+def _iter_parquet(path: Path) -> Iterator[RawRecord]:
+    import pyarrow.parquet as pq
+
+    row = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+        for item in batch.to_pylist():
+            yield RawRecord(f"{path}#row {row}", item)
+            row += 1
+
+
+def _iter_hub(spec: SourceSpec) -> Iterator[RawRecord]:
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(spec.hf_id, spec.hf_config, split=spec.split, streaming=True)
+    except Exception as e:  # the datasets library raises many types; all mean "cannot open"
+        raise SourceError(
+            f"source {spec.name!r}: cannot open datasets id {spec.hf_id!r} (split {spec.split!r}): {e}. "
+            f"Without a network, download it elsewhere and use `path:` with a local JSONL/Parquet file."
+        ) from e
+    for i, item in enumerate(ds):
+        yield RawRecord(f"{spec.hf_id}#row {i}", item)

@@ -1,0 +1,77 @@
+"""Online capture of target features: only the tapped layers, and no layer after the last one.
+
+Forward hooks sit on the selected decoder layers of a frozen HF causal LM (qwen3, qwen3_5 text
+with Gated DeltaNet, qwen3_next: any model whose decoder stack is an `nn.ModuleList` named
+`layers`). The hook on the deepest tapped layer raises a private exception that ends the forward,
+so later layers, the final norm and the LM head never run, and `output_hidden_states` is never
+asked for. Layer id l is the output of decoder layer l, i.e. HF `hidden_states[l + 1]` (for every
+l but the last layer, whose `hidden_states` entry has the final norm applied).
+
+Public API: `find_decoder_layers(model) -> nn.ModuleList`, `FeatureCapture(model, layer_ids)`
+with `capture(input_ids, attention_mask=None) -> features [b, L, k*H]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class _StopForward(Exception):
+    """Raised by the last hook to end the target's forward early."""
+
+
+def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder stack (the longest `ModuleList` whose name ends in `layers`)."""
+    stacks = [m for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and name.split(".")[-1] == "layers"]
+    if not stacks:
+        raise ValueError(f"{type(model).__name__} has no `layers` ModuleList to tap")
+    return max(stacks, key=len)
+
+
+def _base_model(model: nn.Module) -> nn.Module:
+    """The decoder without the LM head when the model exposes one (`model.model`)."""
+    return model.get_decoder() if hasattr(model, "get_decoder") else model
+
+
+class FeatureCapture:
+    """Capture the outputs of `layer_ids` of a frozen target (eval mode, no grad)."""
+
+    def __init__(self, model: nn.Module, layer_ids: list[int]):
+        layers = find_decoder_layers(model)
+        if not layer_ids or max(layer_ids) >= len(layers) or min(layer_ids) < 0:
+            raise ValueError(f"target_layer_ids {layer_ids} outside the target's {len(layers)} layers")
+        self.model = model.eval().requires_grad_(False)
+        self.layer_ids = list(layer_ids)
+        self._layers = layers
+        self._store: dict[int, torch.Tensor] = {}
+
+    def _hook(self, layer_id: int, last: bool):
+        def hook(_module: nn.Module, _args: Any, output: Any) -> None:
+            self._store[layer_id] = output[0] if isinstance(output, tuple) else output
+            if last:
+                raise _StopForward
+
+        return hook
+
+    @torch.no_grad()
+    def capture(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Features [b, L, k*H]: the tapped layers' outputs concatenated in `layer_ids` order."""
+        deepest = max(self.layer_ids)
+        handles = [
+            self._layers[i].register_forward_hook(self._hook(i, i == deepest)) for i in sorted(set(self.layer_ids))
+        ]
+        self._store.clear()
+        try:
+            _base_model(self.model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        except _StopForward:
+            pass
+        finally:
+            for h in handles:
+                h.remove()
+        missing = [i for i in self.layer_ids if i not in self._store]
+        if missing:
+            raise RuntimeError(f"layers {missing} did not run; is the decoder stack found correctly?")
+        return torch.cat([self._store[i] for i in self.layer_ids], dim=-1)

@@ -1,0 +1,254 @@
+"""The drafter's architecture: `DFlashConfig`, built from the plan and the target, and its
+config.json form.
+
+Public API (stable; used by training, speculative decoding, eval and export):
+
+- `target_layer_ids(num_target_layers, k) -> list[int]` — the layer spread of the DFlash paper and
+  the z-lab reference: k == 1 -> [N // 2], else round(1 + i * (N - 4) / (k - 1)) for i < k.
+  Layer id l means the *output of decoder layer l* (HF `hidden_states[l + 1]`).
+- `loss_gamma(block_size) -> float` — the slot-decay constant (7 for B=16, 5 for 10, 4 for 8).
+- `DFlashConfig.from_target(drafter, target_config, mask_token_id=None)` — from the resolved recipe's
+  `drafter` dict and the target's HF config (dict or `PretrainedConfig`; qwen3_5's nested
+  `text_config` is read).
+- `DFlashConfig.to_hf_dict()` / `DFlashConfig.from_hf_dict(d)` — the exported config.json, in the
+  layout the z-lab `dflash` package and SGLang `--speculative-algorithm DFLASH` read
+  (`architectures: ["DFlashDraftModel"]`, `block_size`, `num_target_layers`,
+  `dflash_config: {mask_token_id, target_layer_ids}`, `layer_types`, Qwen3 fields).
+- `DFlashConfig.to_qwen3_config()` — a transformers `Qwen3Config` for the building blocks.
+
+Per-layer causality: the reference makes a layer causal when config `is_causal` says so, otherwise
+when the layer is a sliding-window layer. We store every layer's flag in
+`dflash_config.causal_layers` and also write the top-level `is_causal` when all layers agree, so
+the reference derives the same flags; mixes the reference cannot express are rejected.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+LayerType = Literal["full_attention", "sliding_attention"]
+ARCHITECTURE = "DFlashDraftModel"
+_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+
+
+def target_layer_ids(num_target_layers: int, k: int) -> list[int]:
+    """Spread k tapped layers over a target of N decoder layers (DFlash paper, z-lab code)."""
+    if k < 1 or num_target_layers < 1:
+        raise ValueError(f"need k >= 1 and N >= 1, got k={k}, N={num_target_layers}")
+    if k == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [round(1 + i * span / (k - 1)) for i in range(k)]
+
+
+def loss_gamma(block_size: int) -> float:
+    """Slot-decay gamma: the paper's 7/5/4 for B = 16/10/8, linear in B between and beyond."""
+    if block_size in _GAMMA:
+        return _GAMMA[block_size]
+    return max(1.0, 4.0 + (block_size - 8) * 3.0 / 8.0)
+
+
+def _text_config(target_config: Any) -> dict[str, Any]:
+    cfg = target_config if isinstance(target_config, dict) else target_config.to_dict()
+    return dict(cfg.get("text_config") or cfg)
+
+
+def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """rope_theta and a plain rope scaling dict from legacy or transformers-5 keys."""
+    params = dict(cfg.get("rope_parameters") or {})
+    theta = float(cfg.get("rope_theta") or params.get("rope_theta") or 1_000_000.0)
+    scaling = cfg.get("rope_scaling")
+    if scaling is None and params.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    return theta, (dict(scaling) if scaling else None)
+
+
+class DFlashConfig(BaseModel):
+    """Everything that fixes the drafter's shapes and behaviour."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_layers: int = Field(ge=1)
+    block_size: int = Field(ge=2)
+    hidden_size: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1)
+    num_key_value_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    intermediate_size: int = Field(ge=1)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    rope_scaling: dict[str, Any] | None = None
+    vocab_size: int = Field(ge=1)
+    max_position_embeddings: int = Field(32768, ge=1)
+    target_layer_ids: list[int] = Field(min_length=1)
+    num_target_layers: int = Field(ge=1, description="N, the target's decoder layer count.")
+    mask_token_id: int = Field(ge=0)
+    mask_token: str | None = None
+    layer_types: list[LayerType]
+    causal_layers: list[bool]
+    sliding_window: int | None = Field(None, ge=1)
+    attention_bias: bool = False
+
+    @model_validator(mode="after")
+    def _coherent(self) -> "DFlashConfig":
+        n = self.num_layers
+        if len(self.layer_types) != n or len(self.causal_layers) != n:
+            raise ValueError(f"layer_types and causal_layers need {n} entries (num_layers)")
+        if "sliding_attention" in self.layer_types and self.sliding_window is None:
+            raise ValueError("sliding_attention layers need drafter.sliding_window")
+        ids = self.target_layer_ids
+        if any(not 0 <= i < self.num_target_layers for i in ids):
+            raise ValueError(f"target_layer_ids {ids} must lie in [0, {self.num_target_layers})")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"mask_token_id {self.mask_token_id} outside the vocabulary ({self.vocab_size})")
+        derived = [t == "sliding_attention" for t in self.layer_types]
+        if len(set(self.causal_layers)) > 1 and self.causal_layers != derived:
+            raise ValueError(
+                "mixed per-layer causality must follow the served rule (sliding layers causal, "
+                "full layers bidirectional); set all layers alike otherwise"
+            )
+        return self
+
+    @property
+    def k(self) -> int:
+        """Number of tapped target layers (the width of `fc` is k * hidden_size)."""
+        return len(self.target_layer_ids)
+
+    @classmethod
+    def from_target(
+        cls, drafter: dict[str, Any], target_config: Any, mask_token_id: int | None = None
+    ) -> "DFlashConfig":
+        """Build from the resolved recipe's `drafter` section and the target's HF config.
+
+        `target_layer_ids` / `mask_token_id` come from the plan when filled in, else from the
+        layer formula and `mask_token_id` (e.g. the tokenizer's `<|mask|>` id).
+        """
+        t = _text_config(target_config)
+        n_target = int(t["num_hidden_layers"])
+        n_layers = int(drafter.get("num_layers", 5))
+        ids = drafter.get("target_layer_ids") or target_layer_ids(n_target, int(drafter.get("num_target_layers", 5)))
+        mask_id = drafter.get("mask_token_id", mask_token_id)
+        if mask_id is None:
+            mask_id = mask_token_id
+        if mask_id is None:
+            raise ValueError("drafter.mask_token_id is unset and the target offers none; set it in the recipe")
+        types = list(drafter.get("layer_types") or ["full_attention"] * n_layers)
+        theta, scaling = _rope(t)
+        heads = int(t["num_attention_heads"])
+        return cls(
+            num_layers=n_layers,
+            block_size=int(drafter.get("block_size", 16)),
+            hidden_size=int(t["hidden_size"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(t.get("num_key_value_heads") or heads),
+            head_dim=int(t.get("head_dim") or t["hidden_size"] // heads),
+            intermediate_size=int(drafter.get("intermediate_size") or t["intermediate_size"]),
+            rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            vocab_size=int(t["vocab_size"]),
+            max_position_embeddings=int(t.get("max_position_embeddings", 32768)),
+            target_layer_ids=[int(i) for i in ids],
+            num_target_layers=n_target,
+            mask_token_id=int(mask_id),
+            layer_types=types,
+            causal_layers=list(drafter.get("causal_layers") or [x == "sliding_attention" for x in types]),
+            sliding_window=drafter.get("sliding_window"),
+            attention_bias=bool(t.get("attention_bias", False)),
+        )
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The exported config.json (z-lab / SGLang DFlash layout, Qwen3 fields)."""
+        dflash: dict[str, Any] = {
+            "mask_token_id": self.mask_token_id,
+            "target_layer_ids": list(self.target_layer_ids),
+            "causal_layers": list(self.causal_layers),
+            "layer_id_convention": "output of decoder layer l (HF hidden_states[l + 1])",
+        }
+        if self.mask_token is not None:
+            dflash["mask_token"] = self.mask_token
+        out: dict[str, Any] = {
+            "architectures": [ARCHITECTURE],
+            "model_type": "qwen3",
+            "block_size": self.block_size,
+            "num_target_layers": self.num_target_layers,
+            "dflash_config": dflash,
+            "num_hidden_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "attention_bias": self.attention_bias,
+            "attention_dropout": 0.0,
+            "tie_word_embeddings": False,
+            "layer_types": list(self.layer_types),
+            "use_sliding_window": self.sliding_window is not None,
+            "sliding_window": self.sliding_window,
+            "max_window_layers": self.num_layers,
+            "torch_dtype": "bfloat16",
+        }
+        if len(set(self.causal_layers)) == 1:
+            out["is_causal"] = self.causal_layers[0]
+        return out
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> "DFlashConfig":
+        """Read a DFlash config.json (ours or a public z-lab checkpoint's)."""
+        dflash = dict(d.get("dflash_config") or {})
+        n = int(d["num_hidden_layers"])
+        types = list(d.get("layer_types") or ["full_attention"] * n)
+        if "causal_layers" in dflash:
+            causal = [bool(c) for c in dflash["causal_layers"]]
+        elif d.get("is_causal") is not None:
+            causal = [bool(d["is_causal"])] * n
+        else:
+            causal = [t == "sliding_attention" for t in types]
+        n_target = int(d["num_target_layers"])
+        ids = dflash.get("target_layer_ids") or d.get("target_layer_ids") or target_layer_ids(n_target, n)
+        mask_id = dflash.get("mask_token_id", d.get("mask_token_id"))
+        if mask_id is None:
+            raise ValueError("config.json has no dflash_config.mask_token_id")
+        heads = int(d["num_attention_heads"])
+        theta, scaling = _rope(d)
+        window = d.get("sliding_window") if d.get("use_sliding_window", True) else None
+        return cls(
+            num_layers=n,
+            block_size=int(dflash.get("block_size", d.get("block_size", 16))),
+            hidden_size=int(d["hidden_size"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or d["hidden_size"] // heads),
+            intermediate_size=int(d["intermediate_size"]),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            vocab_size=int(d["vocab_size"]),
+            max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
+            target_layer_ids=[int(i) for i in ids],
+            num_target_layers=n_target,
+            mask_token_id=int(mask_id),
+            mask_token=dflash.get("mask_token"),
+            layer_types=types,
+            causal_layers=causal,
+            sliding_window=window if "sliding_attention" in types else None,
+            attention_bias=bool(d.get("attention_bias", False)),
+        )
+
+    def to_qwen3_config(self):
+        """A transformers `Qwen3Config` describing the same layers (for RoPE, MLP, norms)."""
+        from transformers import Qwen3Config
+
+        hf = self.to_hf_dict()
+        keep = {k: v for k, v in hf.items() if k not in ("architectures", "model_type", "dflash_config", "torch_dtype")}
+        return Qwen3Config(**keep)

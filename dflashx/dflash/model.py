@@ -1,0 +1,167 @@
+"""The DFlash drafter: a small stack of Qwen3-style layers conditioned on target features.
+
+Architecture (DFlash, arXiv 2602.06036; parameter names as in the public z-lab checkpoints):
+  fc:            Linear(k * H -> H, no bias) over the concatenated features of k target layers,
+  hidden_norm:   RMSNorm on that fused context,
+  layers.N:      input_layernorm -> self_attn (q/k/v/o_proj, q_norm, k_norm) -> residual ->
+                 post_attention_layernorm -> mlp (gate/up/down_proj, SwiGLU) -> residual,
+  norm:          final RMSNorm.
+In every layer the queries come from the block tokens only; keys/values are
+[projections of the fused context ; projections of the block hidden states], with k-norm and RoPE
+at absolute positions on both. The embedding and the LM head are the target's, frozen and shared:
+they are passed in, never parameters of the drafter, never saved with it.
+
+Public API:
+  `DFlashDrafter(config)`;
+  `fuse(features [b, T, k*H]) -> context [b, T, H]` (fc then hidden_norm);
+  `forward(block_embeds [b, Q, H], context [b, T, H] (already fused), block_positions [b, Q],
+           context_positions [b, T], mask: DraftMask) -> hidden [b, Q, H]` (after the final norm);
+  `draft_block(features_ctx [1, T, k*H], anchor_id, embed, lm_head) -> logits [B-1, V]` — one block
+  [anchor, MASK x (B-1)] at positions T..T+B-1 over all T context positions (no cache);
+  `block_input_ids(anchor_ids [..], block_size, mask_token_id)` — [anchor, MASK, ...] rows.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
+
+from dflashx.dflash.config import DFlashConfig
+from dflashx.dflash.masks import DraftMask, attend
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [b, heads, L, d] by cos/sin [b, L, d]."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, config: DFlashConfig, layer_idx: int):
+        super().__init__()
+        h, d, bias = config.hidden_size, config.head_dim, config.attention_bias
+        self.head_dim = d
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.causal = config.causal_layers[layer_idx]
+        self.window = config.sliding_window if config.layer_types[layer_idx] == "sliding_attention" else None
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
+        self.q_norm = Qwen3RMSNorm(d, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(d, eps=config.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return x.view(*x.shape[:2], n, self.head_dim)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        context: torch.Tensor,
+        rope_block: tuple[torch.Tensor, torch.Tensor],
+        rope_ctx: tuple[torch.Tensor, torch.Tensor],
+        mask: DraftMask,
+    ) -> torch.Tensor:
+        q = self.q_norm(self._heads(self.q_proj(hidden), self.num_heads)).transpose(1, 2)
+        kv_in = torch.cat([context, hidden], dim=1)
+        k = self.k_norm(self._heads(self.k_proj(kv_in), self.num_kv_heads)).transpose(1, 2)
+        v = self._heads(self.v_proj(kv_in), self.num_kv_heads).transpose(1, 2)
+        cos = torch.cat([rope_ctx[0], rope_block[0]], dim=1)
+        sin = torch.cat([rope_ctx[1], rope_block[1]], dim=1)
+        q = _rope(q, *rope_block)
+        k = _rope(k, cos, sin)
+        out = attend(q, k, v, mask.for_layer(self.causal, self.window), self.head_dim**-0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(*hidden.shape[:2], -1))
+
+
+class DFlashDecoderLayer(nn.Module):
+    def __init__(self, config: DFlashConfig, qwen3_config, layer_idx: int):
+        super().__init__()
+        self.self_attn = DFlashAttention(config, layer_idx)
+        self.mlp = Qwen3MLP(qwen3_config)
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden, context, rope_block, rope_ctx, mask) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), context, rope_block, rope_ctx, mask)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+def block_input_ids(anchor_ids: torch.Tensor, block_size: int, mask_token_id: int) -> torch.Tensor:
+    """[..., B] rows [anchor, MASK, ..., MASK] for anchor ids of any shape."""
+    out = torch.full((*anchor_ids.shape, block_size), mask_token_id, dtype=torch.long, device=anchor_ids.device)
+    out[..., 0] = anchor_ids
+    return out
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.config = config
+        qwen3 = config.to_qwen3_config()
+        self.layers = nn.ModuleList(DFlashDecoderLayer(config, qwen3, i) for i in range(config.num_layers))
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.fc = nn.Linear(config.k * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(qwen3)
+        self.reset_parameters()
+
+    def restore_rope(self) -> None:
+        """Rebuild the RoPE frequencies in fp32 (engines that cast buffers to bf16 lose them)."""
+        device = self.fc.weight.device
+        self.rotary_emb = Qwen3RotaryEmbedding(self.config.to_qwen3_config()).to(device)
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """Normal(0, std) linear weights, unit norms (the Qwen3 initialisation)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, Qwen3RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """Concatenated target features [b, T, k*H] -> fused context [b, T, H]."""
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    def forward(
+        self,
+        block_embeds: torch.Tensor,
+        context: torch.Tensor,
+        block_positions: torch.Tensor,
+        context_positions: torch.Tensor,
+        mask: DraftMask,
+    ) -> torch.Tensor:
+        hidden = block_embeds.to(self.fc.weight.dtype)
+        rope_block = self.rotary_emb(hidden, block_positions)
+        rope_ctx = self.rotary_emb(hidden, context_positions)
+        for layer in self.layers:
+            hidden = layer(hidden, context, rope_block, rope_ctx, mask)
+        return self.norm(hidden)
+
+    @torch.no_grad()
+    def draft_block(
+        self,
+        features_ctx: torch.Tensor,
+        anchor_id: int,
+        embed: Callable[[torch.Tensor], torch.Tensor],
+        lm_head: Callable[[torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """Logits [B-1, V] for the block drafted after `anchor_id`, placed at position T."""
+        cfg, device = self.config, features_ctx.device
+        t = features_ctx.shape[1]
+        ids = block_input_ids(torch.tensor([[anchor_id]], device=device), cfg.block_size, cfg.mask_token_id)
+        ids = ids.view(1, cfg.block_size)
+        mask = DraftMask(torch.tensor([[t]], device=device), t, cfg.block_size)
+        hidden = self(
+            embed(ids),
+            self.fuse(features_ctx),
+            torch.arange(t, t + cfg.block_size, device=device)[None],
+            torch.arange(t, device=device)[None],
+            mask,
+        )
+        return lm_head(hidden[0, 1:])

@@ -1,0 +1,336 @@
+"""Online (or offline) DFlash training on a DeepSpeed engine, in-process or one process per GPU.
+
+Every rank holds its own frozen target copy and its own shard of the data (DistributedSampler);
+the drafter is the only module DeepSpeed manages (ZeRO 0/1/2, bf16 or fp32, gradient
+accumulation, AdamW + warm-up cosine, clipping). The global batch is the recipe's whatever the
+world size: gradient_accumulation_steps = global_batch / (micro_batch x world).
+
+Entry points:
+  `run_training(job, log=None) -> dict` — one process of the job (rank from the environment;
+  a single process sets MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK itself);
+  `python -m dflashx.dflash.trainer --stage-dir DIR [--run-dir DIR]` — the same from
+  `DIR/train_job.json`, for torchrun / the deepspeed launcher.
+Outputs in the stage folder: `checkpoints/` (atomic DeepSpeed states + `latest`), `checkpoint/`
+(the drafter in the exported DFlash layout), `logs/metrics.jsonl` (one line per log step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from dflashx.dflash import checkpoint as ckpt
+from dflashx.dflash.anchors import build_block_batch, sample_anchors
+from dflashx.dflash.capture import FeatureCapture, find_decoder_layers
+from dflashx.dflash.config import DFlashConfig, loss_gamma
+from dflashx.dflash.data import load_token_dataset, make_loader, micro_batches_per_epoch
+from dflashx.dflash.loss import accuracy_per_position, dflash_loss, expected_acceptance_length
+from dflashx.dflash.masks import DraftMask
+from dflashx.dflash.metrics import Throughput, drafter_flops, peak_memory_bytes, target_flops, visible_pairs
+from dflashx.dflash.model import DFlashDrafter
+
+JOB_FILE = "train_job.json"
+SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.bfloat16}
+Log = Callable[[dict[str, Any], int], None]
+
+
+class TrainJob(BaseModel):
+    """Everything one training process needs; written as JSON for launched processes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage_dir: str
+    dataset: str
+    target: str
+    drafter: dict[str, Any]
+    init_from: str | None = None
+    mode: str = "online"
+    offline_dir: str | None = None
+    precision: str = "bf16"
+    epochs: float = 6
+    max_steps: int | None = None
+    lr: float = 6e-4
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.04
+    grad_clip: float = 1.0
+    global_batch: int = 64
+    micro_batch: int = 1
+    zero_stage: int = 2
+    anchors_per_seq: int = 512
+    loss_gamma: float | None = None
+    max_length: int | None = None
+    checkpoint_every: int = 500
+    log_every: int = 10
+    seed: int = 0
+    peak_tflops: float = 1.0
+    deepspeed_config: dict[str, Any] | None = None
+    lm_head_chunk: int = 4096
+
+    def save(self) -> Path:
+        path = Path(self.stage_dir) / JOB_FILE
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(self.model_dump_json(indent=2))
+        os.replace(tmp, path)
+        return path
+
+
+def deepspeed_config(job: TrainJob, world: int, total_steps: int) -> dict[str, Any]:
+    """The plan's DeepSpeed config (or one built from the job) fitted to this world and data."""
+    if job.global_batch % (job.micro_batch * world):
+        raise ValueError(
+            f"stages.train.global_batch={job.global_batch} is not a multiple of micro_batch x GPUs "
+            f"({job.micro_batch} x {world}); pick a global batch divisible by {job.micro_batch * world}"
+        )
+    cfg = json.loads(json.dumps(job.deepspeed_config or {}))
+    cfg.update(
+        train_batch_size=job.global_batch,
+        train_micro_batch_size_per_gpu=job.micro_batch,
+        gradient_accumulation_steps=job.global_batch // (job.micro_batch * world),
+        gradient_clipping=job.grad_clip,
+        steps_per_print=10**9,
+        wall_clock_breakdown=False,
+    )
+    cfg.setdefault("zero_optimization", {})["stage"] = cfg.get("zero_optimization", {}).get("stage", job.zero_stage)
+    cfg["bf16"] = {"enabled": job.precision in ("bf16", "fp8")}
+    cfg.pop("fp16", None)
+    cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})
+    cfg["optimizer"]["params"] = {"betas": [0.9, 0.95], "eps": 1e-8} | cfg["optimizer"].get("params", {}) | {
+        "lr": job.lr, "weight_decay": job.weight_decay, "torch_adam": True}
+    cfg["scheduler"] = {"type": "WarmupCosineLR", "params": {
+        "total_num_steps": total_steps, "warmup_num_steps": max(1, math.ceil(job.warmup_ratio * total_steps)),
+        "warmup_type": "linear", "warmup_min_ratio": 0.0, "cos_min_ratio": 0.0}}
+    return cfg
+
+
+def _setup_distributed() -> tuple[int, int, int]:
+    """Rank, world size and local rank; a lone process gets a one-rank group (gloo on CPU)."""
+    import deepspeed
+
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000),
+                       "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(key, value)
+    for key, value in SAFE_NCCL_ENV.items():
+        os.environ.setdefault(key, value)
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "dflashx" / "torch_extensions"))
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    local = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), local
+
+
+class _TrainModule(nn.Module):
+    """What the engine wraps: the drafter and its loss; the frozen LM head comes in as a tensor."""
+
+    def __init__(self, drafter: DFlashDrafter, chunk: int):
+        super().__init__()
+        self.drafter, self.chunk = drafter, chunk
+
+    def forward(self, block_embeds, features, batch, context_positions, mask, lm_head_weight):
+        d = self.drafter
+        hidden = d(block_embeds, d.fuse(features), batch.block_positions, context_positions, mask)
+        out = dflash_loss(hidden, lm_head_weight.to(hidden.dtype), batch.labels, batch.weights, d.config.block_size, self.chunk)
+        return out.loss, out.correct, out.count
+
+
+def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = _DTYPES[job.precision]
+    target = AutoModelForCausalLM.from_pretrained(job.target, dtype=dtype).to(device).eval().requires_grad_(False)
+    return target, AutoTokenizer.from_pretrained(job.target)
+
+
+def build_drafter(job: TrainJob, target_config: Any, tokenizer: Any) -> DFlashDrafter:
+    """The drafter from the job's drafter spec (mask token falls back to the tokenizer's)."""
+    from dflashx.tiny.tokenizer import MASK_TOKEN
+
+    mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN) if MASK_TOKEN in tokenizer.get_vocab() else None
+    cfg = DFlashConfig.from_target(job.drafter, target_config, mask_id)
+    if mask_id is not None and cfg.mask_token_id == mask_id:
+        cfg = cfg.model_copy(update={"mask_token": MASK_TOKEN})
+    torch.manual_seed(job.seed)
+    drafter = DFlashDrafter(cfg)
+    if job.init_from:
+        ckpt.load_weights_into(drafter, job.init_from)
+    return drafter
+
+
+def _rank_state(g: int) -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(), "micro": g}
+
+
+def _restore_rank_state(state: dict[str, Any]) -> None:
+    if state:
+        torch.set_rng_state(state["torch"])
+        np.random.set_state(state["numpy"])
+        random.setstate(state["python"])
+
+
+class _Window:
+    """Sums of loss, slot accuracy and FLOPs over the micro steps since the last log."""
+
+    def __init__(self, block_size: int, peak_tflops: float, world: int):
+        self.block_size, self.world = block_size, world
+        self.throughput = Throughput(peak_tflops * world)
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss_sum = torch.zeros(1)
+        self.n = 0
+        self.correct = torch.zeros(self.block_size)
+        self.count = torch.zeros(self.block_size)
+
+    def add(self, loss: torch.Tensor, correct: torch.Tensor, count: torch.Tensor) -> None:
+        self.loss_sum += loss.detach().float().cpu()
+        self.n += 1
+        self.correct += correct.detach().float().cpu()
+        self.count += count.detach().float().cpu()
+
+    def read(self, lr: float) -> dict[str, Any]:
+        import torch.distributed as dist
+
+        packed = torch.cat([self.loss_sum, torch.tensor([float(self.n)]), self.correct, self.count])
+        if dist.is_initialized() and self.world > 1:
+            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+            packed = packed.to(device)
+            dist.all_reduce(packed)
+            packed = packed.cpu()
+        b = self.block_size
+        loss, n, correct, count = packed[0], packed[1], packed[2 : 2 + b], packed[2 + b :]
+        acc = accuracy_per_position(correct, count)
+        out = {"loss": float(loss / n.clamp_min(1)), "lr": lr, "accuracy": acc,
+               "acceptance_length": expected_acceptance_length(acc), "memory_bytes": peak_memory_bytes()}
+        out.update(self.throughput.read_and_reset())
+        out["tokens_per_s"] *= self.world
+        out["tflops"] *= self.world
+        out["mfu"] *= self.world
+        self.reset()
+        return out
+
+
+def _feature_source(job: TrainJob, capture: FeatureCapture, ds: Any, rank: int, world: int, pad_id: int,
+                    device: torch.device) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+    """Online: run the target's tapped layers per batch. Offline: write shards once, then read."""
+    if job.mode != "offline":
+        return lambda batch: capture.capture(batch["input_ids"].to(device), batch["attention_mask"].to(device))
+    from dflashx.dflash.offline import OfflineFeatures, write_features
+
+    folder = Path(job.offline_dir or Path(job.stage_dir) / "features")
+    write_features(capture, ds, folder, rank, world, pad_id, job.max_length, device)
+    store = OfflineFeatures(folder)
+    return lambda batch: store.batch(batch["index"].tolist(), batch["input_ids"].shape[1]).to(device)
+
+
+def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
+    """Train one process's part of the job; rank 0 exports the drafter and returns the metrics."""
+    import deepspeed
+
+    rank, world, local = _setup_distributed()
+    device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
+    stage = Path(job.stage_dir)
+    (stage / "logs").mkdir(parents=True, exist_ok=True)
+    target, tokenizer = _load_target(job, device)
+    drafter = build_drafter(job, target.config, tokenizer).to(device)
+    cfg = drafter.config
+    capture = FeatureCapture(target, cfg.target_layer_ids)
+    embed, lm_head_w = target.get_input_embeddings(), target.get_output_embeddings().weight
+    text_cfg = target.config.to_dict().get("text_config") or target.config.to_dict()
+    layers = find_decoder_layers(target)
+    gamma = job.loss_gamma or loss_gamma(cfg.block_size)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    ds = load_token_dataset(job.dataset)
+    per_epoch = micro_batches_per_epoch(len(ds), job.micro_batch, world)
+    accum = job.global_batch // (job.micro_batch * world)
+    if per_epoch < accum:
+        raise ValueError(f"{job.dataset}: {len(ds)} rows cannot fill one global batch of {job.global_batch}")
+    steps_per_epoch = per_epoch // accum
+    total = job.max_steps or max(1, math.ceil(job.epochs * steps_per_epoch))
+    ds_cfg = deepspeed_config(job, world, total)
+    engine, _, _, _ = deepspeed.initialize(model=_TrainModule(drafter, job.lm_head_chunk), config=ds_cfg,
+                                           model_parameters=[p for p in drafter.parameters() if p.requires_grad])
+    drafter.restore_rope()
+
+    g = 0  # micro batches consumed (per rank)
+    resumed = ckpt.load_training_state(engine, stage / "checkpoints", rank)
+    if resumed is not None:
+        client, rank_state = resumed
+        g = int(client["micro"])
+        _restore_rank_state(rank_state)
+    step = g // accum
+    window = _Window(cfg.block_size, job.peak_tflops, world)
+    metrics_file = stage / "logs" / "metrics.jsonl"
+    last: dict[str, Any] = {}
+
+    epoch_micro = steps_per_epoch * accum
+    features_of = _feature_source(job, capture, ds, rank, world, pad_id, device)
+    while step < total:
+        epoch, offset = divmod(g, epoch_micro)
+        loader = make_loader(ds, job.micro_batch, rank, world, job.seed, epoch, offset, pad_id, job.max_length)
+        for batch in loader:
+            ids, lm = batch["input_ids"].to(device), batch["loss_mask"].to(device)
+            lengths = batch["attention_mask"].sum(1).tolist()
+            anchors = [sample_anchors(batch["loss_mask"][i, :n], job.anchors_per_seq, job.seed, epoch, int(batch["index"][i]))
+                       for i, n in enumerate(lengths)]
+            blocks = build_block_batch(batch["input_ids"], batch["loss_mask"], anchors, cfg.block_size,
+                                       cfg.mask_token_id, gamma).to(device)
+            features = features_of(batch)
+            positions = torch.arange(ids.shape[1], device=device).expand(ids.shape[0], -1)
+            mask = DraftMask(blocks.anchors, ids.shape[1], cfg.block_size)
+            loss, correct, count = engine(embed(blocks.block_ids), features, blocks, positions, mask, lm_head_w)
+            engine.backward(loss)
+            engine.step()
+            g += 1
+            window.add(loss, correct, count)
+            supervised = int((blocks.weights > 0).sum())
+            window.throughput.add(sum(lengths), target_flops(layers, max(cfg.target_layer_ids), text_cfg, lengths)
+                                  + drafter_flops(cfg, blocks.block_ids.numel(), ids.numel(),
+                                                  visible_pairs(blocks.anchors, cfg.block_size), supervised))
+            if g % accum:
+                continue
+            step += 1
+            if step % job.checkpoint_every == 0 or step == total:
+                ckpt.save_training_state(engine, stage / "checkpoints", step, {"micro": g, "step": step}, _rank_state(g))
+            if step % job.log_every == 0 or step == total:
+                last = window.read(engine.get_lr()[0]) | {"step": step, "epoch": epoch}
+                if rank == 0:
+                    with metrics_file.open("a") as f:
+                        f.write(json.dumps(last) + "\n")
+                    if log is not None:
+                        log(last, step)
+            if step >= total or g % epoch_micro == 0:
+                break
+    if rank == 0:
+        ckpt.save_drafter(drafter, stage / "checkpoint", dtype=_DTYPES[job.precision])
+    return last
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="One DFlash training process (torchrun/deepspeed entry).")
+    parser.add_argument("--stage-dir", required=True, help=f"train stage folder holding {JOB_FILE}")
+    parser.add_argument("--run-dir", help="the pipeline run directory (informational)")
+    args = parser.parse_args(argv)
+    job_file = Path(args.stage_dir) / JOB_FILE
+    if not job_file.is_file():
+        raise SystemExit(f"{job_file}: missing; the train stage writes it before launching")
+    run_training(TrainJob.model_validate_json(job_file.read_text()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Everything the rules and the stage expansion look at: the recipe, target facts and estimates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflashx.config.schema import Recipe
+from dflashx.plan.derive import Derived, derive
+from dflashx.plan.estimates.cost import gpu_hours, usd
+from dflashx.plan.estimates.generation import Generation, estimate_generation
+from dflashx.plan.estimates.host import eval_seconds, host_seconds
+from dflashx.plan.estimates.memory import StageMemory, eval_memory, serving_memory, training_memory
+from dflashx.plan.estimates.storage import Storage, estimate_storage
+from dflashx.plan.estimates.tokens import Tokens, count_tokens
+from dflashx.plan.estimates.training import Training, estimate_training
+from dflashx.plan.explain import Term
+from dflashx.targets.registry import TargetFacts
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    recipe: Recipe
+    facts: TargetFacts
+    derived: Derived
+    tokens: Tokens
+    generation: Generation
+    training: Training
+    storage: Storage
+    memory: dict[str, StageMemory]  # stage -> peak per-GPU memory
+    seconds: dict[str, float]  # stage -> wall time
+    time_terms: tuple[Term, ...]  # how the host-bound and eval times were derived
+
+    @property
+    def terms(self) -> list[Term]:
+        """Every explained number, in pipeline order."""
+        return [
+            *self.tokens.terms, *self.generation.terms, *self.training.terms, *self.storage.terms,
+            *(m.term for m in self.memory.values()), *self.time_terms,
+        ]
+
+
+def build_context(recipe: Recipe, facts: TargetFacts) -> PlanContext:
+    derived = derive(recipe, facts)
+    tokens = count_tokens(recipe, derived.max_length)
+    gen = estimate_generation(recipe, facts, tokens)
+    train = estimate_training(recipe, facts, tokens, derived)
+    storage = estimate_storage(recipe, facts, tokens, train, derived)
+    memory = {
+        "generate": serving_memory(recipe, facts, tokens, gen.serving),
+        "train": training_memory(recipe, facts, tokens, train, derived),
+        "eval": eval_memory(recipe, facts, train),
+    }
+    time_terms = {
+        **host_seconds(recipe, tokens, storage.total, storage.by_artifact.get("export.drafter", 0.0)),
+        "eval": eval_seconds(recipe, gen.serving),
+    }
+    seconds = {stage: t.value for stage, t in time_terms.items()}
+    seconds.update(generate=gen.seconds, train=train.seconds)
+    return PlanContext(recipe, facts, derived, tokens, gen, train, storage, memory, seconds,
+                       tuple(time_terms.values()))
+
+
+ESTIMATE_KEYS = ("seconds", "gpu_hours", "usd", "storage_bytes", "peak_gpu_memory_bytes")
+
+
+def stage_estimates(ctx: PlanContext, stage: str) -> dict[str, float]:
+    """The five estimate fields of one stage; zeros for a disabled stage."""
+    if not getattr(ctx.recipe.stages, stage).enabled:
+        return dict.fromkeys(ESTIMATE_KEYS, 0.0)
+    hw = ctx.recipe.hardware
+    seconds = ctx.seconds.get(stage, 0.0)
+    memory = ctx.memory.get(stage)
+    return {
+        "seconds": seconds,
+        "gpu_hours": gpu_hours(seconds, hw),
+        "usd": usd(seconds, hw),
+        "storage_bytes": ctx.storage.for_stage(stage),
+        "peak_gpu_memory_bytes": memory.bytes if memory else 0.0,
+    }
+
+
+def totals(per_stage: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Sums over stages (they run one after another); peak memory is the maximum."""
+    out = {key: sum(e[key] for e in per_stage.values()) for key in ESTIMATE_KEYS}
+    out["peak_gpu_memory_bytes"] = max((e["peak_gpu_memory_bytes"] for e in per_stage.values()), default=0.0)
+    out["days"] = out["seconds"] / 86_400
+    return out

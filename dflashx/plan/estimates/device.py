@@ -1,0 +1,44 @@
+"""Per-device numbers of a hardware profile (GPU or the CPU fallback) and its efficiency factors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflashx.config.schema import HardwareProfile
+
+# Keys `dflashx calibrate` writes into `hardware.calibrated`; they replace the profile's defaults.
+CALIBRATED_SERVING = "serving_efficiency"
+CALIBRATED_MFU = "training_mfu"
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    memory_bytes: float | None  # None: host memory, not planned
+    bandwidth_bps: float
+    bf16_flops: float
+    fp8_flops: float | None
+    count: int  # GPUs in the profile; 1 for the CPU
+
+    def peak_flops(self, precision: str) -> float:
+        if precision == "fp8" and self.fp8_flops:
+            return self.fp8_flops
+        return self.bf16_flops
+
+
+def device_of(profile: HardwareProfile) -> Device:
+    gpu = profile.gpu
+    if gpu is None:
+        flops = profile.cpu_tflops * 1e12
+        return Device("cpu", None, profile.cpu_bandwidth_tbs * 1e12, flops, None, 1)
+    return Device(
+        gpu.name, gpu.memory_gb * 1e9, gpu.bandwidth_tbs * 1e12, gpu.bf16_tflops * 1e12,
+        gpu.fp8_tflops * 1e12 if gpu.fp8_tflops else None, max(profile.num_gpus, 1),
+    )
+
+
+def factor(profile: HardwareProfile, key: str, default: float) -> tuple[float, bool]:
+    """(value, calibrated?): a calibrated factor wins over the profile's default."""
+    if key in profile.calibrated:
+        return profile.calibrated[key], True
+    return default, False

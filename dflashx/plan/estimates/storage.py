@@ -1,0 +1,68 @@
+"""Storage per artifact, in bytes. Offline hidden states = tokens x layers x hidden x bytes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dflashx.config.schema import Recipe
+from dflashx.plan.derive import BYTES, Derived
+from dflashx.plan.estimates.tokens import Tokens
+from dflashx.plan.estimates.training import Training
+from dflashx.plan.explain import Term, term
+from dflashx.targets.registry import TargetFacts
+
+JSON_OVERHEAD_BYTES = 512  # keys, usage, ids of one completion record
+ARROW_BYTES_PER_TOKEN = 5  # int32 input_ids + int8 loss mask
+ARROW_ROW_OVERHEAD = 16  # list offsets
+REPORT_BYTES = 20e6  # QC / eval reports with plots
+
+
+@dataclass(frozen=True)
+class Storage:
+    by_artifact: dict[str, float]  # "<stage>.<artifact>" -> bytes
+    offline_hidden_states: float  # what mode=offline would write (also reported in online mode)
+    terms: tuple[Term, ...]
+
+    def for_stage(self, stage: str) -> float:
+        return sum(v for k, v in self.by_artifact.items() if k.startswith(stage + "."))
+
+    @property
+    def total(self) -> float:
+        return sum(self.by_artifact.values())
+
+
+def estimate_storage(recipe: Recipe, facts: TargetFacts, tokens: Tokens, tr: Training, d: Derived) -> Storage:
+    stats, train = recipe.dataset.stats, recipe.stages.train
+    params = tr.drafter.trainable
+    train_tokens = tokens.train_tokens_per_epoch
+    hidden = train_tokens * len(d.target_layer_ids) * facts.hidden_size * 2
+    n_ckpt = math.ceil(tr.steps / train.checkpoint_every)
+    sizes = {
+        "ingest.prompts": tokens.raw_prompts * stats.prompt_bytes_mean,
+        "generate.completions": tokens.samples * (
+            stats.prompt_bytes_mean + tokens.output_mean * stats.output_bytes_per_token + JSON_OVERHEAD_BYTES),
+        "qc.report": REPORT_BYTES,
+        "tokenize.dataset": tokens.samples * (tokens.train_len_mean * ARROW_BYTES_PER_TOKEN + ARROW_ROW_OVERHEAD),
+        "train.checkpoint": n_ckpt * 2 * params + 14 * params,
+        "eval.report": REPORT_BYTES,
+        "export.drafter": params * BYTES[recipe.stages.export.dtype],
+    }
+    if train.mode == "offline":
+        sizes["train.hidden_states"] = hidden
+    enabled = {name for name, stage in recipe.stages if stage.enabled}
+    sizes = {k: v for k, v in sizes.items() if k.split(".")[0] in enabled}
+    terms = (
+        term("storage.offline_hidden_states", hidden, "bytes", "train tokens x k target layers x hidden x 2 (bf16)",
+             train_tokens=train_tokens, layers=len(d.target_layer_ids), hidden=facts.hidden_size,
+             written=train.mode == "offline"),
+        term("storage.checkpoints", n_ckpt * 2 * params + 14 * params, "bytes",
+             "checkpoints x 2 bytes x drafter params (bf16 weights) + 14 x params (latest optimizer state)",
+             checkpoints=n_ckpt, params=params),
+        term("storage.completions", tokens.samples * (stats.prompt_bytes_mean + tokens.output_mean
+                                                      * stats.output_bytes_per_token + JSON_OVERHEAD_BYTES),
+             "bytes", "samples x (prompt bytes + output tokens x bytes/token + JSON overhead)"),
+        term("storage.total", sum(sizes.values()), "bytes", "sum over enabled stages' artifacts",
+             **{k: v for k, v in sizes.items()}),
+    )
+    return Storage(sizes, hidden, terms)

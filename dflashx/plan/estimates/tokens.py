@@ -1,0 +1,68 @@
+"""Token counts: samples, prompt/output tokens and the share of tokens that carry loss."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflashx.config.schema import Recipe
+from dflashx.plan.explain import Term, term
+
+
+@dataclass(frozen=True)
+class Tokens:
+    raw_prompts: int
+    samples: int
+    prompt_mean: float
+    output_mean: float
+    train_len_mean: float
+    terms: tuple[Term, ...]
+
+    @property
+    def output(self) -> float:
+        return self.samples * self.output_mean
+
+    @property
+    def prompt(self) -> float:
+        return self.samples * self.prompt_mean
+
+    @property
+    def total(self) -> float:
+        return self.output + self.prompt
+
+    @property
+    def train_tokens_per_epoch(self) -> float:
+        return self.samples * self.train_len_mean
+
+
+def raw_prompt_count(recipe: Recipe) -> int:
+    """Sum over sources of min(expected_count, cap); a source without either counts 0."""
+    total = 0
+    for src in recipe.dataset.sources:
+        counts = [c for c in (src.expected_count, src.cap) if c is not None]
+        total += min(counts) if counts else 0
+    return total
+
+
+def count_tokens(recipe: Recipe, max_length: int) -> Tokens:
+    stats = recipe.dataset.stats
+    raw = raw_prompt_count(recipe)
+    samples = stats.samples if stats.samples is not None else raw
+    output_mean = min(stats.output_tokens_mean, recipe.stages.generate.max_tokens)
+    train_len = min(stats.prompt_tokens_mean + output_mean, max_length)
+    out = samples * output_mean
+    total = samples * (stats.prompt_tokens_mean + output_mean)
+    terms = (
+        term("tokens.raw_prompts", raw, "prompts", "sum over sources of min(expected_count, cap)",
+             sources=len(recipe.dataset.sources)),
+        term("tokens.samples", samples, "samples", "dataset.stats.samples, else the raw prompt count",
+             stats_samples=stats.samples, raw_prompts=raw),
+        term("tokens.output", out, "tokens", "samples x min(output_tokens_mean, generate.max_tokens)",
+             samples=samples, output_tokens_mean=output_mean),
+        term("tokens.total", total, "tokens", "samples x (prompt_tokens_mean + output_tokens_mean)",
+             samples=samples, prompt_tokens_mean=stats.prompt_tokens_mean, output_tokens_mean=output_mean),
+        term("tokens.loss_fraction", out / total if total else 0.0, "fraction",
+             "output tokens / all tokens (prompt tokens carry no loss)", output=out, total=total),
+        term("tokens.train_length_mean", train_len, "tokens/sample",
+             "min(prompt_tokens_mean + output_tokens_mean, train max_length)", max_length=max_length),
+    )
+    return Tokens(raw, samples, stats.prompt_tokens_mean, output_mean, train_len, terms)

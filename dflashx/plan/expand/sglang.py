@@ -1,0 +1,84 @@
+"""SGLang server command lines for the profile: one server per GPU behind sglang_router, or one
+server with `--dp-size`, with the precision, KV-cache, MTP, cache and parser flags of the recipe."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflashx.config.schema import Recipe
+from dflashx.plan.estimates.generation import Serving
+from dflashx.targets.registry import TargetFacts
+
+HOST = "127.0.0.1"
+BASE_PORT = 30000  # the router (or the single server); workers behind a router take the next ports
+PROMPT_ALLOWANCE = 4096  # context for the prompt on top of generate.max_tokens
+MTP_FLAGS = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
+
+
+@dataclass
+class SglangExpansion:
+    servers: list[dict[str, Any]] = field(default_factory=list)  # {command: argv, port, url, gpus}
+    router: dict[str, Any] | None = None  # {command, port, url} when replicas sit behind sglang_router
+    commands: list[str] = field(default_factory=list)  # shell lines, for people
+
+    def to_json(self) -> dict[str, Any]:
+        return {"servers": self.servers, "router": self.router}
+
+
+def context_length(recipe: Recipe, facts: TargetFacts) -> int:
+    gen = recipe.stages.generate
+    return gen.context_length or min(facts.max_position_embeddings, gen.max_tokens + PROMPT_ALLOWANCE)
+
+
+def server_argv(recipe: Recipe, facts: TargetFacts, s: Serving, port: int, dp_size: int) -> list[str]:
+    gen, serving = recipe.stages.generate, recipe.hardware.serving
+    argv = [
+        "python", "-m", "sglang.launch_server",
+        "--model-path", recipe.target.model,
+        "--host", HOST, "--port", str(port),
+        "--tp-size", str(s.tp),
+        "--mem-fraction-static", f"{serving.mem_fraction_static:g}",
+        "--context-length", str(context_length(recipe, facts)),
+        "--max-running-requests", str(serving.max_running_requests),
+    ]
+    if dp_size > 1:
+        argv += ["--dp-size", str(dp_size)]
+    if s.weight_dtype == "fp8":
+        argv += ["--quantization", "fp8"]
+    if serving.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", serving.kv_cache_dtype]
+    if recipe.target.mtp and facts.mtp_layers:
+        argv += list(MTP_FLAGS)
+    if gen.hierarchical_cache:
+        argv += ["--enable-hierarchical-cache"]
+    if recipe.target.chat_template.enable_thinking and facts.model_type.startswith("qwen3"):
+        argv += ["--reasoning-parser", "qwen3"]
+    return argv
+
+
+def expand_sglang(recipe: Recipe, facts: TargetFacts, s: Serving) -> SglangExpansion:
+    """Servers to start; none when the recipe attaches to `generate.urls` or uses transformers."""
+    gen, hw = recipe.stages.generate, recipe.hardware
+    if gen.backend != "sglang" or gen.urls or hw.gpu is None:
+        return SglangExpansion()
+    out = SglangExpansion()
+    if s.dp > 1 and hw.serving.dp_mode == "router":
+        for replica in range(s.dp):
+            port = BASE_PORT + 1 + replica
+            gpus = list(range(replica * s.tp, (replica + 1) * s.tp))
+            out.servers.append({"command": server_argv(recipe, facts, s, port, 1), "port": port,
+                                "url": f"http://{HOST}:{port}", "gpus": gpus})
+        workers = [srv["url"] for srv in out.servers]
+        out.router = {"command": ["python", "-m", "sglang_router.launch_router", "--host", HOST,
+                                  "--port", str(BASE_PORT), "--worker-urls", *workers],
+                      "port": BASE_PORT, "url": f"http://{HOST}:{BASE_PORT}"}
+    else:
+        out.servers.append({"command": server_argv(recipe, facts, s, BASE_PORT, s.dp), "port": BASE_PORT,
+                            "url": f"http://{HOST}:{BASE_PORT}", "gpus": list(range(s.tp * s.dp))})
+    out.commands = [
+        f"CUDA_VISIBLE_DEVICES={','.join(map(str, srv['gpus']))} {shlex.join(srv['command'])}" for srv in out.servers
+    ] + ([shlex.join(out.router["command"])] if out.router else [])
+    return out

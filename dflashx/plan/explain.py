@@ -1,0 +1,55 @@
+"""Explained numbers: every estimate carries its formula, inputs and source for `--explain`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Term:
+    """One derived number: `value` in `unit`, computed by `formula` from `inputs`."""
+
+    key: str
+    value: float
+    unit: str
+    formula: str
+    inputs: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "value": self.value, "unit": self.unit, "formula": self.formula,
+                "inputs": self.inputs, "source": self.source}
+
+
+def term(key: str, value: float, unit: str, formula: str, source: str = "", **inputs: Any) -> Term:
+    """Shorthand constructor; inputs are given as keyword arguments."""
+    return Term(key, value, unit, formula, inputs, source)
+
+
+def human_bytes(n: float) -> str:
+    """Binary units (TiB) like the seeds' storage figures."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_seconds(s: float) -> str:
+    if s >= 86_400:
+        return f"{s / 86_400:.1f} d"
+    if s >= 3_600:
+        return f"{s / 3_600:.1f} h"
+    if s >= 60:
+        return f"{s / 60:.1f} min"
+    if s >= 1 or s == 0:
+        return f"{s:.1f} s"
+    return f"{s * 1000:.1f} ms"
+
+
+def human_count(n: float) -> str:
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{suffix}"
+    return f"{n:.0f}"

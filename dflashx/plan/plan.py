@@ -1,0 +1,119 @@
+"""`make_plan(recipe, facts) -> Plan`: pure (no file or network I/O, no torch).
+
+The plan holds the findings of every rule, one entry per stage (its commands, estimates and
+extras: `servers`/`router` for generate, `deepspeed_config`/`launch` for train), the totals,
+the recipe with every derived value filled in (`resolved`) and, for `--explain`, the formula and
+inputs of every number. The JSON layout is documented in docs/planner.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflashx.config.schema import STAGE_ORDER, Recipe
+from dflashx.plan.context import ESTIMATE_KEYS, PlanContext, build_context, stage_estimates, totals
+from dflashx.plan.expand.deepspeed import deepspeed_config, launch
+from dflashx.plan.expand.sglang import expand_sglang
+from dflashx.plan.explain import Term
+from dflashx.plan.findings import Finding, error
+from dflashx.plan.rules import check
+from dflashx.targets.registry import REGISTRY, TargetFacts, lookup
+
+
+@dataclass
+class StagePlan:
+    name: str
+    enabled: bool
+    commands: list[str] = field(default_factory=list)
+    estimates: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ESTIMATE_KEYS, 0.0))
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "enabled": self.enabled, "commands": self.commands,
+                "estimates": self.estimates, **self.extra}
+
+
+@dataclass
+class Plan:
+    findings: list[Finding]
+    stages: list[StagePlan]
+    totals: dict[str, float]
+    resolved: dict[str, Any]
+    terms: list[Term] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "warning"]
+
+    def to_json(self, explain: bool = False) -> dict[str, Any]:
+        out = {
+            "errors": [f.to_json() for f in self.errors],
+            "warnings": [f.to_json() for f in self.warnings],
+            "stages": [s.to_json() for s in self.stages],
+            "totals": self.totals,
+            "resolved": self.resolved,
+        }
+        if explain:
+            out["explain"] = [t.to_json() for t in self.terms]
+        return out
+
+
+def _stage_plans(ctx: PlanContext) -> list[StagePlan]:
+    recipe = ctx.recipe
+    plans = []
+    for name in STAGE_ORDER:
+        enabled = getattr(recipe.stages, name).enabled
+        plans.append(StagePlan(name, enabled, estimates=stage_estimates(ctx, name)))
+    by_name = {p.name: p for p in plans}
+    sglang = expand_sglang(recipe, ctx.facts, ctx.generation.serving)
+    by_name["generate"].commands = sglang.commands
+    by_name["generate"].extra = sglang.to_json()
+    run = launch(recipe, ctx.derived)
+    by_name["train"].commands = [run["shell"]]
+    by_name["train"].extra = {"deepspeed_config": deepspeed_config(recipe, ctx.derived, ctx.training.steps),
+                              "launch": run}
+    return plans
+
+
+def _resolved(ctx: PlanContext) -> dict[str, Any]:
+    data = ctx.recipe.model_dump(mode="json")
+    d = ctx.derived
+    data["drafter"].update(target_layer_ids=d.target_layer_ids, mask_token_id=d.mask_token_id)
+    data["stages"]["train"].update(micro_batch=d.micro_batch, zero_stage=d.zero_stage, grad_accum=d.grad_accum,
+                                   loss_gamma=d.loss_gamma, max_length=d.max_length)
+    data["target"]["facts"] = {
+        **ctx.facts.model_dump(mode="json"),
+        "total_params": ctx.facts.total_params,
+        "kv_bytes_per_token_bf16": ctx.facts.kv_bytes_per_token(2),
+        "recurrent_state_bytes": ctx.facts.recurrent_state_bytes,
+    }
+    data["hardware"]["num_gpus"] = ctx.recipe.hardware.num_gpus
+    return data
+
+
+def _unknown_target(recipe: Recipe) -> Plan:
+    known = ", ".join(sorted(REGISTRY))
+    finding = error("unknown_target", "target.model",
+                    f"no facts for target {recipe.target.model!r}: not a registered model, builtin or local folder "
+                    "with config.json", f"set target.arch to a known architecture ({known}) or point target.model "
+                    "at a folder with config.json")
+    stages = [StagePlan(n, getattr(recipe.stages, n).enabled) for n in STAGE_ORDER]
+    return Plan([finding], stages, totals({s.name: s.estimates for s in stages}), recipe.model_dump(mode="json"))
+
+
+def make_plan(recipe: Recipe, facts: TargetFacts | None = None) -> Plan:
+    """Plan a validated recipe. `facts` come from the caller (a local config.json); else the registry."""
+    facts = facts or lookup(recipe.target.model) or (lookup(recipe.target.arch) if recipe.target.arch else None)
+    if facts is None:
+        return _unknown_target(recipe)
+    ctx = build_context(recipe, facts)
+    stages = _stage_plans(ctx)
+    return Plan(check(ctx), stages, totals({s.name: s.estimates for s in stages}), _resolved(ctx), ctx.terms)
+
+
+__all__ = ["Plan", "StagePlan", "make_plan"]

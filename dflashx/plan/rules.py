@@ -1,0 +1,229 @@
+"""Cross-field rules: each a small function of the plan context returning its findings.
+
+Rules run on a context whose estimates are already computed; they never change it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from dflashx.config.schema import STAGE_ORDER
+from dflashx.plan.context import PlanContext, stage_estimates, totals
+from dflashx.plan.explain import human_bytes
+from dflashx.plan.expand.sglang import context_length
+from dflashx.plan.findings import Finding, error, warning
+
+Rule = Callable[[PlanContext], Iterable[Finding]]
+
+BIG_TARGET_PARAMS = 4e9  # above this, transformers' generate() is too slow for a dataset
+
+
+def tp_dp_matches_gpus(ctx: PlanContext) -> Iterable[Finding]:
+    hw = ctx.recipe.hardware
+    if hw.gpu is None or ctx.recipe.stages.generate.urls:
+        return
+    tp, dp = hw.serving.tp, hw.serving.dp
+    if tp * dp != hw.num_gpus:
+        yield error("tp_dp_gpus", "hardware.serving.dp",
+                    f"serving tp x dp = {tp} x {dp} = {tp * dp}, but profile {hw.name} has {hw.num_gpus} GPUs",
+                    f"set hardware.serving.tp and hardware.serving.dp so that tp x dp = {hw.num_gpus}")
+
+
+def serving_fits(ctx: PlanContext) -> Iterable[Finding]:
+    hw, s = ctx.recipe.hardware, ctx.generation.serving
+    if hw.gpu is None or not ctx.recipe.stages.generate.enabled or ctx.recipe.stages.generate.urls:
+        return
+    one_seq = ctx.memory["generate"].parts["one_full_sequence"] * s.tp
+    if s.pool_bytes is None or s.pool_bytes < one_seq:
+        budget = hw.gpu.memory_gb * 1e9 * hw.serving.mem_fraction_static * s.tp
+        yield error("serving_memory", "hardware.serving.weight_dtype",
+                    f"weights {human_bytes(s.weight_bytes)} + one full-length sequence {human_bytes(one_seq)} "
+                    f"do not fit in {human_bytes(budget)} (tp={s.tp} x {hw.gpu.memory_gb:g} GB x "
+                    f"mem_fraction_static {hw.serving.mem_fraction_static:g})",
+                    "serve FP8 weights (hardware.serving.weight_dtype=fp8), raise hardware.serving.tp, "
+                    "lower stages.generate.max_tokens, or pick a profile with more GPU memory")
+
+
+def training_fits(ctx: PlanContext) -> Iterable[Finding]:
+    hw = ctx.recipe.hardware
+    if hw.gpu is None or not ctx.recipe.stages.train.enabled:
+        return
+    need, have = ctx.memory["train"].bytes, hw.gpu.memory_gb * 1e9
+    if need > have:
+        yield error("train_memory", "stages.train.micro_batch",
+                    f"training needs about {human_bytes(need)} per GPU ({_parts(ctx.memory['train'].parts)}) "
+                    f"but {hw.gpu.name} has {human_bytes(have)}",
+                    "lower stages.train.micro_batch, raise stages.train.zero_stage, shorten "
+                    "stages.train.anchors_per_seq, or use a profile with more GPU memory")
+
+
+def _parts(parts: dict[str, float]) -> str:
+    return ", ".join(f"{k} {human_bytes(v)}" for k, v in parts.items())
+
+
+def fp8_supported(ctx: PlanContext) -> Iterable[Finding]:
+    hw = ctx.recipe.hardware
+    if hw.gpu is not None and hw.gpu.fp8_tflops is not None:
+        return
+    where = hw.gpu.name if hw.gpu else "the CPU"
+    checks = (("hardware.serving.weight_dtype", hw.serving.weight_dtype == "fp8"),
+              ("hardware.serving.kv_cache_dtype", hw.serving.kv_cache_dtype.startswith("fp8")),
+              ("target.precision", ctx.recipe.target.precision == "fp8"))
+    for key, bad in checks:
+        if bad:
+            yield error("fp8_unsupported", key, f"FP8 requested but {where} has no FP8 support",
+                        f"set {key} to bf16 (or auto), or pick a profile whose GPU supports FP8")
+
+
+def target_layer_ids_valid(ctx: PlanContext) -> Iterable[Finding]:
+    ids, n = ctx.derived.target_layer_ids, ctx.facts.num_layers
+    k = ctx.recipe.drafter.num_target_layers
+    key = "drafter.target_layer_ids" if ctx.recipe.drafter.target_layer_ids else "drafter.num_target_layers"
+    if len(ids) != k:
+        yield error("target_layers_count", key, f"{len(ids)} target layer ids given but num_target_layers is {k}",
+                    "make drafter.num_target_layers equal the number of drafter.target_layer_ids")
+    outside = [i for i in ids if not 0 <= i < n]
+    if outside:
+        yield error("target_layers_range", key, f"target layer ids {outside} are outside the target's layers 0..{n - 1}",
+                    f"use ids between 0 and {n - 1}, or lower drafter.num_target_layers (at most {n})")
+    if any(b <= a for a, b in zip(ids, ids[1:])):
+        yield error("target_layers_order", key, f"target layer ids {ids} are not strictly increasing",
+                    "list distinct ids in increasing order, or drop drafter.target_layer_ids to spread them")
+
+
+def block_size_valid(ctx: PlanContext) -> Iterable[Finding]:
+    b = ctx.recipe.drafter.block_size
+    if b < 2:
+        yield error("block_size", "drafter.block_size", f"block size {b} leaves no token to draft",
+                    "set drafter.block_size >= 2 (DFlash uses 16)")
+
+
+def sliding_window_coherent(ctx: PlanContext) -> Iterable[Finding]:
+    d = ctx.recipe.drafter
+    types = d.layer_types or []
+    if types and len(types) != d.num_layers:
+        yield error("layer_types_length", "drafter.layer_types",
+                    f"{len(types)} layer types for {d.num_layers} drafter layers",
+                    "give one entry per drafter layer, or drop drafter.layer_types (all full attention)")
+    sliding = "sliding_attention" in types
+    if sliding and d.sliding_window is None:
+        yield error("sliding_window_missing", "drafter.sliding_window",
+                    "drafter.layer_types has sliding_attention layers but no sliding_window",
+                    "set drafter.sliding_window (e.g. 2048)")
+    if d.sliding_window is not None and not sliding:
+        yield warning("sliding_window_unused", "drafter.sliding_window",
+                      "drafter.sliding_window is set but no drafter layer uses sliding_attention",
+                      "add sliding_attention to drafter.layer_types, or drop drafter.sliding_window")
+    if sliding and d.sliding_window is not None and d.sliding_window < d.block_size:
+        yield error("sliding_window_small", "drafter.sliding_window",
+                    f"sliding window {d.sliding_window} is shorter than the block ({d.block_size})",
+                    f"set drafter.sliding_window >= drafter.block_size ({d.block_size})")
+
+
+def mask_token_known(ctx: PlanContext) -> Iterable[Finding]:
+    mask = ctx.derived.mask_token_id
+    if mask is None:
+        yield error("mask_token_unknown", "drafter.mask_token_id",
+                    f"no mask token id: the recipe leaves it null and {ctx.facts.name} has none registered",
+                    "set drafter.mask_token_id to an unused token id of the target's vocabulary")
+    elif not 0 <= mask < ctx.facts.vocab_size:
+        yield error("mask_token_range", "drafter.mask_token_id",
+                    f"mask token id {mask} is outside the vocabulary (0..{ctx.facts.vocab_size - 1})",
+                    "use an unused token id below the target's vocab_size")
+
+
+def offline_within_storage(ctx: PlanContext) -> Iterable[Finding]:
+    limit = ctx.recipe.budget.max_storage_bytes
+    hidden = ctx.storage.offline_hidden_states
+    if ctx.recipe.stages.train.mode == "offline" and limit is not None and hidden > limit:
+        yield error("offline_over_budget", "stages.train.mode",
+                    f"offline hidden states need {human_bytes(hidden)} ({len(ctx.derived.target_layer_ids)} layers "
+                    f"x hidden {ctx.facts.hidden_size} x {ctx.tokens.train_tokens_per_epoch:.3g} tokens, bf16), "
+                    f"over budget.max_storage_bytes {human_bytes(limit)}",
+                    "set stages.train.mode=online (hidden states are recomputed each step, nothing stored)")
+
+
+def within_budget(ctx: PlanContext) -> Iterable[Finding]:
+    b = ctx.recipe.budget
+    t = totals({s: stage_estimates(ctx, s) for s in STAGE_ORDER})
+    hw = ctx.recipe.hardware.name
+    if b.max_usd is not None and t["usd"] > b.max_usd:
+        yield error("budget_usd", "budget.max_usd", f"the plan costs about ${t['usd']:,.0f} on {hw}, "
+                    f"over budget.max_usd ${b.max_usd:,.0f}",
+                    "raise budget.max_usd, lower stages.train.epochs or the dataset size, or use a cheaper profile")
+    if b.max_days is not None and t["days"] > b.max_days:
+        yield error("budget_days", "budget.max_days", f"the plan takes about {t['days']:.1f} days on {hw}, "
+                    f"over budget.max_days {b.max_days:g}",
+                    "raise budget.max_days, lower stages.train.epochs or the dataset size, or use a faster "
+                    "profile (e.g. hardware=b200_nvl8)")
+    if b.max_storage_bytes is not None and t["storage_bytes"] > b.max_storage_bytes:
+        yield error("budget_storage", "budget.max_storage_bytes",
+                    f"the run stores about {human_bytes(t['storage_bytes'])}, over budget.max_storage_bytes "
+                    f"{human_bytes(b.max_storage_bytes)}",
+                    "raise budget.max_storage_bytes, or keep fewer checkpoints (stages.train.checkpoint_every)")
+
+
+def thinking_on(ctx: PlanContext) -> Iterable[Finding]:
+    if not ctx.recipe.target.chat_template.enable_thinking:
+        yield warning("thinking_off", "target.chat_template.enable_thinking",
+                      "thinking is off: the drafter learns answers without reasoning, but a thinking target "
+                      "spends most tokens reasoning at serve time (the seeds lost a month to this)",
+                      "set target.chat_template.enable_thinking=true unless the target is served with thinking off")
+
+
+def generate_backend_fits(ctx: PlanContext) -> Iterable[Finding]:
+    gen, hw = ctx.recipe.stages.generate, ctx.recipe.hardware
+    if not gen.enabled:
+        return
+    if gen.backend == "transformers" and ctx.facts.total_params > BIG_TARGET_PARAMS:
+        yield warning("transformers_big_target", "stages.generate.backend",
+                      f"transformers generate() on a {ctx.facts.total_params / 1e9:.0f}B target is far slower "
+                      "than a serving engine", "set stages.generate.backend=sglang")
+    if gen.backend == "sglang" and hw.gpu is None and not gen.urls:
+        yield error("sglang_needs_gpu", "stages.generate.backend",
+                    f"SGLang servers need GPUs; profile {hw.name} has none",
+                    "set stages.generate.backend=transformers, or give stages.generate.urls of running servers")
+    native = ctx.facts.max_position_embeddings
+    needed = ctx.tokens.prompt_mean + gen.max_tokens
+    if gen.context_length is not None and gen.context_length > native:
+        yield error("context_too_long", "stages.generate.context_length",
+                    f"context length {gen.context_length} exceeds the target's {native}",
+                    f"set stages.generate.context_length <= {native}")
+    elif needed > context_length(ctx.recipe, ctx.facts):
+        yield error("context_too_long", "stages.generate.max_tokens",
+                    f"a mean prompt ({ctx.tokens.prompt_mean:g} tokens) + max_tokens {gen.max_tokens} does not fit "
+                    f"the context length {context_length(ctx.recipe, ctx.facts)} (target native {native})",
+                    "lower stages.generate.max_tokens (or raise stages.generate.context_length up to the native)")
+
+
+def mtp_available(ctx: PlanContext) -> Iterable[Finding]:
+    if ctx.recipe.target.mtp and not ctx.facts.mtp_layers:
+        yield warning("mtp_unavailable", "target.mtp", f"{ctx.facts.name} ships no MTP layer; serving without it",
+                      "set target.mtp=false")
+
+
+def batch_divides(ctx: PlanContext) -> Iterable[Finding]:
+    d, gb = ctx.derived, ctx.recipe.stages.train.global_batch
+    per_step = d.micro_batch * d.world_size
+    if gb % per_step:
+        yield error("global_batch", "stages.train.global_batch",
+                    f"global_batch {gb} is not a multiple of micro_batch {d.micro_batch} x {d.world_size} GPUs",
+                    f"set stages.train.global_batch to a multiple of {per_step} (e.g. {max(gb // per_step, 1) * per_step})")
+
+
+def dataset_sized(ctx: PlanContext) -> Iterable[Finding]:
+    if ctx.tokens.samples == 0:
+        yield warning("dataset_size_unknown", "dataset.stats.samples",
+                      "the dataset size is unknown, so every estimate is zero",
+                      "set dataset.stats.samples (or expected_count on each source)")
+
+
+RULES: tuple[Rule, ...] = (
+    tp_dp_matches_gpus, serving_fits, training_fits, fp8_supported, target_layer_ids_valid, block_size_valid,
+    sliding_window_coherent, mask_token_known, offline_within_storage, within_budget, thinking_on,
+    generate_backend_fits, mtp_available, batch_divides, dataset_sized,
+)
+
+
+def check(ctx: PlanContext) -> list[Finding]:
+    return [finding for rule in RULES for finding in rule(ctx)]

@@ -1,0 +1,1 @@
+"""Reports across runs: comparison, calibration of planner factors, recipe review."""

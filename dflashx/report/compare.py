@@ -1,0 +1,117 @@
+"""`dflashx compare`: runs side by side — recipe differences, estimate vs actual, key results.
+
+Everything comes from the run folders (recipe.yaml, plan.json, records.jsonl, manifest.json).
+When a run tracked online (`tracking.mode: online`) and WANDB_API_KEY is set, metrics missing
+locally are filled from the W&B API (runs of the pipeline run's group, one per stage = job type).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+from dflashx.config.schema import STAGE_ORDER
+from dflashx.report.fmt import Section, human_bytes, human_seconds, human_value
+from dflashx.report.runinfo import RunInfo
+
+log = logging.getLogger(__name__)
+
+RESULT_STAGES = ("generate", "qc", "train", "eval")  # stages whose scalar metrics are "key results"
+THROUGHPUT = {"generate": "output_tokens_per_s", "tokenize": "tokens_per_s", "train": "tokens_per_s",
+              "eval": "tokens_per_s"}
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}, "l": [{"x": 2}]} -> {"a.b": 1, "l[0].x": 2}; lists of scalars stay values."""
+    if isinstance(data, list) and data and all(isinstance(v, dict) for v in data):
+        items = [(f"{prefix}[{i}]", v) for i, v in enumerate(data)]
+    elif isinstance(data, dict):
+        items = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in data.items()]
+    else:
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in items:
+        out.update(flatten(value, key))
+    return out
+
+
+def recipe_differences(runs: list[RunInfo]) -> Section:
+    flat = [flatten(r.recipe) for r in runs]
+    keys = sorted(set().union(*flat))
+    rows = [[k, *(human_value(f.get(k)) for f in flat)] for k in keys
+            if len({repr(f.get(k)) for f in flat}) > 1]
+    return Section("Recipe differences", ["key", *(r.name for r in runs)], rows,
+                   "" if rows else "The runs' resolved recipes are identical.")
+
+
+def _ratio(actual: float | None, estimate: float | None, fmt: Callable[[float | None], str]) -> str:
+    if actual is None:
+        return f"- / {fmt(estimate)}"
+    ratio = f" ({actual / estimate:.2f}x)" if estimate else ""
+    return f"{fmt(actual)} / {fmt(estimate)}{ratio}"
+
+
+def _usd(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.2f}"
+
+
+def estimate_vs_actual(runs: list[RunInfo]) -> list[Section]:
+    headers = ["stage", *(r.name for r in runs)]
+    time = Section("Time: actual / estimate", headers)
+    storage = Section("Storage: actual / estimate", headers)
+    cost = Section("Cost (USD): actual / estimate", headers, note="actual = duration x GPUs x $/GPU-hour")
+    speed = Section("Throughput (tokens/s)", headers)
+    for stage in STAGE_ORDER:
+        est = [r.estimates(stage) for r in runs]
+        time.rows.append([stage, *(_ratio(r.stages[stage].duration_s if stage in r.stages else None,
+                                          e.get("seconds"), human_seconds) for r, e in zip(runs, est))])
+        storage.rows.append([stage, *(_ratio(r.storage(stage), e.get("storage_bytes"), human_bytes)
+                                      for r, e in zip(runs, est))])
+        cost.rows.append([stage, *(_ratio(r.usd(stage), e.get("usd"), _usd) for r, e in zip(runs, est))])
+        if stage in THROUGHPUT:
+            speed.rows.append([stage, *(human_value(r.metrics(stage).get(THROUGHPUT[stage])) for r in runs)])
+    return [time, storage, cost, speed]
+
+
+def key_results(runs: list[RunInfo], remote: list[dict[str, dict[str, Any]]] | None = None) -> Section:
+    """Scalar metrics of the result stages, one row per metric (W&B values fill local gaps)."""
+    values: list[dict[str, Any]] = []
+    for i, run in enumerate(runs):
+        merged: dict[str, Any] = {}
+        for stage in RESULT_STAGES:
+            stage_metrics = {**(remote[i].get(stage, {}) if remote else {}), **run.metrics(stage)}
+            merged.update({f"{stage}.{k}": v for k, v in stage_metrics.items()
+                           if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        values.append(merged)
+    keys = sorted(set().union(*values), key=lambda k: (RESULT_STAGES.index(k.split(".")[0]), k))
+    return Section("Key results", ["metric", *(r.name for r in runs)],
+                   [[k, *(human_value(v.get(k)) for v in values)] for k in keys])
+
+
+def wandb_metrics(run: RunInfo) -> dict[str, dict[str, Any]]:
+    """Per-stage W&B summaries of an online run ({} when offline, without a key, or unreachable)."""
+    tracking = run.recipe.get("tracking") or {}
+    if tracking.get("mode") != "online" or not os.environ.get("WANDB_API_KEY"):
+        return {}
+    try:
+        import wandb
+
+        path = "/".join(p for p in (tracking.get("entity"), tracking.get("project", "dflashx")) if p)
+        found = wandb.Api(timeout=20).runs(path, filters={"group": run.run_id})
+        return {r.job_type: {k: v for k, v in dict(r.summary).items() if not k.startswith("_")}
+                for r in found if r.job_type}
+    except Exception as exc:  # network, auth, a deleted project: local records still answer
+        log.warning("W&B API unavailable for %s (%s); using local records only", run.run_id, exc)
+        return {}
+
+
+def compare(runs: list[RunInfo]) -> list[Section]:
+    """Every section of the comparison, in reading order."""
+    overview = Section("Runs", ["run", "run id", "profile", "stages done"],
+                       [[r.name, r.run_id, r.profile,
+                         f"{sum(s.state == 'done' for s in r.stages.values())}/{len(r.stages)}"]
+                        for r in runs])
+    remote = [wandb_metrics(r) for r in runs]
+    return [overview, recipe_differences(runs), *estimate_vs_actual(runs),
+            key_results(runs, remote if any(remote) else None)]

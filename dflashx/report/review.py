@@ -1,0 +1,197 @@
+"""`dflashx review BASE HEAD`: a markdown review of a recipe change for a pull request.
+
+BASE and HEAD are recipe files, or `path@gitref` (the file as it is at that commit). For a git
+ref, the recipe's folder and `hardware_profiles/` at that ref are extracted (`git archive`) into a
+temporary folder so `extends:` chains and profile names resolve as they did at that commit. Each
+side is loaded with `load_recipe` and planned with `make_plan`; the review shows the changed keys
+of the validated recipes (defaults included), the plan totals and per-stage estimates that
+changed, and the findings that appear or disappear. A BASE that does not exist (a new recipe) is
+reviewed against nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from dflashx.config.errors import RecipeError
+from dflashx.config.load import load_recipe
+from dflashx.config.schema import Recipe
+from dflashx.plan.plan import make_plan
+from dflashx.report.compare import flatten
+from dflashx.report.fmt import Section, human_bytes, human_seconds, human_value
+
+FactsFor = Callable[[Recipe], Any]
+
+# (label, totals/estimates key, formatter)
+MEASURES: list[tuple[str, str, Callable[[float | None], str]]] = [
+    ("time", "seconds", human_seconds),
+    ("GPU-hours", "gpu_hours", lambda v: "-" if v is None else f"{v:,.1f}"),
+    ("USD", "usd", lambda v: "-" if v is None else f"{v:,.0f}"),
+    ("storage", "storage_bytes", human_bytes),
+    ("peak GPU memory", "peak_gpu_memory_bytes", human_bytes),
+]
+
+
+@dataclass
+class Side:
+    spec: str
+    data: dict[str, Any] | None = None  # validated recipe, flattened
+    plan: dict[str, Any] | None = None
+    error: str | None = None  # why it could not be loaded
+    missing: bool = False  # the file does not exist (a new recipe)
+
+
+def split_spec(spec: str) -> tuple[Path, str | None]:
+    """`recipes/a.yaml@main` -> (recipes/a.yaml, "main"); a plain existing path has no ref."""
+    path, sep, ref = spec.rpartition("@")
+    if not sep or not ref or Path(spec).exists():
+        return Path(spec), None
+    return Path(path), ref
+
+
+def _git(args: list[str], cwd: Path) -> bytes:
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True)
+    if out.returncode != 0:
+        raise ValueError(f"git {' '.join(args)}: {out.stderr.decode().strip()}")
+    return out.stdout
+
+
+def materialize(path: Path, ref: str, workdir: Path) -> Path | None:
+    """Extract `path`'s folder and hardware_profiles/ at `ref` under `workdir`; the recipe's new
+    path, or None when the file does not exist at that ref."""
+    path = path.resolve()
+    top = Path(_git(["rev-parse", "--show-toplevel"], path.parent).decode().strip())
+    rel = path.relative_to(top)
+    if subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=top,
+                      capture_output=True).returncode != 0:
+        raise ValueError(f"{ref!r} is not a commit of the git repository {top}")
+    if subprocess.run(["git", "cat-file", "-e", f"{ref}:{rel.as_posix()}"], cwd=top,
+                      capture_output=True).returncode != 0:
+        return None
+    wanted = [rel.parent.as_posix() or "."]
+    if subprocess.run(["git", "cat-file", "-e", f"{ref}:hardware_profiles"], cwd=top,
+                      capture_output=True).returncode == 0:
+        wanted.append("hardware_profiles")
+    archive = _git(["archive", "--format=tar", ref, "--", *wanted], top)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(workdir, filter="data")
+    return workdir / rel
+
+
+def load_side(spec: str, workdir: Path, facts_for: FactsFor) -> Side:
+    side = Side(spec)
+    path, ref = split_spec(spec)
+    try:
+        if ref is not None:
+            found = materialize(path, ref, workdir)
+            if found is None:
+                side.missing = True
+                return side
+            path = found
+        elif not path.exists():
+            side.missing = True
+            return side
+        recipe = load_recipe(path).recipe
+    except RecipeError as exc:
+        side.error = exc.format()
+        return side
+    except ValueError as exc:
+        side.error = str(exc)
+        return side
+    folder = str(path.resolve().parent) + "/"
+    side.data = {k: v.replace(folder, "") if isinstance(v, str) else v  # paths relative to the recipe
+                 for k, v in flatten(recipe.model_dump(mode="json")).items()}
+    side.plan = make_plan(recipe, facts_for(recipe)).to_json()
+    return side
+
+
+def _change(a: float | None, b: float | None) -> str:
+    if a is None or b is None:
+        return "new" if a is None and b is not None else "-"
+    if a == b:
+        return "="
+    return f"{(b - a) / a:+.1%}" if a else "+"
+
+
+def changed_keys(base: Side, head: Side) -> Section:
+    old, new = base.data or {}, head.data or {}
+    rows = [[f"`{k}`", human_value(old.get(k)), human_value(new.get(k))]
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return Section("Changed keys", ["key", "base", "head"], rows, "" if rows else "No key changed.")
+
+
+def plan_totals(base: Side, head: Side) -> Section:
+    old = (base.plan or {}).get("totals", {})
+    new = (head.plan or {}).get("totals", {})
+    return Section("Plan", ["", "base", "head", "change"],
+                   [[label, fmt(old.get(key)), fmt(new.get(key)), _change(old.get(key), new.get(key))]
+                    for label, key, fmt in MEASURES])
+
+
+def stage_changes(base: Side, head: Side) -> Section:
+    old = {s["name"]: s for s in (base.plan or {}).get("stages", [])}
+    rows = []
+    for stage in (head.plan or {}).get("stages", []):
+        before = old.get(stage["name"], {})
+        cells = []
+        for _, key, fmt in MEASURES:
+            a, b = fmt((before.get("estimates") or {}).get(key)), fmt(stage["estimates"].get(key))
+            cells.append(b if a == b else f"{a} → {b}")
+        if before.get("enabled", True) != stage["enabled"] or any("→" in c for c in cells):
+            enabled = f"{before.get('enabled', '-')} → {stage['enabled']}" \
+                if before.get("enabled", True) != stage["enabled"] else str(stage["enabled"])
+            rows.append([stage["name"], enabled, *cells])
+    return Section("Stages whose estimates changed", ["stage", "enabled", *(m[0] for m in MEASURES)],
+                   rows, "" if rows else "No stage estimate changed.")
+
+
+def _findings(side: Side, kind: str) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(f["code"], f["key"]): f for f in (side.plan or {}).get(kind, [])}
+
+
+def findings_diff(base: Side, head: Side) -> list[str]:
+    lines = []
+    for kind in ("errors", "warnings"):
+        old, new = _findings(base, kind), _findings(head, kind)
+        added = [f for k, f in new.items() if k not in old]
+        gone = [f for k, f in old.items() if k not in new]
+        for title, items in ((f"New {kind}", added), (f"Resolved {kind}", gone)):
+            if items:
+                lines += [f"### {title}", ""]
+                lines += [f"- `{f['code']}` at `{f['key']}`: {f['message']}. Fix: {f['fix']}" for f in items]
+                lines.append("")
+        kept = [f for k, f in new.items() if k in old]
+        if kind == "errors" and kept:
+            lines += ["### Errors still present", "", *(f"- `{f['code']}`: {f['message']}" for f in kept), ""]
+    return lines
+
+
+def render(base: Side, head: Side) -> str:
+    title = head.spec if not head.missing else base.spec
+    out = [f"## Recipe review: `{title}`", "", f"base `{base.spec}` → head `{head.spec}`", ""]
+    for side, name in ((base, "base"), (head, "head")):
+        if side.error:
+            out += [f"**The {name} recipe does not load:**", "", "```", side.error, "```", ""]
+    if head.missing:
+        return "\n".join(out + ["The head recipe was deleted.", ""])
+    if base.missing:
+        out += ["New recipe: everything below is compared with nothing.", ""]
+    if head.error:
+        return "\n".join(out)
+    out += [changed_keys(base, head).markdown(), plan_totals(base, head).markdown(),
+            stage_changes(base, head).markdown(), *findings_diff(base, head)]
+    if head.plan and head.plan["errors"]:
+        out.append(f"**The head plan has {len(head.plan['errors'])} error(s): `dflashx run` refuses it.**")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def review(base: str, head: str, facts_for: FactsFor, workdir: Path) -> tuple[str, bool]:
+    """(markdown, ok): ok is False when the head recipe does not load or its plan has errors."""
+    b, h = load_side(base, workdir / "base", facts_for), load_side(head, workdir / "head", facts_for)
+    ok = h.error is None and (h.missing or not (h.plan or {}).get("errors"))
+    return render(b, h), ok

@@ -1,0 +1,262 @@
+"""Run a recipe's stages in order, skipping finished ones and resuming the first unfinished one.
+
+For each selected stage in `STAGE_ORDER`: compute its key (`dflashx.run.keys`); skip it when its
+`_SUCCESS` holds that key (unless forced); move an outdated folder aside (its artifacts become
+garbage); run `load_stage(name)(ctx)` with a metric logger (records.jsonl + W&B); register the
+returned artifacts in the manifest; write `provenance.json`, then `_SUCCESS` last. A failing stage
+stops the run. Events go to records.jsonl (see `dflashx.track.records`); human progress lines go to
+`echo`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from dflashx.config.schema import Recipe
+from dflashx.run.graph import Selection
+from dflashx.run.keys import StageKey, stage_key
+from dflashx.run.rundir import RunDir
+from dflashx.stages.base import StageContext, StageFailed, StageResult, load_stage
+from dflashx.store.manifest import Manifest, atomic_write_json, atomic_write_text, utc_now
+from dflashx.track.provenance import stage_provenance
+from dflashx.track.records import RecordLog
+from dflashx.track.redact import RedactingFilter, redact, redact_argv, redact_text
+from dflashx.track.wandb_stage import stage_tracker
+
+Echo = Callable[[str], None]
+
+
+@dataclass
+class StageOutcome:
+    name: str
+    state: str  # done | skipped | disabled | failed | not-implemented
+    stage_key: str | None = None
+    message: str | None = None
+    duration_s: float | None = None
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    run_id: str
+    outcomes: list[StageOutcome] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(o.state in ("done", "skipped", "disabled") for o in self.outcomes)
+
+
+def plan_stage(plan: dict[str, Any], name: str) -> dict[str, Any]:
+    """The plan's entry for one stage ({} when the plan has none)."""
+    return next((s for s in plan.get("stages", []) if s.get("name") == name), {})
+
+
+@contextmanager
+def _stage_log(path: Path) -> Iterator[None]:
+    """Copy the `dflashx` loggers' INFO+ lines, redacted, to the stage's stage.log."""
+    logger = logging.getLogger("dflashx")
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter())
+    previous = logger.level
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
+        handler.close()
+
+
+class Orchestrator:
+    """One `dflashx run` invocation over one run directory (holds its lock while running)."""
+
+    def __init__(self, recipe: Recipe, plan: dict[str, Any], run_dir: Path, argv: Sequence[str],
+                 echo: Echo = print):
+        self.recipe = recipe
+        self.plan = plan
+        self.resolved: dict[str, Any] = plan.get("resolved") or recipe.model_dump(mode="json")
+        self.rundir = RunDir(Path(run_dir).resolve())
+        self.argv = list(argv)
+        self.echo = echo
+
+    def run(self, selection: Selection) -> RunResult:
+        run_id = self.rundir.ensure(self.recipe.name)
+        lock = self.rundir.lock()
+        try:
+            self.rundir.save_recipe(redact(self.recipe.model_dump(mode="json")))
+            self.rundir.save_plan(redact(self.plan))
+            self.records = RecordLog(self.rundir.path, run_id)
+            result = RunResult(self.rundir.path, run_id)
+            started = time.monotonic()
+            self.records.append("run_start", argv=redact_argv(self.argv), pid=os.getpid(),
+                                host=socket.gethostname(), stages=selection.stages)
+            try:
+                for name in selection.stages:
+                    outcome = self._stage(name, force=name in selection.force)
+                    result.outcomes.append(outcome)
+                    if outcome.state not in ("done", "skipped", "disabled"):
+                        break
+            finally:
+                self.records.append("run_end", ok=result.ok, duration_s=round(time.monotonic() - started, 3))
+            return result
+        finally:
+            lock.close()
+
+    # ------------------------------------------------------------------ one stage
+
+    def _stage(self, name: str, force: bool) -> StageOutcome:
+        if not getattr(self.recipe.stages, name).enabled:
+            self.records.append("stage_skipped", stage=name, reason="disabled")
+            self.echo(f"- {name}: disabled (stages.{name}.enabled=false)")
+            return StageOutcome(name, "disabled")
+        manifest = Manifest.load(self.rundir.path)
+        key = stage_key(name, self.resolved, manifest)
+        if key.missing:
+            message = (f"stage {name} needs {', '.join(key.missing)}, which no finished stage has produced: "
+                       f"run (or enable) {', '.join(sorted({m.split('.')[0] for m in key.missing}))} first")
+            self.records.append("stage_failed", stage=name, stage_key=key.key, error="MissingInput", message=message)
+            return self._fail(name, key.key, message)
+        done = self.rundir.success(name)
+        if done and done.get("stage_key") == key.key and not force:
+            self.records.append("stage_skipped", stage=name, stage_key=key.key, reason="done")
+            self.echo(f"= {name}: done, key {key.key[:12]} unchanged (skipped)")
+            return StageOutcome(name, "skipped", key.key)
+        try:
+            fn = load_stage(name)
+        except ModuleNotFoundError as e:
+            if e.name != f"dflashx.stages.{name}":
+                return self._crashed(name, key.key, e)
+            message = f"stage {name} is not implemented yet (no module dflashx.stages.{name}); stopping here"
+            self.echo(f"! {message}")
+            return StageOutcome(name, "not-implemented", key.key, message)
+        except Exception as e:  # noqa: BLE001 - a stage module that fails to import is a crash
+            return self._crashed(name, key.key, e)
+        self._set_aside(name, key.key, manifest, forced=force)
+        return self._execute(name, fn, key)
+
+    def _set_aside(self, name: str, key: str, manifest: Manifest, forced: bool) -> None:
+        """Move an outdated (or forced) stage folder aside and mark its artifacts garbage."""
+        folder = self.rundir.stage_dir(name)
+        if not folder.exists():
+            return
+        marker = self.rundir.success(name) or self.rundir.started(name)
+        old_key = (marker or {}).get("stage_key")
+        if old_key is None or (old_key == key and not (forced and self.rundir.success(name))):
+            return  # resume into the same folder
+        moved = self.rundir.supersede(name, old_key)
+        if not manifest.supersede(name, moved):
+            manifest.register(name, f"partial@{moved}", moved, "garbage", hash_content=False,
+                              stage_key=old_key, description="unfinished output of an outdated attempt")
+        manifest.save()
+        self.records.append("warning", stage=name, message=f"moved outdated {name}/ to {moved}/ (garbage)")
+        self.echo(f"~ {name}: outputs of key {old_key[:12]} moved to {moved}/ (garbage; `dflashx gc` deletes it)")
+
+    def _execute(self, name: str, fn: Callable[[StageContext], StageResult], key: StageKey) -> StageOutcome:
+        out_dir = self.rundir.stage_dir(name)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.rundir.mark_started(name, key.key)
+        manifest = Manifest.load(self.rundir.path)
+        inputs = {n: self.rundir.path / manifest.entries[n].path for n in key.inputs}
+        stage_plan = plan_stage(self.plan, name)
+        ctx = StageContext(name=name, recipe=self.recipe, plan=stage_plan, resolved=self.resolved,
+                           run_dir=self.rundir.path, out_dir=out_dir, inputs=inputs)
+        self.echo(f"> {name}: running (key {key.key[:12]})")
+        self.records.append("stage_start", stage=name, stage_key=key.key, pid=os.getpid(), host=socket.gethostname())
+        started_at, t0 = utc_now(), time.monotonic()
+        provenance = dict(stage=name, key=key, started_at=started_at, estimates=stage_plan.get("estimates"))
+        config = {"recipe": self.resolved, "plan": stage_plan.get("estimates", {}), "stage_key": key.key}
+        try:
+            with _stage_log(out_dir / "stage.log"), stage_tracker(
+                records=self.records, tracking=self.recipe.tracking, run_id=self.records.run_id, stage=name,
+                run_dir=self.rundir.path, config=config,
+            ) as tracker:
+                ctx.log = tracker
+                result = fn(ctx)
+                outputs = self._register(name, key, result, out_dir)
+                tracker.summary(result.metrics)
+        except StageFailed as e:
+            return self._failed(name, t0, provenance, str(e), "StageFailed", e.metrics)
+        except KeyboardInterrupt:
+            self._write_provenance(out_dir, provenance, "interrupted", {}, "interrupted by the user")
+            self.records.append("stage_interrupted", stage=name, stage_key=key.key, duration_s=round(time.monotonic() - t0, 3))
+            raise
+        except Exception as e:  # noqa: BLE001 - any crash stops the run with a saved traceback
+            return self._failed(name, t0, provenance, self._save_traceback(name, e), type(e).__name__, {})
+        duration = time.monotonic() - t0
+        self._write_provenance(out_dir, provenance, "done", {n: o["sha256"] for n, o in outputs.items()})
+        self.rundir.mark_success(name, key.key, duration)
+        self.records.append("stage_end", stage=name, stage_key=key.key, duration_s=round(duration, 3),
+                            metrics=redact(result.metrics), outputs=outputs)
+        self.echo(f"+ {name}: done in {duration:.1f}s")
+        return StageOutcome(name, "done", key.key, duration_s=duration)
+
+    def _register(self, name: str, key: StageKey, result: StageResult, out_dir: Path) -> dict[str, dict[str, Any]]:
+        """Register the stage's artifacts (tiers from the recipe's overrides) and save the manifest."""
+        manifest = Manifest.load(self.rundir.path)  # a stage (backup) may have saved it meanwhile
+        cost = (plan_stage(self.plan, name).get("estimates") or {}).get("usd")
+        outputs = {}
+        for artifact_name, artifact in result.artifacts.items():
+            path = (out_dir / artifact.path).resolve()
+            if not path.exists() or out_dir.resolve() not in (path, *path.parents):
+                raise RuntimeError(f"stage {name} returned artifact {artifact_name!r} at {artifact.path!r}, "
+                                   f"which is not an existing path inside {out_dir}")
+            tier = self.recipe.storage.tiers.get(f"{name}.{artifact_name}", artifact.tier)
+            entry = manifest.register(name, artifact_name, path, tier, inputs=list(key.inputs),
+                                      regen_cost_usd=cost if tier == "replaceable" else None,
+                                      stage_key=key.key, description=artifact.description)
+            outputs[artifact_name] = {"path": entry.path, "size": entry.size, "sha256": entry.sha256, "tier": tier}
+        manifest.save()
+        return outputs
+
+    def _write_provenance(self, out_dir: Path, p: dict[str, Any], state: str, outputs: dict[str, Any],
+                          message: str | None = None) -> None:
+        key: StageKey = p["key"]
+        atomic_write_json(out_dir / "provenance.json", stage_provenance(
+            stage=p["stage"], stage_key=key.key, argv=self.argv, resolved=self.resolved,
+            started_at=p["started_at"], ended_at=utc_now(), exit_state=state, inputs=key.inputs,
+            outputs=outputs, message=message, estimates=p["estimates"]))
+
+    def _failed(self, name: str, t0: float, provenance: dict[str, Any], message: str, error: str,
+                metrics: dict[str, Any]) -> StageOutcome:
+        key: StageKey = provenance["key"]
+        self._write_provenance(self.rundir.stage_dir(name), provenance, "failed", {}, message)
+        self.records.append("stage_failed", stage=name, stage_key=key.key, duration_s=round(time.monotonic() - t0, 3),
+                            error=error, message=redact_text(message), metrics=redact(metrics))
+        return self._fail(name, key.key, message)
+
+    def _save_traceback(self, name: str, exc: BaseException) -> str:
+        """Write the (redacted) traceback to <stage>/error.log; return the one-line message."""
+        log = self.rundir.stage_dir(name) / "error.log"
+        atomic_write_text(log, redact_text("".join(traceback.format_exception(exc))))
+        return f"{type(exc).__name__}: {exc} (traceback in {log})"
+
+    def _crashed(self, name: str, key: str, exc: BaseException) -> StageOutcome:
+        message = self._save_traceback(name, exc)
+        self.records.append("stage_failed", stage=name, stage_key=key, error=type(exc).__name__, message=redact_text(message))
+        return self._fail(name, key, message)
+
+    def _fail(self, name: str, key: str, message: str) -> StageOutcome:
+        self.echo(f"x {name}: failed: {redact_text(message)}")
+        return StageOutcome(name, "failed", key, redact_text(message))
+
+
+def run_pipeline(recipe: Recipe, plan: dict[str, Any], run_dir: Path, selection: Selection,
+                 argv: Sequence[str] = (), echo: Echo = print) -> RunResult:
+    """Run the selected stages of `recipe` in `run_dir` (see the module docstring)."""
+    return Orchestrator(recipe, plan, run_dir, argv, echo).run(selection)
+
+
+def default_run_dir(recipe: Recipe) -> Path:
+    """`<storage.root>/<recipe.name>`."""
+    return Path(recipe.storage.root) / recipe.name

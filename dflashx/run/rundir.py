@@ -1,0 +1,129 @@
+"""The run directory: its files, the per-stage `_STARTED` / `_SUCCESS` markers and the run lock.
+
+    <run_dir>/run.json            {run_id, recipe, created_at}: the pipeline run's identity (W&B group)
+    <run_dir>/recipe.yaml         resolved recipe, redacted
+    <run_dir>/plan.json           the plan, redacted
+    <run_dir>/.lock               held (flock) by the `dflashx run` using the dir
+    <run_dir>/<stage>/_STARTED    JSON {stage_key, started_at}: the key of the attempt writing here
+    <run_dir>/<stage>/_SUCCESS    JSON {stage_key, finished_at, duration_s}: written last, atomically
+A stage folder persists across killed runs; only `_SUCCESS` says it is complete. A folder whose
+`_STARTED` or `_SUCCESS` key differs from the current key is moved to `<stage>.superseded-<key8>`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from dflashx.store.manifest import atomic_write_json, atomic_write_text, utc_now
+
+RUN_FILE, RECIPE_FILE, PLAN_FILE, LOCK_FILE = "run.json", "recipe.yaml", "plan.json", ".lock"
+STARTED, SUCCESS = "_STARTED", "_SUCCESS"
+
+
+class RunDirBusy(RuntimeError):
+    """Another `dflashx run` holds the run directory."""
+
+
+@dataclass
+class RunDir:
+    path: Path
+
+    def stage_dir(self, stage: str) -> Path:
+        return self.path / stage
+
+    # ------------------------------------------------------------------ identity and saved inputs
+
+    def ensure(self, recipe_name: str) -> str:
+        """Create the run dir (if needed) and return its run id (made once, kept in run.json)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        info = self.info()
+        if info is None:
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+            info = {"run_id": f"{recipe_name}-{stamp}", "recipe": recipe_name, "created_at": utc_now()}
+            atomic_write_json(self.path / RUN_FILE, info)
+        return info["run_id"]
+
+    def info(self) -> dict[str, Any] | None:
+        return _read_json(self.path / RUN_FILE)
+
+    def save_recipe(self, redacted_recipe: dict[str, Any]) -> Path:
+        atomic_write_text(self.path / RECIPE_FILE, yaml.safe_dump(redacted_recipe, sort_keys=False, allow_unicode=True))
+        return self.path / RECIPE_FILE
+
+    def save_plan(self, redacted_plan: dict[str, Any]) -> Path:
+        atomic_write_json(self.path / PLAN_FILE, redacted_plan)
+        return self.path / PLAN_FILE
+
+    def plan(self) -> dict[str, Any] | None:
+        return _read_json(self.path / PLAN_FILE)
+
+    # ------------------------------------------------------------------ markers
+
+    def started(self, stage: str) -> dict[str, Any] | None:
+        return _read_json(self.stage_dir(stage) / STARTED)
+
+    def success(self, stage: str) -> dict[str, Any] | None:
+        return _read_json(self.stage_dir(stage) / SUCCESS)
+
+    def mark_started(self, stage: str, key: str) -> None:
+        atomic_write_json(self.stage_dir(stage) / STARTED, {"stage_key": key, "started_at": utc_now()})
+
+    def mark_success(self, stage: str, key: str, duration_s: float) -> None:
+        atomic_write_json(self.stage_dir(stage) / SUCCESS,
+                          {"stage_key": key, "finished_at": utc_now(), "duration_s": round(duration_s, 3)})
+
+    def supersede(self, stage: str, old_key: str) -> str:
+        """Move the stage folder aside; returns the new folder name (relative to the run dir)."""
+        base = f"{stage}.superseded-{old_key[:8]}"
+        name, n = base, 1
+        while (self.path / name).exists():
+            n += 1
+            name = f"{base}-{n}"
+        os.replace(self.stage_dir(stage), self.path / name)
+        return name
+
+    # ------------------------------------------------------------------ lock
+
+    def lock(self) -> IO[str]:
+        """Hold the run dir for this process (released on close or death); RunDirBusy if taken."""
+        handle = open(self.path / LOCK_FILE, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise RunDirBusy(f"another `dflashx run` (pid {holder}) is using {self.path}; wait for it or stop it") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        return handle
+
+    def is_locked(self) -> bool:
+        """Whether some process holds the run lock now."""
+        if not (self.path / LOCK_FILE).exists():
+            return False
+        with open(self.path / LOCK_FILE, "a+", encoding="utf-8") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return False
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

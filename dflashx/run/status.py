@@ -1,0 +1,84 @@
+"""Each stage's state in a run directory, from its markers, records, manifest and saved plan.
+
+States: done (its `_SUCCESS` key is the current key), stale (finished with another key: it re-runs
+next time), running (started, and a `dflashx run` holds the run lock), interrupted (started, no
+run holds the lock: the process died; re-run to resume), failed, pending, skipped-disabled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from dflashx.config.schema import STAGE_ORDER
+from dflashx.run.keys import stage_key
+from dflashx.run.rundir import RunDir
+from dflashx.store.manifest import ArtifactEntry, Manifest
+from dflashx.track.records import read_records
+
+_STAGE_EVENTS = {"stage_start", "stage_end", "stage_failed", "stage_interrupted", "stage_skipped"}
+
+
+@dataclass
+class StageStatus:
+    name: str
+    state: str
+    stage_key: str | None = None
+    duration_s: float | None = None
+    outputs: list[ArtifactEntry] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    message: str | None = None
+
+
+class NotARunDir(ValueError):
+    pass
+
+
+def _seconds_since(ts: str) -> float:
+    return (datetime.now(timezone.utc) - datetime.fromisoformat(ts)).total_seconds()
+
+
+def run_status(run_dir: str | Path) -> list[StageStatus]:
+    """One StageStatus per stage, in pipeline order."""
+    rundir = RunDir(Path(run_dir))
+    plan = rundir.plan()
+    if plan is None:
+        raise NotARunDir(f"{run_dir}: no plan.json here; is this a dflashx run directory (made by `dflashx run`)?")
+    resolved = plan.get("resolved") or {}
+    manifest = Manifest.load(rundir.path)
+    last: dict[str, dict[str, Any]] = {}
+    ended: dict[str, dict[str, Any]] = {}
+    for record in read_records(rundir.path):
+        stage = record.get("stage")
+        if record.get("event") in _STAGE_EVENTS and stage:
+            last[stage] = record
+            if record["event"] == "stage_end":
+                ended[stage] = record
+    locked = rundir.is_locked()
+    rows = []
+    for name in STAGE_ORDER:
+        row = StageStatus(name, "pending", outputs=manifest.by_stage(name))
+        event = last.get(name, {})
+        success = rundir.success(name)
+        current = stage_key(name, resolved, manifest).key
+        if not (resolved.get("stages", {}).get(name, {}).get("enabled", True)):
+            row.state = "skipped-disabled"
+        elif success:
+            row.stage_key = success.get("stage_key")
+            row.state = "done" if row.stage_key == current else "stale"
+            row.duration_s = success.get("duration_s")
+            row.metrics = ended.get(name, {}).get("metrics") or {}
+        elif event.get("event") == "stage_start":
+            row.state = "running" if locked else "interrupted"
+            row.stage_key = event.get("stage_key")
+            row.duration_s = _seconds_since(event["ts"]) if locked else None
+        elif event.get("event") in ("stage_failed", "stage_interrupted"):
+            row.state = "failed" if event["event"] == "stage_failed" else "interrupted"
+            row.stage_key, row.duration_s = event.get("stage_key"), event.get("duration_s")
+            row.message, row.metrics = event.get("message"), event.get("metrics") or {}
+        if row.stage_key is None and row.state == "pending":
+            row.stage_key = current
+        rows.append(row)
+    return rows

@@ -1,0 +1,128 @@
+"""Generate: run the target on every ingested prompt and write completions, resumably.
+
+Reads `ingest.prompts`, skips the ids already in `completions/` (a torn last line from a kill is
+truncated first), and sends the rest through the recipe's backend (`sglang` over HTTP, or
+`transformers` in-process). Completions are appended to `completions/shard-NNNNN.jsonl` and fsync'ed
+every `flush_every` records. A rich progress bar shows rate, output tokens/s and ETA; metrics
+(output tokens/s, finish_reason=length rate, retries, errors, mean token counts) go to `ctx.log`
+every flush and into the stage result. Prompts that still fail after every retry are not written:
+the stage then fails, and rerunning resumes with just those.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+
+from dflashx.backends.base import Backend
+from dflashx.data.jsonl import ShardWriter, count_records, iter_shards
+from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
+
+
+def make_backend(ctx: StageContext) -> Backend:
+    """The backend the recipe names, configured from the recipe and the plan."""
+    cfg = ctx.config
+    target = ctx.recipe.target
+    if cfg.backend == "transformers":
+        from dflashx.backends.transformers_local import TransformersBackend
+        from dflashx.targets.resolve import resolve_target_path, resolve_tokenizer_path
+
+        return TransformersBackend(
+            resolve_target_path(target), resolve_tokenizer_path(target), cfg, target.chat_template, target.precision
+        )
+    from dflashx.backends.sglang import SGLangBackend
+
+    return SGLangBackend(cfg, target.chat_template, target.model, ctx.plan.get("servers"), ctx.out_dir)
+
+
+class GenerationMeter:
+    """Counts what this session wrote and shows it as a progress bar."""
+
+    def __init__(self, total: int, done: int, progress: Progress):
+        self.started = time.monotonic()
+        self.written = 0
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+        self.length = 0
+        self.rejected = 0
+        self.progress = progress
+        self.task = progress.add_task("generate", total=total, completed=done, tok_s=0.0)
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.written += 1
+        self.prompt_tokens += record["usage"]["prompt_tokens"]
+        self.output_tokens += record["usage"]["completion_tokens"]
+        self.length += record["finish_reason"] == "length"
+        self.rejected += "error" in record
+        self.progress.update(self.task, advance=1, tok_s=self.output_tokens / self.elapsed())
+
+    def elapsed(self) -> float:
+        return max(time.monotonic() - self.started, 1e-9)
+
+    def metrics(self) -> dict[str, Any]:
+        n = max(self.written, 1)
+        return {
+            "completions_written": self.written,
+            "output_tokens": self.output_tokens,
+            "output_tokens_per_s": self.output_tokens / self.elapsed(),
+            "records_per_s": self.written / self.elapsed(),
+            "finish_length_frac": self.length / n,
+            "prompt_tokens_mean": self.prompt_tokens / n,
+            "output_tokens_mean": self.output_tokens / n,
+            "wall_s": self.elapsed(),
+        }
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
+        TextColumn("{task.fields[tok_s]:,.0f} tok/s"), TextColumn("ETA"), TimeRemainingColumn(),
+    )
+
+
+def run(ctx: StageContext) -> StageResult:
+    cfg = ctx.config
+    prompts_dir = ctx.inputs["ingest.prompts"]
+    total = count_records(prompts_dir)
+    with ShardWriter(ctx.out_dir / "completions", cfg.shard_size, cfg.flush_every) as writer:
+        done = set(writer.ids)
+        todo = (p for p in iter_shards(prompts_dir) if p["id"] not in done)
+        backend = make_backend(ctx)
+        with _progress() as progress, backend:
+            meter = GenerationMeter(total, len(done), progress)
+
+            def emit(record: dict[str, Any]) -> None:
+                if writer.write(record):
+                    meter.add(record)
+                    if meter.written % cfg.flush_every == 0:
+                        ctx.log(_metrics(meter, backend, writer, total), step=len(writer.ids))
+
+            backend.generate(todo, emit)
+    metrics = _metrics(meter, backend, writer, total)
+    ctx.log(metrics, step=len(writer.ids))
+    if backend.stats.failed:
+        raise StageFailed(
+            f"{backend.stats.failed} prompts failed after {cfg.retries} retries (first: {backend.stats.first_error}). "
+            f"The {len(writer.ids)} completions written are kept: rerun to retry only the missing prompts.",
+            metrics,
+        )
+    return StageResult(
+        artifacts={"completions": Artifact("completions", description="Target completions, JSONL shards")},
+        metrics=metrics,
+    )
+
+
+def _metrics(meter: GenerationMeter, backend: Backend, writer: ShardWriter, total: int) -> dict[str, Any]:
+    return {
+        **meter.metrics(),
+        "completions_total": len(writer.ids),
+        "completions_resumed": writer.resumed,
+        "prompts_total": total,
+        "retries": backend.stats.retries,
+        "errors": backend.stats.failed + backend.stats.rejected,
+        "failed": backend.stats.failed,
+        "rejected": backend.stats.rejected,
+        "torn_bytes_truncated": writer.truncated_bytes,
+    }

@@ -1,0 +1,35 @@
+"""QC stage: judge `generate.completions` before anything expensive; raise StageFailed when bad.
+
+Writes `report/` (report.md, qc.json, PNG histograms) in the stage folder either way, so a failed
+run leaves its evidence next to the plain-words message.
+"""
+
+from __future__ import annotations
+
+from dflashx.data.qc_checks import run_qc
+from dflashx.data.qc_report import write_report
+from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
+
+REPORT_DIR = "report"
+
+
+def run(ctx: StageContext) -> StageResult:
+    from dflashx.targets.resolve import resolve_tokenizer_path
+
+    cfg = ctx.config
+    target = ctx.recipe.target
+    result = run_qc(
+        ctx.inputs["generate.completions"], cfg.thresholds, tokenizer_path=resolve_tokenizer_path(target),
+        enable_thinking=target.chat_template.enable_thinking, template_kwargs=target.chat_template.kwargs,
+        mask_sample=cfg.mask_sample,
+    )
+    report = ctx.out_dir / REPORT_DIR
+    write_report(result, report, cfg.thresholds.mask_spike_max_tokens)
+    metrics = result.metrics()
+    ctx.log({f"qc/{k}": v for k, v in metrics.items()})
+    if not result.passed:
+        raise StageFailed(f"{result.message()}\nReport: {report / 'report.md'}", metrics)
+    return StageResult(
+        artifacts={"report": Artifact(REPORT_DIR, description="QC verdicts, qc.json and histograms")},
+        metrics=metrics,
+    )

@@ -1,0 +1,204 @@
+"""Tokenize stage: completion shards -> a `datasets` Arrow dataset with assistant loss masks.
+
+Reads `generate.completions` (JSONL shards), renders each conversation with the target's chat
+template (`target.chat_template.enable_thinking` and `.kwargs`), encodes it with the fast tokenizer
+and masks exactly the assistant output (see `dflashx.data.chat_mask`). Applies the max-length
+policy (`stages.tokenize.max_length`, `overflow: truncate|drop`), drops samples with fewer than
+`min_loss_tokens_blocks x drafter.block_size` loss tokens (and records that failed generation),
+and writes `dataset/` with `save_to_disk`: columns `input_ids` (int32), `loss_mask` (uint8),
+`length`, `source`, `id`.
+
+Memory stays flat in the number of samples: the shards are read as lines into an Arrow file
+(`datasets` "text" loader), a multiprocess batched `map` writes the encoded rows to Arrow files
+batch by batch, and `save_to_disk` streams them into the final shards.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dflashx.data.chat_mask import ChatMasker, completion_messages
+from dflashx.stages.base import Artifact, StageContext, StageResult
+
+DATASET_DIR = "dataset"
+WORK_DIR = "_work"
+DROP_REASONS = ("too_long", "few_loss_tokens", "generation_error")
+
+
+@dataclass(frozen=True)
+class TokenizePolicy:
+    """What to keep: the max-length policy and the minimum number of loss tokens."""
+
+    max_length: int
+    overflow: str = "truncate"  # truncate | drop
+    min_loss_tokens: int = 0
+
+
+def output_features():
+    from datasets import Features, List, Value
+
+    return Features({
+        "id": Value("string"),
+        "source": Value("string"),
+        "input_ids": List(Value("int32")),
+        "loss_mask": List(Value("uint8")),
+        "length": Value("int32"),
+        "loss_tokens": Value("int32"),
+        "drop": Value("string"),
+    })
+
+
+class BatchEncoder:
+    """The `map` function: JSONL lines -> encoded rows. Picklable; loads the tokenizer lazily."""
+
+    def __init__(self, tokenizer_path: str | Path, policy: TokenizePolicy, enable_thinking: bool = True,
+                 template_kwargs: dict[str, Any] | None = None):
+        self.tokenizer_path = str(tokenizer_path)
+        self.policy = policy
+        self.enable_thinking = enable_thinking
+        self.template_kwargs = dict(template_kwargs or {})
+        self._masker: ChatMasker | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_masker": None}
+
+    @property
+    def masker(self) -> ChatMasker:
+        if self._masker is None:
+            self._masker = ChatMasker.from_path(
+                self.tokenizer_path, enable_thinking=self.enable_thinking, template_kwargs=self.template_kwargs
+            )
+        return self._masker
+
+    def __call__(self, batch: dict[str, list[str]]) -> dict[str, list[Any]]:
+        records = [json.loads(line) for line in batch["text"] if line.strip()]
+        good = [r for r in records if not r.get("error")]
+        encoded = iter(self.masker.encode_conversations([(completion_messages(r), r.get("tools")) for r in good]))
+        out: dict[str, list[Any]] = {k: [] for k in ("id", "source", "input_ids", "loss_mask", "length",
+                                                       "loss_tokens", "drop")}
+        empty = np.zeros(0, dtype=np.int32)
+        for record in records:
+            if record.get("error"):
+                ids, mask, drop = empty, empty.astype(np.uint8), "generation_error"
+            else:
+                enc = next(encoded)
+                ids, mask, drop = self._apply_policy(np.asarray(enc.input_ids, dtype=np.int32), enc.loss_mask)
+            out["id"].append(record["id"])
+            out["source"].append(record.get("source") or "")
+            out["length"].append(len(ids))
+            out["loss_tokens"].append(int(mask.sum()))
+            out["drop"].append(drop)
+            keep = not drop
+            out["input_ids"].append(ids if keep else empty)
+            out["loss_mask"].append(mask if keep else mask[:0])
+        return out
+
+    def _apply_policy(self, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+        p = self.policy
+        if len(ids) > p.max_length:
+            if p.overflow == "drop":
+                return ids, mask, "too_long"
+            ids, mask = ids[: p.max_length], mask[: p.max_length]
+        if int(mask.sum()) < p.min_loss_tokens:
+            return ids, mask, "few_loss_tokens"
+        return ids, mask, ""
+
+
+def _token_metrics(ds: Any) -> dict[str, Any]:
+    """Counts over every encoded sample (kept and dropped), from three small columns."""
+    table = ds.data
+    drops = table.column("drop").to_pylist()
+    lengths = table.column("length").to_numpy()
+    loss = table.column("loss_tokens").to_numpy()
+    sources = table.column("source").to_pylist()
+    kept = np.array([d == "" for d in drops], dtype=bool)
+    per_source: dict[str, dict[str, int]] = {}
+    for src, k, n, m in zip(sources, kept, lengths, loss):
+        s = per_source.setdefault(src, {"samples": 0, "tokens": 0, "loss_tokens": 0, "dropped": 0})
+        if k:
+            s["samples"] += 1
+            s["tokens"] += int(n)
+            s["loss_tokens"] += int(m)
+        else:
+            s["dropped"] += 1
+    reasons = Counter(d for d in drops if d)
+    return {
+        "samples_in": len(drops),
+        "samples": int(kept.sum()),
+        "tokens": int(lengths[kept].sum()),
+        "loss_tokens": int(loss[kept].sum()),
+        "length_mean": float(lengths[kept].mean()) if kept.any() else 0.0,
+        "length_max": int(lengths[kept].max()) if kept.any() else 0,
+        "dropped": int((~kept).sum()),
+        "dropped_by_reason": {r: reasons.get(r, 0) for r in DROP_REASONS},
+        "per_source": per_source,
+    }
+
+
+def tokenize_completions(completions: str | Path, out_dir: str | Path, tokenizer_path: str | Path,
+                         policy: TokenizePolicy, enable_thinking: bool = True,
+                         template_kwargs: dict[str, Any] | None = None, num_proc: int = 1,
+                         shard_size: int = 10_000, batch_size: int = 256) -> dict[str, Any]:
+    """Tokenize a folder (or file) of completion JSONL shards into `out_dir/dataset`; return metrics."""
+    from datasets import disable_progress_bars, load_dataset
+
+    from dflashx.data.jsonl import shard_paths
+
+    disable_progress_bars()
+    shards = [str(p) for p in shard_paths(completions)]
+    if not shards:
+        raise FileNotFoundError(f"{completions}: no completion shards (shard-*.jsonl) to tokenize")
+    out_dir = Path(out_dir)
+    work = out_dir / WORK_DIR
+    shutil.rmtree(work, ignore_errors=True)
+    lines = load_dataset("text", data_files=shards, split="train", cache_dir=str(work / "lines"))
+    encoder = BatchEncoder(tokenizer_path, policy, enable_thinking, template_kwargs)
+    encoded = lines.map(
+        encoder, batched=True, batch_size=batch_size, num_proc=num_proc if num_proc > 1 else None,
+        remove_columns=["text"], features=output_features(), writer_batch_size=batch_size,
+        cache_file_name=str(work / "encoded.arrow"), desc="tokenize",
+    )
+    metrics = _token_metrics(encoded)
+    kept = encoded.filter(
+        lambda drops: [d == "" for d in drops], input_columns="drop", batched=True,
+        num_proc=num_proc if num_proc > 1 else None, cache_file_name=str(work / "kept.arrow"),
+    ).remove_columns(["drop", "loss_tokens"])
+    final = out_dir / DATASET_DIR
+    tmp = out_dir / f".{DATASET_DIR}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    kept.save_to_disk(str(tmp), num_shards=max(1, math.ceil(len(kept) / shard_size)))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    del lines, encoded, kept
+    shutil.rmtree(work, ignore_errors=True)
+    return metrics
+
+
+def run(ctx: StageContext) -> StageResult:
+    from dflashx.targets.resolve import resolve_tokenizer_path
+
+    cfg = ctx.config
+    recipe = ctx.recipe
+    policy = TokenizePolicy(
+        max_length=cfg.max_length,
+        overflow=cfg.overflow,
+        min_loss_tokens=math.ceil(cfg.min_loss_tokens_blocks * recipe.drafter.block_size),
+    )
+    metrics = tokenize_completions(
+        ctx.inputs["generate.completions"], ctx.out_dir, resolve_tokenizer_path(recipe.target), policy,
+        enable_thinking=recipe.target.chat_template.enable_thinking,
+        template_kwargs=recipe.target.chat_template.kwargs, num_proc=cfg.num_proc, shard_size=cfg.shard_size,
+    )
+    ctx.log({f"tokenize/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+    return StageResult(
+        artifacts={"dataset": Artifact(DATASET_DIR, description="Tokenized samples with assistant loss masks")},
+        metrics=metrics,
+    )

@@ -1,0 +1,154 @@
+"""The train stage: online DFlash drafter training on DeepSpeed.
+
+Reads `tokenize.dataset`; writes `checkpoint` (the drafter in the exported DFlash layout:
+config.json + model.safetensors, loadable by `dflashx.dflash.checkpoint.load_drafter`) and `logs`
+(metrics.jsonl). With one process (the CPU profile, one GPU) it trains in-process and logs every
+log step through `ctx.log`; with N GPUs it writes `train_job.json` and runs the planner's launch
+command (`ctx.plan["launch"]["command"]`, `{run_dir}` filled in), one process per GPU, then
+replays the metrics into `ctx.log`. Resuming is automatic: a stage folder with
+`checkpoints/latest` continues from it with the same optimizer, scheduler, data position and RNG.
+
+`python -m dflashx.stages.train --run-dir DIR [--stage-dir DIR/train]` is one training process
+(the worker the launch command starts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from dflashx.stages.base import Artifact, StageContext, StageResult
+
+INPUT = "tokenize.dataset"
+
+
+def _section(resolved: dict[str, Any], *keys: str) -> dict[str, Any]:
+    out: Any = resolved
+    for key in keys:
+        out = (out or {}).get(key) if isinstance(out, dict) else None
+    return dict(out or {})
+
+
+def _target_path(ctx: StageContext) -> str:
+    from dflashx.targets.resolve import resolve_target_path
+
+    return str(resolve_target_path(ctx.recipe.target))
+
+
+def build_job(ctx: StageContext, target_path: str | None = None):
+    """The `TrainJob` of this stage from the recipe, the plan's resolved values and the inputs."""
+    from dflashx.dflash.trainer import TrainJob
+
+    if INPUT not in ctx.inputs:
+        raise ValueError(f"train stage needs input `{INPUT}` (the tokenize stage's dataset); enable stages.tokenize")
+    recipe, hw = ctx.recipe, ctx.recipe.hardware
+    train = ctx.config.model_dump() | {k: v for k, v in _section(ctx.resolved, "stages", "train").items() if v is not None}
+    drafter = recipe.drafter.model_dump() | {k: v for k, v in _section(ctx.resolved, "drafter").items() if v is not None}
+    on_gpu = hw.gpu is not None
+    return TrainJob(
+        stage_dir=str(ctx.out_dir),
+        dataset=str(ctx.inputs[INPUT]),
+        target=target_path or _target_path(ctx),
+        drafter=drafter,
+        init_from=drafter.get("init_from"),
+        mode=train["mode"],
+        precision=recipe.target.precision if on_gpu else "fp32",
+        epochs=train["epochs"],
+        max_steps=train.get("max_steps"),
+        lr=train["lr"],
+        weight_decay=train["weight_decay"],
+        warmup_ratio=train["warmup_ratio"],
+        grad_clip=train["grad_clip"],
+        global_batch=train["global_batch"],
+        micro_batch=train.get("micro_batch") or hw.training.micro_batch,
+        zero_stage=train.get("zero_stage") if train.get("zero_stage") is not None else hw.training.zero_stage,
+        anchors_per_seq=train["anchors_per_seq"],
+        loss_gamma=train.get("loss_gamma"),
+        max_length=train.get("max_length") or recipe.stages.tokenize.max_length,
+        checkpoint_every=train["checkpoint_every"],
+        log_every=train["log_every"],
+        seed=train["seed"],
+        peak_tflops=hw.gpu.bf16_tflops if on_gpu else hw.cpu_tflops,
+        deepspeed_config=ctx.plan.get("deepspeed_config"),
+    )
+
+
+def launch_command(ctx: StageContext) -> tuple[list[str], int]:
+    """The planner's launch argv with `{run_dir}` filled in, and its world size."""
+    launch = ctx.plan.get("launch") or {}
+    world = int(launch.get("world_size") or max(ctx.recipe.hardware.num_gpus, 1))
+    argv = [a.replace("{run_dir}", str(ctx.run_dir)) for a in launch.get("command") or []]
+    if not argv:
+        argv = ["torchrun", "--standalone", "--nproc_per_node", str(world), "-m", "dflashx.stages.train",
+                "--run-dir", str(ctx.run_dir)]
+    if "--stage-dir" not in argv:
+        argv += ["--stage-dir", str(ctx.out_dir)]
+    return argv, world
+
+
+def _launch(ctx: StageContext, argv: list[str]) -> None:
+    from dflashx.dflash.trainer import SAFE_NCCL_ENV
+
+    env = os.environ | SAFE_NCCL_ENV
+    log_file = ctx.out_dir / "logs" / "launcher.log"
+    with log_file.open("a") as out:
+        proc = subprocess.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(ctx.run_dir))
+    if proc.returncode:
+        raise RuntimeError(
+            f"training launch failed (exit {proc.returncode}): {' '.join(argv)}; see {log_file}. "
+            "Running the stage again resumes from the last checkpoint."
+        )
+
+
+def _replay(ctx: StageContext) -> dict[str, Any]:
+    last: dict[str, Any] = {}
+    metrics = ctx.out_dir / "logs" / "metrics.jsonl"
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        last = json.loads(line)
+        ctx.log(last, last.get("step"))
+    return last
+
+
+def run(ctx: StageContext) -> StageResult:
+    from dflashx.dflash.trainer import run_training
+
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    (ctx.out_dir / "logs").mkdir(exist_ok=True)
+    job = build_job(ctx)
+    job.save()
+    argv, world = launch_command(ctx)
+    if world > 1:
+        _launch(ctx, argv)
+        last = _replay(ctx)
+    else:
+        last = run_training(job, log=ctx.log)
+    metrics = {k: last[k] for k in ("loss", "acceptance_length", "accuracy", "tokens_per_s", "tflops", "mfu", "step")
+               if k in last}
+    return StageResult(
+        artifacts={
+            "checkpoint": Artifact("checkpoint", tier="irreplaceable", description="DFlash drafter (config.json + model.safetensors)"),
+            "logs": Artifact("logs", tier="replaceable", description="training metrics (metrics.jsonl)"),
+        },
+        metrics=metrics | {"world_size": world},
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """One training process: `--run-dir DIR` (stage folder DIR/train unless --stage-dir)."""
+    import argparse
+
+    from dflashx.dflash import trainer
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--stage-dir")
+    args = parser.parse_args(argv)
+    trainer.main(["--stage-dir", args.stage_dir or str(Path(args.run_dir) / "train"), "--run-dir", args.run_dir])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,176 @@
+"""Build the tiny target: corpus -> tokenizer -> model -> training -> evaluation -> HF folder.
+
+A build is deterministic for given settings (seeded corpus, tokenizer, init and batch order) and is
+cached in a content-addressed folder, `<cache>/tiny/<variant>-<key>`, where the key hashes the build
+settings and the source of this package. The folder is written in a temporary sibling and renamed
+into place, so a reader never sees half a model. `<cache>` is `$DFLASHX_CACHE` or `~/.cache/dflashx`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+MASK_TOKEN_ID = 5  # `<|mask|>`: the sixth special token, never seen in the corpus
+
+_LINEAR = {"linear_conv_kernel_dim": 4, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+           "linear_key_head_dim": 32, "linear_value_head_dim": 32}
+
+# Exact model configs (copied by the planner's registry). `small` is the CI build.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "tiny-qwen3": {
+        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+        "num_hidden_layers": 6, "hidden_size": 192, "num_attention_heads": 6, "num_key_value_heads": 2,
+        "head_dim": 32, "intermediate_size": 512, "vocab_size": 1024,
+        "layer_types": ["full_attention"] * 6,
+    },
+    "tiny-qwen3_5": {
+        "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"],
+        "num_hidden_layers": 6, "hidden_size": 192, "num_attention_heads": 6, "num_key_value_heads": 2,
+        "head_dim": 32, "intermediate_size": 512, "vocab_size": 1024,
+        "layer_types": ["linear_attention", "linear_attention", "full_attention"] * 2, **_LINEAR,
+    },
+}
+SMALL = {"num_hidden_layers": 5, "hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1,
+         "intermediate_size": 192}
+_SMALL_LAYER_TYPES = {"tiny-qwen3": ["full_attention"] * 5,
+                      "tiny-qwen3_5": ["linear_attention", "linear_attention", "full_attention",
+                                       "linear_attention", "full_attention"]}
+_COMMON = {"max_position_embeddings": 1024, "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
+           "bos_token_id": None, "eos_token_id": 2, "pad_token_id": 0}
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildSettings:
+    """Everything that determines a build's result (hashed into the cache key)."""
+
+    variant: str = "tiny-qwen3"
+    small: bool = False
+    seed: int = 0
+    train_examples: int = 24_000
+    thinking_off_share: float = 0.15
+    steps: int = 900
+    batch_size: int = 32
+    lr: float = 3e-3
+    eval_per_family: int = 16
+    max_new_tokens: int = 160
+
+    @classmethod
+    def for_variant(cls, variant: str, small: bool = False) -> "BuildSettings":
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown tiny variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+        if small:
+            return cls(variant=variant, small=True, train_examples=3000, steps=150, lr=5e-3, eval_per_family=6)
+        return cls(variant=variant)
+
+
+def model_config(variant: str, small: bool = False) -> dict[str, Any]:
+    """The config.json fields of a variant (the small CI size when `small`)."""
+    cfg = {**VARIANTS[variant], **_COMMON}
+    if small:
+        cfg.update(SMALL, layer_types=_SMALL_LAYER_TYPES[variant])
+    return cfg
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DFLASHX_CACHE") or Path.home() / ".cache" / "dflashx") / "tiny"
+
+
+def build_key(settings: BuildSettings) -> str:
+    """sha256 of the settings and this package's source, 12 hex digits."""
+    h = hashlib.sha256(json.dumps(dataclasses.asdict(settings), sort_keys=True).encode())
+    for src in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(src.name.encode() + src.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def ensure_tiny_target(variant: str = "tiny-qwen3", *, small: bool = False, out: Path | None = None,
+                       log: Callable[[str], None] = lambda _: None) -> Path:
+    """Return the folder of the built target, building it first when it is not there yet."""
+    settings = BuildSettings.for_variant(variant, small)
+    key = build_key(settings)
+    dest = Path(out) if out is not None else cache_root() / f"{variant}{'-small' if small else ''}-{key}"
+    report = dest / "build_report.json"
+    if report.is_file() and json.loads(report.read_text()).get("key") == key:
+        log(f"cached: {dest}")
+        return dest
+    if dest.exists() and any(dest.iterdir()):
+        raise FileExistsError(f"{dest} exists and holds no build with key {key}; remove it or pick another --out")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        _build(settings, key, tmp, log)
+        if dest.exists():
+            dest.rmdir()  # empty: checked above
+        os.replace(tmp, dest)
+    except OSError:
+        if not (report.is_file() and json.loads(report.read_text()).get("key") == key):
+            raise
+        log(f"another process finished the same build first: {dest}")  # identical content
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _build(settings: BuildSettings, key: str, out: Path, log: Callable[[str], None]) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from dflashx.tiny import corpus, train
+    from dflashx.tiny.tokenizer import train_tokenizer
+
+    t0 = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.manual_seed(settings.seed)
+    exs = corpus.examples("train", settings.train_examples, settings.seed)
+    tok = train_tokenizer(_tokenizer_texts(exs, settings.seed), VARIANTS[settings.variant]["vocab_size"], out)
+    assert tok.convert_tokens_to_ids("<|mask|>") == MASK_TOKEN_ID
+    data = train.encode_corpus(tok, exs, settings.seed, settings.thinking_off_share)
+    cfg_dict = model_config(settings.variant, settings.small)
+    config = AutoConfig.for_model(**{k: v for k, v in cfg_dict.items() if k != "architectures"})
+    config.architectures = cfg_dict["architectures"]
+    config.dtype = torch.float32
+    model = AutoModelForCausalLM.from_config(config)
+    log(f"{settings.variant}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
+        f"{len(data)} examples, {settings.steps} steps")
+    stats = train.train(model, data, steps=settings.steps, batch_size=settings.batch_size, lr=settings.lr,
+                        seed=settings.seed, pad_id=tok.pad_token_id,
+                        log=lambda s, loss: log(f"step {s}/{settings.steps} loss {loss:.4f}"))
+    t_train = time.perf_counter() - t0
+    held_out = corpus.examples("eval", settings.eval_per_family * len(corpus.FAMILIES), settings.seed)
+    thinking = train.evaluate(model, tok, held_out, True, settings.max_new_tokens, settings.seed)
+    no_think = train.evaluate(model, tok, held_out, False, settings.max_new_tokens, settings.seed)
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                               do_sample=False, max_new_tokens=256)
+    model.save_pretrained(out)
+    report = {
+        "key": key, "settings": dataclasses.asdict(settings), "config": cfg_dict,
+        "mask_token_id": MASK_TOKEN_ID, "params": sum(p.numel() for p in model.parameters()),
+        "train": stats, "train_seconds": round(t_train, 1),
+        "build_seconds": round(time.perf_counter() - t0, 1), "torch_threads": threads,
+        "eval_thinking": thinking, "eval_no_thinking": no_think,
+    }
+    (out / "build_report.json").write_text(json.dumps(report, indent=2))
+    log(f"accuracy (thinking) {thinking['overall']['accuracy']:.3f}, well-formed "
+        f"{thinking['overall']['well_formed']:.3f}, {report['build_seconds']:.0f}s")
+
+
+def _tokenizer_texts(exs: list, seed: int) -> list[str]:
+    """Chat turns as plain text (role line + content), so role words and system prompts get merges.
+
+    Special tokens stay out: the BPE trainer would otherwise spend merges on their pieces.
+    """
+    import random
+
+    from dflashx.tiny.corpus import to_messages
+
+    rng = random.Random(seed)
+    return ["\n".join(f"{m['role']}\n{m.get('reasoning_content', '')}\n\n{m['content']}\n"
+                      for m in to_messages(ex, rng)) for ex in exs]

@@ -1,0 +1,66 @@
+"""Builders for the drafter/training tests: a tiny random Qwen3 target (4 layers, hidden 64), a
+local tokenizer with `<|mask|>`, a drafter config and a tokenized Arrow dataset whose sequences
+follow a learnable rule (windows of one fixed token cycle), so a few training steps measurably
+lower the loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflashx.dflash.config import DFlashConfig
+from dflashx.tiny.tokenizer import MASK_TOKEN, train_tokenizer
+
+TEXTS = [f"step {i}: add {i} and {i + 3} to get {2 * i + 3}. Then sort {i} {i + 7} {i % 5}." for i in range(60)]
+torch.set_num_threads(1)
+
+
+def tiny_target(out_dir: str | Path, layers: int = 4, seed: int = 0) -> Path:
+    """Random Qwen3ForCausalLM + tokenizer saved in `out_dir` (the layout a resolved target has)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    out_dir = Path(out_dir)
+    tok = train_tokenizer(TEXTS, vocab_size=320, out_dir=out_dir)
+    config = Qwen3Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    Qwen3ForCausalLM(config).save_pretrained(out_dir)
+    return out_dir
+
+
+def load_target(path: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def drafter_config(target, tok, **drafter: Any) -> DFlashConfig:
+    spec = {"num_layers": 1, "block_size": 4, "target_layer_ids": [1, 2]} | drafter
+    return DFlashConfig.from_target(spec, target.config, tok.convert_tokens_to_ids(MASK_TOKEN))
+
+
+def pattern_rows(n: int, length: int = 40, alphabet: int = 24, prompt: int = 6, seed: int = 0) -> list[dict[str, Any]]:
+    """Rows {input_ids, loss_mask, length}: windows of one fixed cycle of `alphabet` token ids
+    (so each token determines the next ones), loss after the first `prompt` tokens."""
+    g = torch.Generator().manual_seed(seed)
+    cycle = (torch.randperm(200, generator=torch.Generator().manual_seed(1234))[:alphabet] + 20).tolist()
+    rows = []
+    for _ in range(n):
+        start = int(torch.randint(0, alphabet, (1,), generator=g))
+        ids = [cycle[(start + i) % alphabet] for i in range(length)]
+        rows.append({"input_ids": ids, "loss_mask": [0] * prompt + [1] * (length - prompt), "length": length})
+    return rows
+
+
+def tiny_dataset(out_dir: str | Path, n: int = 16, **kw: Any) -> Path:
+    """A datasets Arrow folder (save_to_disk) with the tokenize stage's columns."""
+    from datasets import Dataset
+
+    Dataset.from_list(pattern_rows(n, **kw)).save_to_disk(str(out_dir))
+    return Path(out_dir)

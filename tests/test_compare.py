@@ -1,0 +1,61 @@
+"""`dflashx compare RUN...` from the runs' local records, plan and manifest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from dflashx.cli.main import app
+from dflashx.report.compare import compare, flatten
+from dflashx.report.runinfo import RunInfo
+from dflashx.track.records import RecordLog
+from s3_fixtures import make_run
+
+runner = CliRunner()
+
+
+def _two_runs(tmp_path: Path) -> tuple[Path, Path]:
+    a, b = make_run(tmp_path, name="lr-low"), make_run(tmp_path, name="lr-high")
+    recipe = yaml.safe_load((b / "recipe.yaml").read_text())
+    recipe["stages"] = {"train": {"lr": 0.01}}
+    (b / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    RecordLog(b, "lr-high-1").append("stage_end", stage="train", stage_key="k2", duration_s=80.0,
+                                     metrics={"loss": 0.75, "tokens_per_s": 1200.0})
+    return a, b
+
+
+def _table(sections: list, title: str) -> dict[str, list[str]]:
+    section = next(s for s in sections if s.title == title)
+    return {row[0]: row[1:] for row in section.rows}
+
+
+def test_sections_show_differences_estimates_and_results(tmp_path: Path) -> None:
+    a, b = _two_runs(tmp_path)
+    sections = compare([RunInfo.load(a), RunInfo.load(b)])
+    diff = _table(sections, "Recipe differences")
+    assert diff["stages.train.lr"] == ["-", "0.01"] and diff["name"] == ["lr-low", "lr-high"]
+    assert "storage.root" not in diff  # equal keys are left out
+    assert _table(sections, "Time: actual / estimate")["train"] == ["1.3 min / 1.7 min (0.80x)"] * 2
+    storage = _table(sections, "Storage: actual / estimate")
+    assert storage["ingest"][0] == "1010 B / 1000 B (1.01x)" and storage["qc"][0] == "- / -"
+    assert _table(sections, "Throughput (tokens/s)")["train"] == ["900", "1200"]
+    results = _table(sections, "Key results")
+    assert results["train.loss"] == ["1.25", "0.75"]
+
+
+def test_cli_markdown_and_json(tmp_path: Path) -> None:
+    a, b = _two_runs(tmp_path)
+    md = runner.invoke(app, ["compare", str(a), str(b), "--markdown"])
+    assert md.exit_code == 0, md.output
+    assert "### Key results" in md.output and "| train.loss | 1.25 | 0.75 |" in md.output
+    js = runner.invoke(app, ["compare", str(a), str(b), "--json"])
+    titles = [s["title"] for s in json.loads(js.output)["sections"]]
+    assert titles[0] == "Runs" and "Recipe differences" in titles
+    assert runner.invoke(app, ["compare", str(a), str(tmp_path)]).exit_code == 2
+
+
+def test_flatten_indexes_lists_of_mappings() -> None:
+    assert flatten({"a": {"b": 1}, "s": [{"x": 2}], "ids": [1, 2]}) == {"a.b": 1, "s[0].x": 2, "ids": [1, 2]}

@@ -1,0 +1,44 @@
+"""Online capture: layer id l equals HF hidden_states[l + 1], and the forward stops early."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflashx.dflash.capture import FeatureCapture, find_decoder_layers
+from helpers_dflash import load_target, tiny_target
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    model, _ = load_target(tiny_target(tmp_path_factory.mktemp("target")))
+    return model
+
+
+def test_capture_equals_hidden_states_of_next_index(target):
+    ids = torch.randint(10, 200, (2, 17))
+    feats = FeatureCapture(target, [2, 0]).capture(ids)
+    hs = target(ids, output_hidden_states=True).hidden_states
+    assert feats.shape == (2, 17, 128)
+    assert torch.allclose(feats[..., :64], hs[3]) and torch.allclose(feats[..., 64:], hs[1])
+
+
+def test_capture_stops_after_the_deepest_tapped_layer(target):
+    layers = find_decoder_layers(target)
+    calls = [0] * len(layers)
+    handles = [layer.register_forward_pre_hook(lambda m, a, i=i: calls.__setitem__(i, calls[i] + 1))
+               for i, layer in enumerate(layers)]
+    head_calls = []
+    handles.append(target.lm_head.register_forward_pre_hook(lambda m, a: head_calls.append(1)))
+    try:
+        FeatureCapture(target, [0, 1]).capture(torch.randint(10, 200, (1, 9)))
+    finally:
+        for h in handles:
+            h.remove()
+    assert calls == [1, 1, 0, 0] and not head_calls
+    assert not any(p.requires_grad for p in target.parameters())
+
+
+def test_out_of_range_layers_are_rejected(target):
+    with pytest.raises(ValueError, match="outside the target's 4 layers"):
+        FeatureCapture(target, [1, 4])

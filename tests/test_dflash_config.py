@@ -1,0 +1,82 @@
+"""Layer-id formula, loss gamma, and the DFlash config built from a target and read back."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import Qwen3Config
+
+from dflashx.dflash.config import DFlashConfig, loss_gamma, target_layer_ids
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "ids"),
+    [(36, 5, [1, 9, 17, 25, 33]), (64, 5, [1, 16, 31, 46, 61]), (28, 1, [14]), (12, 3, [1, 5, 9])],
+)
+def test_target_layer_ids_spread(n, k, ids):
+    assert target_layer_ids(n, k) == ids
+
+
+def test_loss_gamma_paper_values_and_monotone():
+    assert (loss_gamma(16), loss_gamma(10), loss_gamma(8)) == (7.0, 5.0, 4.0)
+    assert loss_gamma(8) < loss_gamma(12) < loss_gamma(16)
+
+
+def _target(**kw):
+    base = dict(vocab_size=500, hidden_size=64, intermediate_size=96, num_hidden_layers=36, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, rope_theta=5e5)
+    return Qwen3Config(**(base | kw))
+
+
+def test_from_target_fills_layer_ids_and_shapes():
+    cfg = DFlashConfig.from_target({"num_layers": 2, "block_size": 16, "num_target_layers": 5}, _target(), mask_token_id=7)
+    assert cfg.target_layer_ids == [1, 9, 17, 25, 33]
+    assert (cfg.hidden_size, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size) == (64, 2, 16, 96)
+    assert cfg.rope_theta == 5e5 and cfg.mask_token_id == 7 and cfg.k == 5
+    assert cfg.causal_layers == [False, False]
+
+
+def test_from_target_reads_qwen3_5_nested_text_config():
+    outer = {"model_type": "qwen3_5", "text_config": _target(num_hidden_layers=64).to_dict()}
+    cfg = DFlashConfig.from_target({"num_layers": 5, "num_target_layers": 5, "mask_token_id": 9}, outer)
+    assert cfg.target_layer_ids == [1, 16, 31, 46, 61] and cfg.num_target_layers == 64
+
+
+def test_hf_dict_layout_and_round_trip():
+    spec = {"num_layers": 3, "block_size": 10, "target_layer_ids": [2, 20], "mask_token_id": 3,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"], "sliding_window": 64}
+    cfg = DFlashConfig.from_target(spec, _target())
+    hf = cfg.to_hf_dict()
+    assert hf["architectures"] == ["DFlashDraftModel"] and hf["model_type"] == "qwen3"
+    assert hf["dflash_config"]["target_layer_ids"] == [2, 20] and hf["dflash_config"]["mask_token_id"] == 3
+    assert hf["block_size"] == 10 and hf["num_target_layers"] == 36 and hf["num_hidden_layers"] == 3
+    assert hf["dflash_config"]["causal_layers"] == [True, True, False] and "is_causal" not in hf
+    assert DFlashConfig.from_hf_dict(hf) == cfg
+    qwen3 = cfg.to_qwen3_config()
+    assert qwen3.sliding_window == 64 and qwen3.layer_types[0] == "sliding_attention"
+
+
+def test_public_checkpoint_config_without_causal_list():
+    """A z-lab style config.json: top-level block_size, no causal list, no sliding layers."""
+    hf = DFlashConfig.from_target({"num_layers": 1, "target_layer_ids": [1], "mask_token_id": 3}, _target()).to_hf_dict()
+    del hf["dflash_config"]["causal_layers"], hf["is_causal"]
+    assert DFlashConfig.from_hf_dict(hf).causal_layers == [False]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"target_layer_ids": [1, 40]}, "must lie in"),
+        ({"layer_types": ["sliding_attention"]}, "sliding_window"),
+        ({"mask_token_id": 999}, "outside the vocabulary"),
+        ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8, "num_layers": 2,
+          "causal_layers": [False, True]}, "mixed per-layer causality"),
+    ],
+)
+def test_incoherent_configs_are_rejected(spec, message):
+    with pytest.raises(ValueError, match=message):
+        DFlashConfig.from_target({"num_layers": 1, "mask_token_id": 3} | spec, _target())
+
+
+def test_missing_mask_token_names_the_key():
+    with pytest.raises(ValueError, match="drafter.mask_token_id"):
+        DFlashConfig.from_target({"num_layers": 1}, _target())

@@ -1,0 +1,92 @@
+"""Anchors, same-position labels, slot weights, the chunked LM-head loss and the acceptance metric."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dflashx.dflash.anchors import build_block_batch, sample_anchors, valid_anchor_positions
+from dflashx.dflash.loss import (
+    block_labels, chunked_cross_entropy, dflash_loss, expected_acceptance_length, slot_weights,
+)
+
+MASK_ID = 1
+
+
+def test_anchors_only_where_anchor_and_next_token_carry_loss():
+    loss_mask = torch.tensor([0, 0, 1, 1, 1, 0, 1, 1, 0, 1])
+    assert valid_anchor_positions(loss_mask).tolist() == [2, 3, 6]
+
+
+def test_anchor_draw_is_without_replacement_capped_and_reproducible():
+    loss_mask = torch.ones(200, dtype=torch.long)
+    a = sample_anchors(loss_mask, 50, seed=0, epoch=0, index=3)
+    assert len(a) == 50 and len(set(a.tolist())) == 50 and torch.equal(a, a.sort().values)
+    assert torch.equal(a, sample_anchors(loss_mask, 50, seed=0, epoch=0, index=3))
+    assert not torch.equal(a, sample_anchors(loss_mask, 50, seed=0, epoch=1, index=3))  # resampled per epoch
+    assert not torch.equal(a, sample_anchors(loss_mask, 50, seed=0, epoch=0, index=4))
+    short = torch.tensor([0, 1, 1, 1])
+    assert sample_anchors(short, 50, 0, 0, 0).tolist() == [1, 2]  # fewer for short sequences
+
+
+def test_labels_are_same_position_not_shifted():
+    ids = torch.arange(100, 120)[None]
+    labels, _ = block_labels(ids, torch.ones_like(ids), torch.tensor([[5, 11]]), 4, 7.0)
+    assert labels[0, 0].tolist() == [105, 106, 107, 108]  # slot k -> input_ids[anchor + k]
+    assert labels[0, 1].tolist() == [111, 112, 113, 114]
+
+
+def test_slot_weights_decay_and_follow_the_label_mask():
+    w = slot_weights(16, 7.0)
+    assert w[0] == 0 and w[1] == 1 and math.isclose(float(w[8]), math.exp(-1.0), rel_tol=1e-6)
+    ids = torch.arange(10)[None]
+    loss_mask = torch.tensor([[0, 1, 1, 1, 0, 1, 1, 1, 1, 1]])
+    _, weights = block_labels(ids, loss_mask, torch.tensor([[2, 8, -1]]), 4, 4.0)
+    decay = [0.0, 1.0, math.exp(-0.25), math.exp(-0.5)]
+    assert torch.allclose(weights[0, 0], torch.tensor([0.0, decay[1], 0.0, decay[3]]))  # position 4 has no loss
+    assert torch.allclose(weights[0, 1], torch.tensor([0.0, decay[1], 0.0, 0.0]))  # past the end
+    assert weights[0, 2].sum() == 0  # padded anchor
+
+
+def test_block_batch_layout():
+    ids = torch.arange(30, 50)[None]
+    bb = build_block_batch(ids, torch.ones_like(ids), [torch.tensor([4, 6])], 3, MASK_ID, 4.0)
+    assert bb.block_ids[0].tolist() == [34, MASK_ID, MASK_ID, 36, MASK_ID, MASK_ID]
+    assert bb.block_positions[0].tolist() == [4, 5, 6, 6, 7, 8]
+    assert bb.labels[0].tolist() == [34, 35, 36, 36, 37, 38]
+
+
+def test_chunked_cross_entropy_equals_full_logits_values_and_grads():
+    torch.manual_seed(0)
+    hidden = torch.randn(37, 16, requires_grad=True)
+    head = torch.randn(300, 16)
+    labels = torch.randint(0, 300, (37,))
+    ce, pred = chunked_cross_entropy(hidden, head, labels, chunk_tokens=8)
+    ce.sum().backward()
+    grad = hidden.grad.clone()
+    hidden.grad = None
+    full = torch.nn.functional.cross_entropy(hidden @ head.t(), labels, reduction="none")
+    full.sum().backward()
+    assert torch.allclose(ce, full, atol=1e-5) and torch.allclose(grad, hidden.grad, atol=1e-5)
+    assert torch.equal(pred, (hidden @ head.t()).argmax(-1))
+
+
+def test_loss_is_weight_normalised_and_counts_per_slot():
+    torch.manual_seed(0)
+    head = torch.randn(20, 8)
+    hidden = torch.randn(1, 8, 8)
+    labels = torch.randint(0, 20, (1, 8))
+    weights = torch.tensor([[0.0, 1.0, 0.5, 0.0, 0.0, 1.0, 0.5, 0.25]])
+    out = dflash_loss(hidden, head, labels, weights, block_size=4, chunk_tokens=3)
+    ce = torch.nn.functional.cross_entropy(hidden[0] @ head.t(), labels[0], reduction="none")
+    assert torch.allclose(out.loss, (ce * weights[0]).sum() / weights.sum())
+    assert out.count.tolist() == [0, 2, 2, 1]
+    right = ((hidden[0] @ head.t()).argmax(-1) == labels[0]).float() * (weights[0] > 0)
+    assert out.correct.tolist() == [0, float(right[1] + right[5]), float(right[2] + right[6]), float(right[7])]
+
+
+@pytest.mark.parametrize(("acc", "tau"), [([1.0, 1.0, 1.0], 4.0), ([0.0, 1.0], 1.0), ([0.5, 0.5], 1.75)])
+def test_expected_acceptance_length(acc, tau):
+    assert expected_acceptance_length(acc) == pytest.approx(tau)

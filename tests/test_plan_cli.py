@@ -1,0 +1,100 @@
+"""`dflashx plan`: JSON contract, exit codes, human view, --explain, local targets, no torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from _plan_recipes import REPO
+from typer.testing import CliRunner
+
+from dflashx.cli.main import app
+
+SEEDS = str(REPO / "recipes" / "qwen36_27b.yaml")
+TINY = str(REPO / "recipes" / "tiny.yaml")
+runner = CliRunner()
+
+
+def plan(*args: str):
+    return runner.invoke(app, ["plan", *args])
+
+
+def test_json_is_one_object_with_the_documented_keys():
+    result = plan(SEEDS, "hardware=b200_nvl8", "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)  # the whole output is exactly one JSON object
+    assert list(data) == ["errors", "warnings", "stages", "totals", "resolved"]
+    assert [s["name"] for s in data["stages"]] == ["ingest", "generate", "qc", "tokenize", "train", "eval",
+                                                    "export", "backup"]
+    for s in data["stages"]:
+        assert set(s["estimates"]) == {"seconds", "gpu_hours", "usd", "storage_bytes", "peak_gpu_memory_bytes"}
+    assert data["resolved"]["hardware"]["name"] == "b200_nvl8"
+
+
+def test_plan_errors_exit_1_and_findings_carry_fixes():
+    result = plan(SEEDS, "train.mode=offline", "--json")
+    assert result.exit_code == 1
+    errors = json.loads(result.stdout)["errors"]
+    assert {"offline_over_budget", "budget_days"} <= {e["code"] for e in errors}
+    assert all(set(e) == {"code", "key", "message", "fix", "severity"} for e in errors)
+
+
+def test_unreadable_recipe_exits_2_without_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntraget: {model: Qwen/Qwen3-8B}\n")
+    result = plan(str(bad), "--json")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_human_view_shows_stages_totals_commands_and_fixes():
+    result = plan(SEEDS, "--dry-run")
+    assert result.exit_code == 1  # 34 days > budget.max_days 30 on the seeds' node
+    out = result.output
+    for text in ("generate", "train", "total", "sglang.launch_server", "deepspeed --num_gpus 4", "fix:",
+                 "[budget_days]", "16.5 d"):
+        assert text in out, text
+
+
+def test_explain_shows_formulas_and_inputs():
+    human = plan(SEEDS, "hardware=b200_nvl8", "--explain")
+    assert "how each number is estimated" in human.output and "generate.step_seconds" in human.output
+    data = json.loads(plan(SEEDS, "hardware=b200_nvl8", "--explain", "--json").stdout)
+    keys = {t["key"] for t in data["explain"]}
+    assert {"tokens.output", "generate.seconds", "train.seconds", "storage.offline_hidden_states",
+            "train.peak_memory"} <= keys
+    assert all(t["formula"] for t in data["explain"])
+
+
+def test_local_target_config_json_is_read(tmp_path):
+    target = tmp_path / "my-target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({
+        "model_type": "qwen3", "num_hidden_layers": 10, "hidden_size": 256, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 2048, "max_position_embeddings": 4096,
+    }))
+    result = plan(TINY, f"target.model={target}", "drafter.mask_token_id=7", "--json")
+    assert result.exit_code == 0, result.output
+    resolved = json.loads(result.stdout)["resolved"]
+    assert resolved["target"]["facts"]["num_layers"] == 10
+    assert resolved["drafter"]["target_layer_ids"] == [1, 7]
+
+
+def test_broken_local_config_exits_2(tmp_path):
+    target = tmp_path / "broken"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert plan(TINY, f"target.model={target}", "--json").exit_code == 2
+
+
+def test_plan_command_imports_no_torch():
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from dflashx.cli.main import app\n"
+        f"r = CliRunner().invoke(app, ['plan', {SEEDS!r}, '--explain'])\n"
+        "assert r.exit_code in (0, 1), r.output\n"
+        "heavy = [m for m in ('torch', 'transformers', 'deepspeed') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)

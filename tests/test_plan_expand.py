@@ -1,0 +1,115 @@
+"""Stage expansion: SGLang server command lines, the DeepSpeed config (checked by DeepSpeed itself)
+and the launch command."""
+
+from __future__ import annotations
+
+import pytest
+from _plan_recipes import seeds_recipe, tiny_recipe
+
+from dflashx.plan.plan import make_plan
+
+
+def stage(recipe, name: str) -> dict:
+    return next(s for s in make_plan(recipe).to_json()["stages"] if s["name"] == name)
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_rtx_one_server_per_gpu_behind_the_router():
+    gen = stage(seeds_recipe("rtx_pro_6000_x4"), "generate")
+    servers = gen["servers"]
+    assert [s["gpus"] for s in servers] == [[0], [1], [2], [3]]
+    assert len({s["port"] for s in servers}) == 4
+    for s in servers:
+        argv = s["command"]
+        assert argv[:3] == ["python", "-m", "sglang.launch_server"]
+        assert flag(argv, "--model-path") == "Qwen/Qwen3.6-27B" and flag(argv, "--tp-size") == "1"
+        assert flag(argv, "--port") == str(s["port"]) and s["url"].endswith(f":{s['port']}")
+        assert flag(argv, "--context-length") == "12288" and flag(argv, "--mem-fraction-static") == "0.85"
+        assert flag(argv, "--reasoning-parser") == "qwen3" and "--enable-hierarchical-cache" in argv
+        assert "--dp-size" not in argv and "--quantization" not in argv and "--kv-cache-dtype" not in argv
+    router = gen["router"]["command"]
+    assert router[:3] == ["python", "-m", "sglang_router.launch_router"]
+    assert router[router.index("--worker-urls") + 1:] == [s["url"] for s in servers]
+    assert len(gen["commands"]) == 5 and gen["commands"][0].startswith("CUDA_VISIBLE_DEVICES=0 ")
+
+
+def test_b200_one_server_with_dp_size_and_fp8():
+    gen = stage(seeds_recipe("b200_nvl8"), "generate")
+    (server,) = gen["servers"]
+    argv = server["command"]
+    assert flag(argv, "--dp-size") == "8" and flag(argv, "--tp-size") == "1"
+    assert flag(argv, "--quantization") == "fp8" and flag(argv, "--kv-cache-dtype") == "fp8_e4m3"
+    assert server["gpus"] == list(range(8)) and gen["router"] is None
+
+
+def test_mtp_flags_follow_the_recipe_and_the_target():
+    argv = stage(seeds_recipe("b200_nvl8", target__mtp=True), "generate")["servers"][0]["command"]
+    assert flag(argv, "--speculative-algorithm") == "NEXTN" and flag(argv, "--speculative-num-steps") == "3"
+    plain = stage(seeds_recipe("b200_nvl8"), "generate")["servers"][0]["command"]
+    assert "--speculative-algorithm" not in plain
+
+
+def test_thinking_off_drops_the_reasoning_parser_and_hicache_switch():
+    r = seeds_recipe("b200_nvl8", target__chat_template__enable_thinking=False,
+                     stages__generate__hierarchical_cache=False)
+    argv = stage(r, "generate")["servers"][0]["command"]
+    assert "--reasoning-parser" not in argv and "--enable-hierarchical-cache" not in argv
+
+
+@pytest.mark.parametrize("overrides", [
+    {"stages__generate__urls": ["http://10.0.0.5:30000"]},
+    {"stages__generate__backend": "transformers"},
+])
+def test_no_servers_when_attached_or_local(overrides):
+    gen = stage(seeds_recipe("b200_nvl8", **overrides), "generate")
+    assert gen["servers"] == [] and gen["commands"] == []
+
+
+def deepspeed_accepts(config: dict) -> None:
+    """DeepSpeed's own config parser (single process: world size 1) checks the batch arithmetic."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    parsed = DeepSpeedConfig(config)
+    assert parsed.train_batch_size == config["train_batch_size"]
+    assert parsed.zero_optimization_stage == config["zero_optimization"]["stage"]
+
+
+def test_deepspeed_config_single_gpu_is_valid():
+    train = stage(seeds_recipe("h200_x1"), "train")
+    cfg = train["deepspeed_config"]
+    assert (cfg["train_batch_size"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (
+        64, 1, 64)
+    assert cfg["bf16"]["enabled"] and cfg["gradient_clipping"] == 1.0
+    assert cfg["optimizer"]["type"] == "AdamW" and cfg["optimizer"]["params"]["lr"] == 6e-4
+    sched = cfg["scheduler"]["params"]
+    assert sched["warmup_num_steps"] == pytest.approx(0.04 * sched["total_num_steps"], abs=1)
+    assert sched["total_num_steps"] == -(-902_087 * 6 // 64)
+    deepspeed_accepts(cfg)
+    assert train["launch"]["command"][:3] == ["deepspeed", "--num_gpus", "1"]
+
+
+def test_deepspeed_config_cpu_is_fp32_and_valid():
+    train = stage(tiny_recipe(), "train")
+    cfg = train["deepspeed_config"]
+    assert cfg["bf16"]["enabled"] is False and cfg["gradient_accumulation_steps"] == 4  # 8 / (2 x 1)
+    deepspeed_accepts(cfg)
+    assert train["launch"]["command"][0] == "torchrun" and train["launch"]["hostfile"] is None
+
+
+def test_deepspeed_rejects_what_the_batch_rule_rejects():
+    r = seeds_recipe("h200_x1", stages__train__micro_batch=3)
+    plan = make_plan(r).to_json()
+    assert any(e["code"] == "global_batch" for e in plan["errors"])
+    with pytest.raises(AssertionError, match="train_batch_size"):
+        deepspeed_accepts(next(s for s in plan["stages"] if s["name"] == "train")["deepspeed_config"])
+
+
+def test_several_nodes_get_a_hostfile():
+    train = stage(seeds_recipe("h200_x8", hardware__nodes=2, hardware__serving__dp=16), "train")
+    launch = train["launch"]
+    assert launch["hostfile"] == ["node-0 slots=8", "node-1 slots=8"] and launch["world_size"] == 16
+    assert flag(launch["command"], "--num_nodes") == "2" and "--hostfile" in launch["command"]
+    assert train["deepspeed_config"]["gradient_accumulation_steps"] == 4  # 64 / (1 x 16)

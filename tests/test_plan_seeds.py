@@ -1,0 +1,60 @@
+"""The seeds' figures for recipes/qwen36_27b.yaml (tolerances as the issue states them)."""
+
+from __future__ import annotations
+
+import pytest
+from _plan_recipes import seeds_recipe
+
+from dflashx.plan.context import build_context
+from dflashx.plan.plan import make_plan
+from dflashx.targets.registry import lookup
+
+TIB = 2**40
+DAY = 86_400
+
+
+def stage(plan: dict, name: str) -> dict:
+    return next(s for s in plan["stages"] if s["name"] == name)
+
+
+def test_token_counts():
+    ctx = build_context(seeds_recipe(), lookup("Qwen/Qwen3.6-27B"))
+    t = ctx.tokens
+    assert t.samples == 902_087
+    assert t.raw_prompts == pytest.approx(914e3, rel=0.001)
+    assert t.output == pytest.approx(1.64e9, rel=0.005)
+    assert t.total == pytest.approx(1.87e9, rel=0.005)
+    assert t.output / t.total == pytest.approx(0.875, abs=0.005)
+
+
+def test_offline_hidden_states_over_budget_advise_online():
+    plan = make_plan(seeds_recipe(stages__train__mode="offline")).to_json()
+    hidden = stage(plan, "train")["estimates"]["storage_bytes"]
+    assert hidden == pytest.approx(87 * TIB, rel=0.02)
+    finding = next(e for e in plan["errors"] if e["code"] == "offline_over_budget")
+    assert finding["key"] == "stages.train.mode" and "stages.train.mode=online" in finding["fix"]
+    assert "87.1 TiB" in finding["message"]
+
+
+def test_online_training_stores_no_hidden_states():
+    plan = make_plan(seeds_recipe()).to_json()
+    assert not [e for e in plan["errors"] if e["code"] == "offline_over_budget"]
+    assert stage(plan, "train")["estimates"]["storage_bytes"] < 1 * TIB
+
+
+@pytest.mark.parametrize(("hardware", "days"), [("rtx_pro_6000_x4", 16.5), ("b200_nvl8", 1.8)])
+def test_generation_days(hardware, days):
+    plan = make_plan(seeds_recipe(hardware)).to_json()
+    seconds = stage(plan, "generate")["estimates"]["seconds"]
+    assert seconds / DAY == pytest.approx(days, rel=0.35)
+
+
+def test_generation_is_memory_bound_and_faster_on_b200():
+    facts = lookup("Qwen/Qwen3.6-27B")
+    rtx = build_context(seeds_recipe("rtx_pro_6000_x4"), facts).generation
+    b200 = build_context(seeds_recipe("b200_nvl8"), facts).generation
+    for g in (rtx, b200):
+        step = next(t for t in g.terms if t.key == "generate.step_seconds")
+        assert step.inputs["bound"] == "memory"
+    assert b200.serving.weight_dtype == "fp8" and b200.serving.batch > rtx.serving.batch
+    assert b200.seconds < rtx.seconds / 5

@@ -1,0 +1,88 @@
+"""`dflashx run` through the real CLI (recipe loading and planner included) over fake stages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import dflashx.run.orchestrator as orchestrator
+from dflashx.cli.main import app
+
+import test_run_fakes as fakes
+
+RECIPE = """\
+name: cli-test
+dataset:
+  sources: [{{name: local, path: {source}}}]
+  eval_holdout: 2
+  stats: {{samples: 4, prompt_tokens_mean: 20, output_tokens_mean: 20}}
+target: {{model: builtin:tiny-qwen3, precision: fp32}}
+drafter: {{num_layers: 1, block_size: 8, num_target_layers: 2}}
+hardware: cpu
+stages:
+  generate: {{backend: transformers, max_tokens: 16}}
+  backup: {{enabled: false}}
+tracking: {{mode: disabled}}
+"""
+
+
+@pytest.fixture(autouse=True)
+def fake_stages(monkeypatch):
+    monkeypatch.setattr(orchestrator, "load_stage", fakes.fake_load_stage)
+    fakes.CALLS.clear()
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    source = fakes.write_prompts(tmp_path / "prompts.jsonl")
+    path = tmp_path / "recipe.yaml"
+    path.write_text(RECIPE.format(source=source))
+    return path
+
+
+def _run(*args: str):
+    return CliRunner().invoke(app, ["run", *args])
+
+
+def test_run_then_rerun_then_changed_lr(tmp_path, recipe):
+    run_dir = tmp_path / "run"
+    first = _run(str(recipe), "--run-dir", str(run_dir))
+    assert first.exit_code == 0, first.output
+    assert "+ export: done" in first.output and "all selected stages done" in first.output
+    assert json.loads((run_dir / "plan.json").read_text())["resolved"]["name"] == "cli-test"
+    again = _run(str(recipe), "--run-dir", str(run_dir))
+    assert again.exit_code == 0 and again.output.count("(skipped)") == 7
+    fakes.CALLS.clear()
+    changed = _run(str(recipe), "train.lr=1e-4", "--run-dir", str(run_dir))
+    assert changed.exit_code == 0 and dict(fakes.CALLS) == {"train": 1, "eval": 1, "export": 1}
+
+
+def test_failure_exits_1(tmp_path, recipe):
+    result = _run(str(recipe), "qc.thresholds.max_truncated_frac=0", "--run-dir", str(tmp_path / "run"))
+    assert result.exit_code == 1
+    assert "x qc: failed: QC failed" in result.output and "Traceback" not in result.output
+
+
+def test_plan_errors_refuse_to_run(tmp_path, recipe):
+    result = _run(str(recipe), "drafter.block_size=1", "--run-dir", str(tmp_path / "run"))
+    assert result.exit_code == 1 and "nothing was run" in result.output
+    assert not (tmp_path / "run").exists() and not fakes.CALLS
+
+
+def test_bad_recipe_and_bad_flags_exit_2(tmp_path, recipe):
+    assert _run(str(recipe), "stages.train.lrr=1", "--run-dir", str(tmp_path / "run")).exit_code == 2
+    bad = _run(str(recipe), "--only", "tokenise", "--run-dir", str(tmp_path / "run"))
+    assert bad.exit_code == 2 and "did you mean 'tokenize'" in bad.output
+
+
+def test_unimplemented_stage_exits_1(tmp_path, recipe, monkeypatch):
+    def load(name):
+        if name == "train":
+            raise ModuleNotFoundError("No module named 'dflashx.stages.train'", name="dflashx.stages.train")
+        return fakes.FAKES[name]
+
+    monkeypatch.setattr(orchestrator, "load_stage", load)
+    result = _run(str(recipe), "--run-dir", str(tmp_path / "run"))
+    assert result.exit_code == 1 and "stage train is not implemented yet" in result.output

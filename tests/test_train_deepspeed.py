@@ -1,0 +1,85 @@
+"""Training on a real DeepSpeed ZeRO-2 engine (CPU, gloo, one process): the loss falls, a killed
+run resumes to exactly the same subsequent losses, and the stage writes the exported drafter.
+All runs share one process so DeepSpeed's ops load once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dflashx.dflash.checkpoint import latest_tag, load_drafter
+from dflashx.dflash.trainer import TrainJob, deepspeed_config, run_training
+from helpers_dflash import tiny_dataset, tiny_target
+
+pytestmark = pytest.mark.slow
+
+
+class Killed(Exception):
+    """Stands in for the process dying right after a step (no checkpoint taken at that step)."""
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    return tiny_target(root / "target"), tiny_dataset(root / "data", n=16)
+
+
+def _job(paths, stage_dir, **kw) -> TrainJob:
+    target, data = paths
+    base = dict(stage_dir=str(stage_dir), dataset=str(data), target=str(target),
+                drafter={"num_layers": 1, "block_size": 4, "target_layer_ids": [1, 2]}, precision="fp32",
+                epochs=1, max_steps=8, lr=1e-2, global_batch=4, micro_batch=2, zero_stage=2, anchors_per_seq=8,
+                checkpoint_every=2, log_every=1, peak_tflops=0.2)
+    return TrainJob(**(base | kw))
+
+
+def _collect(into: dict[int, dict], kill_at: int | None = None):
+    def log(metrics, step):
+        if step == kill_at:
+            raise Killed
+        into[step] = metrics
+    return log
+
+
+def test_zero2_training_lowers_the_loss(paths, tmp_path):
+    logs: dict[int, dict] = {}
+    run_training(_job(paths, tmp_path, max_steps=40, log_every=8), log=_collect(logs))
+    assert logs[40]["loss"] < logs[8]["loss"] - 0.2
+    assert logs[40]["acceptance_length"] > logs[8]["acceptance_length"]
+    m = logs[40]
+    assert len(m["accuracy"]) == 3 and m["tokens_per_s"] > 0 and m["tflops"] > 0 and 0 < m["mfu"] and m["memory_bytes"] > 0
+    lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [8, 16, 24, 32, 40]
+    drafter = load_drafter(tmp_path / "checkpoint")
+    assert drafter.config.target_layer_ids == [1, 2] and drafter.config.block_size == 4
+
+
+def test_killed_run_resumes_with_identical_losses(paths, tmp_path):
+    full: dict[int, dict] = {}
+    run_training(_job(paths, tmp_path / "full"), log=_collect(full))
+    first: dict[int, dict] = {}
+    with pytest.raises(Killed):
+        run_training(_job(paths, tmp_path / "killed"), log=_collect(first, kill_at=5))
+    assert latest_tag(tmp_path / "killed" / "checkpoints") == "step-00000004"
+    resumed: dict[int, dict] = {}
+    run_training(_job(paths, tmp_path / "killed"), log=_collect(resumed))
+    assert sorted(resumed) == [5, 6, 7, 8]
+    for step in range(1, 5):
+        assert first[step]["loss"] == pytest.approx(full[step]["loss"], rel=1e-6)
+    for step in resumed:  # crosses an epoch boundary (2 steps per epoch): data position and scheduler restored
+        assert resumed[step]["loss"] == pytest.approx(full[step]["loss"], rel=1e-6), step
+        assert resumed[step]["lr"] == pytest.approx(full[step]["lr"], rel=1e-9)
+    a, b = load_drafter(tmp_path / "full" / "checkpoint"), load_drafter(tmp_path / "killed" / "checkpoint")
+    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_deepspeed_config_keeps_the_global_batch_for_any_world(paths, tmp_path):
+    job = _job(paths, tmp_path, global_batch=8, micro_batch=2, deepspeed_config={"zero_optimization": {"stage": 1}})
+    one, four = deepspeed_config(job, 1, 100), deepspeed_config(job, 4, 100)
+    assert (one["gradient_accumulation_steps"], four["gradient_accumulation_steps"]) == (4, 1)
+    assert one["train_batch_size"] == four["train_batch_size"] == 8
+    assert one["zero_optimization"]["stage"] == 1 and one["scheduler"]["params"]["warmup_num_steps"] == 4
+    with pytest.raises(ValueError, match="global_batch=8 is not a multiple"):
+        deepspeed_config(job, 3, 100)
