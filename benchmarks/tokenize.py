@@ -154,11 +154,18 @@ def naive_and_raw(tokenizer_dir: Path, n: int) -> dict:
     return out
 
 
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=100_000)
     ap.add_argument("--compare-samples", type=int, default=10_000, help="Samples for the naive and raw runs.")
-    ap.add_argument("--num-proc", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--num-proc", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--work", type=Path, default=None, help="Scratch folder (default: a temporary one).")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -179,7 +186,7 @@ def main() -> None:
         ("raw tokenizers encode_batch_fast (all cores)", ref["raw_encode_batch_fast_tokens_per_s"]),
     ]
     result = {
-        "cpu_count": os.cpu_count(), "num_proc": cores, "vocab_size": VOCAB,
+        "cpu": _cpu_model(), "cpus_usable": len(os.sched_getaffinity(0)), "num_proc": cores, "vocab_size": VOCAB,
         "stage": large, "stage_small": small, "reference": ref,
         "stage_vs_raw": large["tokens_per_s"] / raw,
         "stage_vs_raw_fast": large["tokens_per_s"] / ref["raw_encode_batch_fast_tokens_per_s"],

@@ -57,6 +57,8 @@ class ScriptedOpenAIServer:
         self.attempts: Counter[str] = Counter()
         self.requests: list[dict[str, Any]] = []
         self.health_calls = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
         self.lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(self), bind_and_activate=False)
         self.httpd.daemon_threads = True
@@ -162,6 +164,16 @@ def _handler(server: ScriptedOpenAIServer) -> type[BaseHTTPRequestHandler]:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
                 return
             action, _ = server.decide(body)
+            with server.lock:
+                server.in_flight += 1
+                server.max_in_flight = max(server.max_in_flight, server.in_flight)
+            try:
+                self._answer(action, body)
+            finally:
+                with server.lock:
+                    server.in_flight -= 1
+
+        def _answer(self, action: str, body: dict[str, Any]) -> None:
             s = server.script
             if s.delay_s or s.jitter_s:
                 time.sleep(s.delay_s + random.uniform(0, s.jitter_s))

@@ -12,9 +12,9 @@ import os
 import signal
 import subprocess
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import boto3
 import pytest
@@ -32,7 +32,7 @@ class S3Server:
     access_key: str
     secret_key: str
 
-    def client(self, secret: str | None = None):  # noqa: ANN201 - a boto3 client
+    def client(self, secret: str | None = None):
         """A path-style client with the server's keys (or a wrong `secret`)."""
         return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
                             aws_access_key_id=self.access_key,
@@ -48,7 +48,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         return
     env = {**os.environ, "DFLASHX_TEST_S3_DIR": str(tmp_path_factory.mktemp("weed"))}
     out = subprocess.run(["bash", str(REPO_ROOT / ".ci" / "start-s3.sh")], env=env, text=True,
-                         capture_output=True, timeout=120)
+                         capture_output=True, timeout=120, check=False)
     if out.returncode != 0:
         pytest.fail(f".ci/start-s3.sh failed:\n{out.stderr}")
     found = dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.split("\n") if "=" in line)
@@ -74,11 +74,11 @@ def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
 
 @pytest.fixture
 def s3_spec(s3_env: S3Server) -> S3Spec:
-    """A fresh bucket for the test, path-style, 5 MiB parts."""
+    """A fresh bucket for the test, path-style, 5 MiB parts, 2 parts at a time."""
     bucket = f"t-{uuid.uuid4().hex[:12]}"
     s3_env.client().create_bucket(Bucket=bucket)
     return S3Spec(bucket=bucket, prefix="runs/", endpoint_url=s3_env.endpoint, region="us-east-1",
-                  path_style=True, part_size=PART)
+                  path_style=True, part_size=PART, max_concurrency=2)
 
 
 def make_run(root: Path, s3: S3Spec | None = None, name: str = "tinyrun") -> Path:

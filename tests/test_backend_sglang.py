@@ -104,6 +104,12 @@ def test_slow_replies_within_the_timeout_succeed():
     assert len(out) == 24 and backend.stats.retries == 0
 
 
+def test_in_flight_requests_are_bounded_by_concurrency():
+    with ScriptedOpenAIServer(Script(delay_s=0.05)) as server:
+        generate(SGLangBackend(cfg([server.url], concurrency=3), ChatTemplateSpec(), "m"), prompts(30))
+    assert server.max_in_flight == 3
+
+
 def test_permanent_rejection_is_recorded_not_retried():
     with ScriptedOpenAIServer(Script(reject_marker="number 1")) as server:
         backend = SGLangBackend(cfg([server.url]), ChatTemplateSpec(), "m")
@@ -122,6 +128,15 @@ def test_work_is_spread_over_replicas_and_a_dead_replica_is_routed_around():
         out2: list[dict] = []
         backend.generate(prompts(6), out2.append)
     assert len(out2) == 6 and backend.stats.failed == 0 and backend.stats.retries >= 1
+
+
+def test_servers_that_stay_down_stop_the_run_early():
+    dead = f"http://127.0.0.1:{free_port()}"
+    backend = SGLangBackend(cfg([dead], concurrency=2, retries=1), ChatTemplateSpec(), "m")
+    out: list[dict] = []
+    with pytest.raises(ServerError, match=r"\d+ prompts in a row failed.*seem down"):
+        backend.generate(prompts(50), out.append)
+    assert out == [] and backend.stats.failed < 50
 
 
 def test_waits_for_health_then_times_out_clearly():

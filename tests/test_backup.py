@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from s3_fixtures import make_run
 from typer.testing import CliRunner
 
 from dflashx.cli.main import app
@@ -12,12 +13,11 @@ from dflashx.store.backup import backup_run
 from dflashx.store.local import LocalStore
 from dflashx.store.manifest import Manifest
 from dflashx.store.progress import write_progress
-from s3_fixtures import make_run
 
 runner = CliRunner()
 
 
-def _backup(run: Path, remote: Path, *extra: str):  # noqa: ANN202 - click Result
+def _backup(run: Path, remote: Path, *extra: str):
     return runner.invoke(app, ["backup", str(run), "--to", str(remote), *extra])
 
 
@@ -96,3 +96,18 @@ def test_backup_without_remote_configured_says_how(tmp_path: Path) -> None:
     result = runner.invoke(app, ["backup", str(run)])
     assert result.exit_code == 1
     assert "has no storage.s3" in result.output and "--to FOLDER" in result.output
+
+
+def test_run_files_written_during_backup_are_sent_as_snapshots(tmp_path: Path) -> None:
+    run, remote = make_run(tmp_path), tmp_path / "remote"
+    records = run / "records.jsonl"
+
+    def keep_writing(_: int) -> None:  # a running stage appending records while the backup runs
+        with open(records, "a") as f:
+            f.write('{"event": "metrics"}\n')
+
+    report = backup_run(run, LocalStore(remote), progress=keep_writing)
+    assert report.ok, report.problems
+    sent = (remote / "tinyrun/records.jsonl").read_text()
+    assert records.read_text().startswith(sent) and len(records.read_text()) > len(sent)
+    assert not [p for p in (run / ".backup").rglob("*") if p.is_file() and "snapshot" in p.parts]

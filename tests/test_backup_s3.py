@@ -1,4 +1,5 @@
 """`dflashx backup` and the backup stage against a real S3 server (SeaweedFS), path-style."""
+# ruff: noqa: F811 - the fixtures imported from s3_fixtures are parameters by name
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from s3_fixtures import S3Server, make_run, s3_env, s3_server, s3_spec  # noqa: F401 - pytest fixtures used by name
 from typer.testing import CliRunner
 
 from dflashx.cli.main import app
@@ -13,7 +15,6 @@ from dflashx.config.schema import Recipe, S3Spec
 from dflashx.stages.backup import run as backup_stage
 from dflashx.stages.base import StageContext, StageFailed
 from dflashx.store.manifest import Manifest
-from s3_fixtures import S3Server, make_run, s3_env, s3_server, s3_spec  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.s3
 runner = CliRunner()
@@ -50,6 +51,10 @@ def test_backup_with_wrong_credentials_exits_1_with_clear_message(
     assert result.exit_code == 1
     assert f"S3 rejected the credentials for endpoint {s3_spec.endpoint_url}" in result.output
     assert "wrong-secret-value" not in result.output
+    inventory = runner.invoke(app, ["inventory", str(run)], env={"COLUMNS": "200"})
+    assert inventory.exit_code == 0  # the local half of the inventory still answers
+    assert "remote not checked: S3 rejected the credentials" in inventory.output
+    assert "no remote" in inventory.output
 
 
 def _ctx(run: Path, spec: S3Spec | None) -> StageContext:

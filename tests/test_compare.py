@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import yaml
+from s3_fixtures import make_run
 from typer.testing import CliRunner
 
 from dflashx.cli.main import app
 from dflashx.report.compare import compare, flatten
 from dflashx.report.runinfo import RunInfo
 from dflashx.track.records import RecordLog
-from s3_fixtures import make_run
 
 runner = CliRunner()
 

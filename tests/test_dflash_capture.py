@@ -42,3 +42,28 @@ def test_capture_stops_after_the_deepest_tapped_layer(target):
 def test_out_of_range_layers_are_rejected(target):
     with pytest.raises(ValueError, match="outside the target's 4 layers"):
         FeatureCapture(target, [1, 4])
+
+
+HYBRID = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+          "intermediate_size": 96, "vocab_size": 300, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+          "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+          "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"]}
+
+
+@pytest.mark.parametrize(
+    ("config_cls", "extra"),
+    [("Qwen3_5TextConfig", {}),
+     ("Qwen3NextConfig", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                          "shared_expert_intermediate_size": 32})],
+    ids=["qwen3_5-gated-deltanet", "qwen3_next"],
+)
+def test_capture_on_hybrid_targets(config_cls, extra):
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(getattr(transformers, config_cls)(**HYBRID, **extra)).eval()
+    ids = torch.randint(0, 300, (2, 11))
+    feats = FeatureCapture(model, [0, 2]).capture(ids, torch.ones_like(ids))
+    hs = model(ids, output_hidden_states=True).hidden_states
+    assert torch.allclose(feats[..., :64], hs[1], atol=1e-5) and torch.allclose(feats[..., 64:], hs[3], atol=1e-5)

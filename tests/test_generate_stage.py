@@ -33,7 +33,8 @@ def context(tmp_path: Path, url: str, n: int = 25, **gen):
     return ctx, rows, logged
 
 
-def test_stage_writes_every_prompt_once_with_metrics(tmp_path):
+def test_stage_writes_every_prompt_once_with_metrics(tmp_path, monkeypatch):
+    monkeypatch.setattr(generate, "LOG_EVERY_S", 0.0)  # log on every record instead of every 30 s
     with ScriptedOpenAIServer(Script(length_every=4, fail_first=1)) as server:
         ctx, rows, logged = context(tmp_path, server.url)
         result = generate.run(ctx)
@@ -50,7 +51,8 @@ def test_stage_writes_every_prompt_once_with_metrics(tmp_path):
     assert m["retries"] == 25 and m["errors"] == 0 and m["completions_written"] == 25
     assert m["output_tokens"] == sum(r["usage"]["completion_tokens"] for r in records)
     assert m["output_tokens_per_s"] > 0 and m["completions_total"] == 25
-    assert len(logged) >= 6 and logged[-1][1] == 25  # every flush, then the final figures
+    assert logged[-1] == (m, 25)  # the final figures, at step = completions written
+    assert [step for _, step in logged[:-1]] == list(range(1, 26))
 
 
 def test_resume_generates_only_the_missing_ids(tmp_path):

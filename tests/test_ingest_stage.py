@@ -147,3 +147,19 @@ def test_builtin_tiny_prompts_source(tmp_path):
     _, result, _ = run_ingest(tmp_path, [{"name": "tiny", "path": "builtin:tiny-prompts", "format": "messages"}],
                               eval_holdout=4)
     assert result.metrics["sources"]["tiny"]["malformed"] == 0 and result.metrics["prompts"] > 0
+
+
+def test_datasets_id_source_streams_through_datasets(tmp_path):
+    # `datasets.load_dataset` also takes a local folder: the hub code path without a network.
+    repo = tmp_path / "hub_copy"
+    repo.mkdir()
+    write_jsonl(repo / "train.jsonl", [{"instruction": f"task {i}", "output": "x"} for i in range(6)])
+    _, result, _ = run_ingest(tmp_path, [{"name": "h", "hf_id": str(repo), "format": "alpaca"}])
+    assert result.metrics["sources"]["h"]["kept"] == 6
+
+
+def test_unreachable_datasets_id_says_to_use_a_local_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(SourceError, match=r"cannot open datasets id 'nobody/nothing-here'.*use `path:`"):
+        run_ingest(tmp_path, [{"name": "h", "hf_id": "nobody/nothing-here"}])

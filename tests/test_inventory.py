@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from s3_fixtures import make_run
 from typer.testing import CliRunner
 
 from dflashx.cli.main import app
@@ -12,7 +13,6 @@ from dflashx.store.inventory import build_inventory
 from dflashx.store.local import LocalStore
 from dflashx.store.manifest import Manifest
 from dflashx.store.progress import render_progress
-from s3_fixtures import make_run
 
 runner = CliRunner()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -83,7 +83,7 @@ def test_garbage_supersede_and_remote(tmp_path):
     m.register("train", "checkpoint", "train/checkpoint", "irreplaceable")
     m.register("train", "logs", "train/checkpoint/a.txt", "replaceable")
     m.update_remote("train.checkpoint", "s3://b/run/train/checkpoint", "abc",
-                    datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc))
+                    datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
     assert m.entries["train.checkpoint"].remote.verified_at == "2026-01-02T03:04:05+00:00"
     m.mark_garbage("train.logs")
     assert [e.name for e in m.live()] == ["train.checkpoint"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 from _plan_recipes import seeds_recipe, tiny_recipe
 
@@ -26,7 +28,7 @@ def test_spread_is_inside_and_increasing_whenever_possible(layers):
     for k in range(1, layers + 1):
         ids = spread_layer_ids(layers, k)
         assert len(ids) == k and all(0 <= i < layers for i in ids)
-        assert all(b > a for a, b in zip(ids, ids[1:]))
+        assert all(b > a for a, b in pairwise(ids))
 
 
 def test_loss_gamma_points_and_rule_between():

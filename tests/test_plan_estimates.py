@@ -24,7 +24,9 @@ def term(terms, key):
 @pytest.mark.parametrize("gpus", [1, 4, 8])
 def test_zero_formulas_match_deepspeeds_estimators(gpus):
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import (
+        estimate_zero2_model_states_mem_needs,
+    )
 
     params, largest = 1_835_008_000, 340_000_000
     _, ds2 = estimate_zero2_model_states_mem_needs(params, num_gpus_per_node=gpus, cpu_offload=False)

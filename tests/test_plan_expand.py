@@ -113,3 +113,17 @@ def test_several_nodes_get_a_hostfile():
     assert launch["hostfile"] == ["node-0 slots=8", "node-1 slots=8"] and launch["world_size"] == 16
     assert flag(launch["command"], "--num_nodes") == "2" and "--hostfile" in launch["command"]
     assert train["deepspeed_config"]["gradient_accumulation_steps"] == 4  # 64 / (1 x 16)
+
+
+@pytest.mark.parametrize(("dp_mode", "servers_per_node"), [("router", 8), ("dp_size", 1)])
+def test_two_nodes_put_servers_on_each_node(dp_mode, servers_per_node):
+    r = seeds_recipe("h200_x8", hardware__nodes=2, hardware__serving__dp=16, hardware__serving__dp_mode=dp_mode)
+    plan = make_plan(r).to_json()
+    servers = next(s for s in plan["stages"] if s["name"] == "generate")["servers"]
+    assert [s["node"] for s in servers] == [0] * servers_per_node + [1] * servers_per_node
+    assert all(max(s["gpus"]) < 8 for s in servers)  # local GPU indices on each node
+    remote = [s for s in servers if s["node"] == 1]
+    assert all(s["url"].startswith("http://node-1:") and flag(s["command"], "--host") == "0.0.0.0" for s in remote)
+    if dp_mode == "dp_size":
+        assert [flag(s["command"], "--dp-size") for s in servers] == ["8", "8"]
+    assert any(f["code"] == "servers_on_other_nodes" for f in plan["warnings"])

@@ -30,7 +30,7 @@ def _recipe(folder: Path, name: str = "a.yaml", **changes: object) -> Path:
     return folder / name
 
 
-def _review(base: str, head: str):  # noqa: ANN202 - click Result
+def _review(base: str, head: str):
     return runner.invoke(app, ["review", base, head])
 
 

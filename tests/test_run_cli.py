@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
+import test_run_fakes as fakes
 from typer.testing import CliRunner
 
-import dflashx.run.orchestrator as orchestrator
 from dflashx.cli.main import app
-
-import test_run_fakes as fakes
+from dflashx.run import orchestrator
 
 RECIPE = """\
 name: cli-test
@@ -31,6 +31,7 @@ tracking: {{mode: disabled}}
 @pytest.fixture(autouse=True)
 def fake_stages(monkeypatch):
     monkeypatch.setattr(orchestrator, "load_stage", fakes.fake_load_stage)
+    monkeypatch.setattr(logging.getLogger("dflashx"), "handlers", [])  # the CLI adds its console handler
     fakes.CALLS.clear()
 
 

@@ -8,8 +8,9 @@ import json
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dflashx.config.schema import Recipe
 from dflashx.run.graph import select

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import test_run_fakes as fakes
 
 from dflashx.config.schema import STAGE_ORDER
 from dflashx.run.graph import GRAPH
 from dflashx.run.keys import key_material, stage_key
 from dflashx.store.manifest import Manifest
-
-import test_run_fakes as fakes
 
 
 @pytest.fixture

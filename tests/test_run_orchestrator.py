@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
+import test_run_fakes as fakes
 
-import dflashx.run.orchestrator as orchestrator
 from dflashx.config.schema import STAGE_ORDER
+from dflashx.run import orchestrator
 from dflashx.run.graph import select
 from dflashx.store.manifest import Manifest
 from dflashx.track.records import read_records
-
-import test_run_fakes as fakes
 
 DONE_STAGES = [s for s in STAGE_ORDER if s != "backup"]
 
@@ -52,6 +50,8 @@ def test_full_run_registers_everything(tmp_path, source):
     events = [(r["event"], r.get("stage")) for r in read_records(run_dir)]
     assert events[0] == ("run_start", None) and events[-1] == ("run_end", None)
     assert ("stage_end", "train") in events and ("stage_skipped", "backup") in events
+    assert "export" in (run_dir / "PROGRESS.md").read_text()  # regenerated at the end of every run
+    assert not [r for r in read_records(run_dir) if r["event"] == "warning"]
     train_metrics = [r for r in read_records(run_dir) if r["event"] == "metrics" and r["stage"] == "train"]
     assert [r["step"] for r in train_metrics] == [0, 1, 2]
 

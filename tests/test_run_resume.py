@@ -11,13 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+import test_run_fakes as fakes
 
-import dflashx.run.orchestrator as orchestrator
+from dflashx.run import orchestrator
 from dflashx.run.status import run_status
 from dflashx.store.manifest import Manifest
 from dflashx.track.records import read_records
-
-import test_run_fakes as fakes
 
 TESTS = Path(__file__).resolve().parent
 CHILD = f"""
@@ -89,3 +88,19 @@ def test_partial_output_of_an_outdated_key_becomes_garbage(tmp_path):
     assert entry.tier == "garbage" and entry.sha256 is None and entry.size > 0 and entry.path == moved
     rows = _lines(run_dir / "generate" / "completions" / "part-0.jsonl")
     assert len(rows) == 30 and all(r["answer"].endswith("-t0.9") for r in rows)
+
+
+def test_ctrl_c_records_the_interruption(tmp_path, monkeypatch):
+    def interrupted(ctx):
+        (ctx.out_dir / "half.txt").write_text("partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(fakes.FAKES, "generate", interrupted)
+    run_dir = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        fakes.run(fakes.make_recipe(fakes.write_prompts(tmp_path / "p.jsonl")), run_dir)
+    events = [r["event"] for r in read_records(run_dir)]
+    assert events[-2:] == ["stage_interrupted", "run_end"]
+    assert json.loads((run_dir / "generate" / "provenance.json").read_text())["exit_state"] == "interrupted"
+    assert {r.name: r.state for r in run_status(run_dir)}["generate"] == "interrupted"
+    assert (run_dir / "generate" / "half.txt").exists()  # kept for the resume

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import test_run_fakes as fakes
 import typer
 from typer.testing import CliRunner
 
-import dflashx.run.orchestrator as orchestrator
 from dflashx.cli import status as status_cli
+from dflashx.run import orchestrator
 from dflashx.run.status import NotARunDir, run_status
-
-import test_run_fakes as fakes
 
 
 @pytest.fixture(autouse=True)

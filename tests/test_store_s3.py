@@ -1,4 +1,5 @@
 """S3 backend against a real S3 server (SeaweedFS on loopback) through boto3, path-style."""
+# ruff: noqa: F811 - the fixtures imported from s3_fixtures are parameters by name
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from s3_fixtures import PART, S3Server, s3_env, s3_server, s3_spec  # noqa: F401 - pytest fixtures used by name
 
 from dflashx.config.schema import S3Spec
 from dflashx.store.base import ChecksumMismatch, StoreAuthError, StoreError
 from dflashx.store.hashing import sha256_file
 from dflashx.store.s3 import S3Store
 from dflashx.store.transfer import state_path
-from s3_fixtures import PART, S3Server, s3_env, s3_server, s3_spec  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.s3
 
@@ -25,8 +26,7 @@ pytestmark = pytest.mark.s3
 def _file(path: Path, size: int, seed: int = 0) -> Path:
     block = bytes((i * 7 + seed) % 251 for i in range(1 << 16))
     with open(path, "wb") as f:
-        for offset in range(0, size, len(block)):
-            f.write(block[: min(len(block), size - offset)])
+        f.writelines(block[: min(len(block), size - offset)] for offset in range(0, size, len(block)))
     return path
 
 
@@ -57,7 +57,7 @@ def test_put_get_stat_list_delete_path_style(s3_spec: S3Spec, tmp_path: Path) ->
 
 def test_multipart_upload_verifies_and_keeps_sha_in_metadata(s3_spec: S3Spec, tmp_path: Path,
                                                              s3_env: S3Server) -> None:
-    store = S3Store(s3_spec, tmp_path / "state")
+    store = S3Store(s3_spec.model_copy(update={"max_concurrency": 3}), tmp_path / "state")
     parts = _count_calls(store, "UploadPart")
     src = _file(tmp_path / "big.bin", 2 * PART + 123)
     store.put(src, "big.bin")
@@ -75,11 +75,12 @@ _UPLOADER = textwrap.dedent("""
     from dflashx.store.s3 import S3Store
     spec, state, src = S3Spec.model_validate(json.loads(sys.argv[1])), Path(sys.argv[2]), Path(sys.argv[3])
     done = []
-    def progress(n):
+    def progress(n):  # called by the part threads after each finished part
         done.append(n)
-        print("PART", len(done), flush=True)
         if len(done) == 3:
-            time.sleep(120)  # killed here, in the middle of the upload
+            print("PART 3", flush=True)
+        if len(done) >= 3:
+            time.sleep(120)  # every thread stops here: killed in the middle of the upload
     S3Store(spec, state).put(src, "big.bin", progress=progress)
 """)
 
@@ -99,16 +100,16 @@ def test_upload_resumes_after_kill_without_resending_parts(s3_spec: S3Spec, tmp_
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     saved = json.loads(state_path(state, s3_spec.bucket, "runs/big.bin").read_text())
-    assert sorted(saved["parts"], key=int) == ["1", "2", "3"]
     listed = s3_env.client().list_parts(Bucket=s3_spec.bucket, Key="runs/big.bin", UploadId=saved["upload_id"])
-    assert [p["PartNumber"] for p in listed["Parts"]] == [1, 2, 3]
+    on_server = {str(p["PartNumber"]) for p in listed["Parts"]}
+    assert 3 <= len(saved["parts"]) and set(saved["parts"]) <= on_server and len(on_server) < 8
     assert S3Store(s3_spec, state).stat("big.bin") is None  # not complete
 
     store = S3Store(s3_spec, state)
     sent = _count_calls(store, "UploadPart")
     created = _count_calls(store, "CreateMultipartUpload")
     store.put(src, "big.bin")
-    assert len(sent) == 5 and created == []  # parts 4..8 only, same upload
+    assert len(sent) == 8 - len(on_server) and created == []  # the missing parts only, same upload
     store.get("big.bin", tmp_path / "back.bin")
     assert sha256_file(tmp_path / "back.bin") == sha256_file(src)
 

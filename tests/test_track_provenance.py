@@ -9,7 +9,13 @@ import sys
 import pytest
 
 from dflashx.track import provenance
-from dflashx.track.provenance import environment_facts, git_state, package_versions, stage_provenance, torch_facts
+from dflashx.track.provenance import (
+    environment_facts,
+    git_state,
+    package_versions,
+    stage_provenance,
+    torch_facts,
+)
 from dflashx.track.redact import REDACTED
 
 

@@ -7,12 +7,11 @@ import logging
 import os
 
 import pytest
+import test_run_fakes as fakes
 
-import dflashx.run.orchestrator as orchestrator
+from dflashx.run import orchestrator
 from dflashx.run.graph import select
 from dflashx.run.orchestrator import run_pipeline
-
-import test_run_fakes as fakes
 
 AWS_ID = "AKIAZZTESTPLANTED123"
 AWS_SECRET = "Pl4nted/Secret+Key0123456789abcdefGHIJKLm"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 
 from dflashx.config.schema import TrackingSpec
@@ -12,23 +14,17 @@ from dflashx.track.wandb_stage import effective_mode, stage_tracker
 
 def _track(tmp_path, mode, fail=False):
     records = RecordLog(tmp_path, "run-7")
-    with pytest.raises(RuntimeError) if fail else _nothing():
-        with stage_tracker(records=records, tracking=TrackingSpec(project="dflashx-test", mode=mode), run_id="run-7",
-                           stage="train", run_dir=tmp_path, config={"recipe": {"lr": 1e-3}, "plan": {"seconds": 9}}) as t:
-            t.log({"loss": 2.0}, step=0)
-            t.log({"loss": 1.0}, step=1)
-            t.summary({"final_loss": 1.0})
-            if fail:
-                raise RuntimeError("boom")
+    tracking = TrackingSpec(project="dflashx-test", mode=mode)
+    with pytest.raises(RuntimeError) if fail else nullcontext(), stage_tracker(
+        records=records, tracking=tracking, run_id="run-7", stage="train", run_dir=tmp_path,
+        config={"recipe": {"lr": 1e-3}, "plan": {"seconds": 9}},
+    ) as t:
+        t.log({"loss": 2.0}, step=0)
+        t.log({"loss": 1.0}, step=1)
+        t.summary({"final_loss": 1.0})
+        if fail:
+            raise RuntimeError("boom")
     return read_records(tmp_path)
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_offline_run_files_appear(tmp_path):

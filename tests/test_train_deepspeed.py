@@ -83,3 +83,31 @@ def test_deepspeed_config_keeps_the_global_batch_for_any_world(paths, tmp_path):
     assert one["zero_optimization"]["stage"] == 1 and one["scheduler"]["params"]["warmup_num_steps"] == 4
     with pytest.raises(ValueError, match="global_batch=8 is not a multiple"):
         deepspeed_config(job, 3, 100)
+
+
+def test_offline_features_train_like_online(paths, tmp_path):
+    online: dict[int, dict] = {}
+    offline: dict[int, dict] = {}
+    run_training(_job(paths, tmp_path / "on", max_steps=3), log=_collect(online))
+    run_training(_job(paths, tmp_path / "off", max_steps=3, mode="offline"), log=_collect(offline))
+    shards = list((tmp_path / "off" / "features").glob("shard-*.safetensors"))
+    assert shards and (tmp_path / "off" / "features" / "done-r0-w1").exists()
+    for step in (1, 2, 3):
+        assert offline[step]["loss"] == pytest.approx(online[step]["loss"], rel=1e-5)
+
+
+def test_init_from_continues_a_checkpoint_folder(paths, tmp_path):
+    from dflashx.dflash.checkpoint import save_drafter
+    from dflashx.dflash.trainer import build_drafter
+    from helpers_dflash import load_target
+
+    model, tok = load_target(paths[0])
+    start = build_drafter(_job(paths, tmp_path, drafter={"num_layers": 2, "block_size": 4, "target_layer_ids": [0, 3]}),
+                          model.config, tok)
+    save_drafter(start, tmp_path / "public")
+    cont = build_drafter(_job(paths, tmp_path, init_from=str(tmp_path / "public")), model.config, tok)
+    assert cont.config.num_layers == 2 and cont.config.target_layer_ids == [0, 3]
+    assert all(torch.equal(a, b) for a, b in zip(start.state_dict().values(), cont.state_dict().values()))
+    other = model.config.to_dict() | {"hidden_size": 32, "head_dim": 8}
+    with pytest.raises(ValueError, match="trained for another target"):
+        build_drafter(_job(paths, tmp_path, init_from=str(tmp_path / "public")), other, tok)

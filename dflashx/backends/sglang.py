@@ -4,10 +4,12 @@ Servers come from the plan (`ServerPool` launches them) or from `stages.generate
 Requests go to `/v1/chat/completions` with the recipe's sampling settings and
 `chat_template_kwargs: {enable_thinking, ...}`. Each replica gets `concurrency` asyncio workers
 that pull from one bounded queue, so faster replicas take more work and memory stays bounded.
-A transient failure (connection error or drop, timeout, HTTP 408/429/5xx, an unreadable body) is
+A transient failure (connection error or drop, timeout, HTTP 408/409/425/429/5xx, an unreadable body) is
 retried on the next replica after an exponential back-off with jitter; other 4xx answers are final
-and recorded with `error`. The reasoning comes from `reasoning_content` (SGLang's
-`--reasoning-parser`) or `reasoning`; without either, `<think>...</think>` in the content is split.
+and recorded with `error`. When 2 x (replicas x concurrency) prompts in a row fail every retry,
+the servers are taken to be down and the run stops (what was written is kept). The reasoning comes
+from `reasoning_content` (SGLang's `--reasoning-parser`) or `reasoning`; without either,
+`<think>...</think>` in the content is split.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Iterable
 import httpx
 
 from dflashx.backends.base import Backend, Emit, completion_record, split_think
-from dflashx.backends.servers import ServerPool, ServerSpec, base_url, wait_healthy
+from dflashx.backends.servers import ServerError, ServerPool, ServerSpec, base_url, wait_healthy
 from dflashx.config.schema import ChatTemplateSpec, GenerateStage
 
 RETRY_STATUS = {408, 409, 425, 429}
@@ -63,6 +65,8 @@ class SGLangBackend(Backend):
                 "stages.generate.backend is 'sglang' but the plan lists no servers and "
                 "stages.generate.urls is empty: give the URLs of running servers, or plan on a GPU profile"
             )
+        self.workers = len(self.urls) * cfg.concurrency
+        self._fail_streak = 0
 
     def __enter__(self) -> "SGLangBackend":
         if self.pool is not None:
@@ -76,12 +80,17 @@ class SGLangBackend(Backend):
             self.pool.__exit__(*exc)
 
     def generate(self, prompts: Iterable[dict[str, Any]], emit: Emit) -> None:
-        asyncio.run(self._generate(prompts, emit))
+        try:
+            asyncio.run(self._generate(prompts, emit))
+        except ExceptionGroup as group:  # worker(s) failed and the others were cancelled: unwrap
+            if len({type(e) for e in group.exceptions}) == 1:
+                raise group.exceptions[0] from None
+            raise
 
     # ------------------------------------------------------------------ async core
 
     async def _generate(self, prompts: Iterable[dict[str, Any]], emit: Emit) -> None:
-        workers = len(self.urls) * self.cfg.concurrency
+        workers = self.workers
         limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
         timeout = httpx.Timeout(self.cfg.request_timeout_s, connect=min(30.0, self.cfg.request_timeout_s))
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
@@ -137,17 +146,30 @@ class SGLangBackend(Backend):
                 if resp.status_code in RETRY_STATUS or resp.status_code >= 500:
                     raise TransientError(f"HTTP {resp.status_code} from {url}: {resp.text[:300]}")
                 if resp.status_code >= 400:
-                    return self._rejected(prompt, f"HTTP {resp.status_code} from {url}: {resp.text[:500]}")
-                return self._parse(prompt, resp)
+                    record = self._rejected(prompt, f"HTTP {resp.status_code} from {url}: {resp.text[:500]}")
+                else:
+                    record = self._parse(prompt, resp)
+                self._fail_streak = 0
+                return record
             except (httpx.TransportError, TimeoutError, TransientError) as e:
                 message = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 if attempt == self.cfg.retries:
-                    self.stats.failed += 1
-                    self.stats.note_error(f"prompt {prompt['id']}: {message}")
+                    self._gave_up(prompt, message)
                     return None
                 self.stats.retries += 1
                 await asyncio.sleep(backoff_s(attempt, self.cfg.retry_backoff_s))
                 attempt += 1
+
+    def _gave_up(self, prompt: dict[str, Any], message: str) -> None:
+        self.stats.failed += 1
+        self.stats.note_error(f"prompt {prompt['id']}: {message}")
+        self._fail_streak += 1
+        if self._fail_streak >= 2 * self.workers:
+            raise ServerError(
+                f"{self._fail_streak} prompts in a row failed after {self.cfg.retries} retries (last: {message}); "
+                f"the servers at {', '.join(self.urls)} seem down. Completions written so far are kept: "
+                f"rerun to resume once the servers answer."
+            )
 
     def _rejected(self, prompt: dict[str, Any], error: str) -> dict[str, Any]:
         self.stats.rejected += 1

@@ -55,6 +55,7 @@ class TransformersBackend(Backend):
         self.device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = getattr(torch, DTYPES.get(self.precision, "float32"))
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, padding_side="left")
+        self.tokenizer.pad_token = self.tokenizer.pad_token or self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
         return self
 

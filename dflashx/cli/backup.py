@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from dflashx.cli.inventory import RunDirArg, ToOpt
+
 
 def command(
-    run_dir: Path = typer.Argument(..., exists=True, file_okay=False, help="The run directory."),
-    to: str = typer.Option(None, "--to", help="Back up to this folder instead of storage.s3."),
-    only_irreplaceable: bool = typer.Option(False, "--only-irreplaceable",
-                                            help="Skip replaceable artifacts (logs, regenerable data)."),
-    verify_only: bool = typer.Option(False, "--verify-only", help="Upload nothing; verify the remote copies."),
-    repair: bool = typer.Option(False, "--repair", help="Upload again the remote copies that fail verification."),
+    run_dir: RunDirArg,
+    to: ToOpt = None,
+    only_irreplaceable: Annotated[
+        bool, typer.Option("--only-irreplaceable", help="Skip replaceable artifacts.")] = False,
+    verify_only: Annotated[
+        bool, typer.Option("--verify-only", help="Upload nothing; verify the remote copies.")] = False,
+    repair: Annotated[
+        bool, typer.Option("--repair", help="Upload again remote copies that fail verification.")] = False,
 ) -> None:
     from rich.console import Console
     from rich.progress import DownloadColumn, Progress, TransferSpeedColumn

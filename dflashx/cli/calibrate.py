@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from dflashx.cli.compare import RunsArg
 
-def command(
-    runs: list[Path] = typer.Argument(..., exists=True, file_okay=False, help="Finished run directories."),
-    write: bool = typer.Option(False, "--write",
-                               help="Write hardware_profiles/<profile>.calibration.yaml for each profile."),
-) -> None:
+WriteOpt = Annotated[bool, typer.Option("--write", help="Write hardware_profiles/<profile>.calibration.yaml.")]
+
+
+def command(runs: RunsArg, write: WriteOpt = False) -> None:
     from rich.console import Console
 
     from dflashx.cli._common import target_facts

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
+RunsArg = Annotated[list[Path], typer.Argument(exists=True, file_okay=False, help="Run directories.")]
+
 
 def command(
-    runs: list[Path] = typer.Argument(..., exists=True, file_okay=False, help="Run directories."),
-    markdown: bool = typer.Option(False, "--markdown", help="Print markdown instead of tables."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    runs: RunsArg,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print markdown instead of tables.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     from rich.console import Console
 

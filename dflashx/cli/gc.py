@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from dflashx.cli.inventory import RunDirArg, ToOpt
+
 
 def command(
-    run_dir: Path = typer.Argument(..., exists=True, file_okay=False, help="The run directory."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Delete without asking."),
-    remote: bool = typer.Option(False, "--remote", help="Also delete remote copies of the garbage."),
-    to: str = typer.Option(None, "--to", help="Remote folder instead of storage.s3 (with --remote)."),
+    run_dir: RunDirArg,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without asking.")] = False,
+    remote: Annotated[bool, typer.Option("--remote", help="Also delete remote copies of the garbage.")] = False,
+    to: ToOpt = None,
 ) -> None:
     from rich.console import Console
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
+RunDirArg = Annotated[Path, typer.Argument(exists=True, file_okay=False, help="The run directory.")]
+ToOpt = Annotated[str | None, typer.Option("--to", help="A remote folder instead of storage.s3.")]
+
 
 def command(
-    run_dir: Path = typer.Argument(..., exists=True, file_okay=False, help="The run directory."),
-    to: str = typer.Option(None, "--to", help="Remote folder to compare with instead of storage.s3."),
-    rehash: bool = typer.Option(False, "--rehash", help="Re-hash local files (default: sizes only)."),
-    local_only: bool = typer.Option(False, "--local-only", help="Do not contact the remote."),
+    run_dir: RunDirArg,
+    to: ToOpt = None,
+    rehash: Annotated[bool, typer.Option("--rehash", help="Re-hash local files (default: sizes only).")] = False,
+    local_only: Annotated[bool, typer.Option("--local-only", help="Do not contact the remote.")] = False,
 ) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -23,10 +27,15 @@ def command(
     console = Console()
     try:
         store = None if local_only else run_remote(run_dir, to)
-        inv = build_inventory(run_dir, store, rehash=rehash)
-    except (StoreError, ValueError) as exc:
+        if store is not None:
+            store.check_access()
+    except StoreError as exc:
+        console.print(f"[yellow]remote not checked:[/yellow] {exc}")
+        store = None
+    except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
+    inv = build_inventory(run_dir, store, rehash=rehash)
     table = Table(title=f"{run_dir} -> {inv.remote or 'no remote configured'}")
     for col in ("artifact", "stage", "tier", "size", "files", "where", "local", "remote", "verified"):
         table.add_column(col, justify="right" if col in ("size", "files") else "left",

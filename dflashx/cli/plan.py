@@ -16,7 +16,7 @@ import typer
 from dflashx.cli._common import OverridesArg, RecipeArg, load_or_exit, target_facts
 from dflashx.plan.explain import human_bytes, human_count, human_seconds
 
-DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Plan only (plan never runs anything; accepted for scripts).")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Plan only (planning never runs anything).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object (see docs/planner.md).")]
 ExplainOpt = Annotated[bool, typer.Option("--explain", help="Show every estimate's formula, inputs and source.")]
 

@@ -7,14 +7,15 @@ recipes/a.yaml`. Exit 1 when the head recipe does not load or its plan has error
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
 def command(
-    base: str = typer.Argument(..., help="Base recipe: a file, or path@gitref."),
-    head: str = typer.Argument(..., help="Head recipe: a file, or path@gitref."),
-    out: Path = typer.Option(None, "--out", help="Also write the markdown to this file."),
+    base: Annotated[str, typer.Argument(help="Base recipe: a file, or path@gitref.")],
+    head: Annotated[str, typer.Argument(help="Head recipe: a file, or path@gitref.")],
+    out: Annotated[Path | None, typer.Option("--out", help="Also write the markdown to this file.")] = None,
 ) -> None:
     import tempfile
 

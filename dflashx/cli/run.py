@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -14,16 +14,18 @@ from dflashx.cli._common import OverridesArg, RecipeArg, load_or_exit, target_fa
 def command(
     recipe: RecipeArg,
     overrides: OverridesArg = None,
-    run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Default: <storage.root>/<recipe name>.")] = None,
-    only: Annotated[Optional[str], typer.Option("--only", help="Run just this stage.")] = None,
-    until: Annotated[Optional[str], typer.Option("--until", help="Run the stages up to and including this one.")] = None,
-    force: Annotated[Optional[list[str]], typer.Option("--force", help="Re-run this stage even if done (repeatable).")] = None,
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Default: <storage.root>/<recipe name>.")] = None,
+    only: Annotated[str | None, typer.Option("--only", help="Run just this stage.")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="Run the stages up to and including this one.")] = None,
+    force: Annotated[list[str] | None, typer.Option("--force", help="Re-run this stage even if done (repeatable).")] = None,
 ) -> None:
     from dflashx.plan.plan import make_plan
     from dflashx.run.graph import select
     from dflashx.run.orchestrator import default_run_dir, run_pipeline
     from dflashx.run.rundir import RunDirBusy
+    from dflashx.track.redact import install_console_logging
 
+    install_console_logging()
     loaded = load_or_exit(recipe, overrides)
     try:
         selection = select(only, until, force or ())

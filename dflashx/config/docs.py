@@ -63,7 +63,8 @@ Loading happens in this order; each step sees the result of the one before:
 
 If `NAME.calibration.yaml` sits next to the profile it is merged into the profile's `calibrated`
 factors. `dflashx calibrate` writes that file; it holds only `calibrated: {factor: value}`.
-A profile name that is not found gets a "did you mean" and the list of known names.
+A profile name that is not found gets a "did you mean" (or, when nothing is close, the list of
+known names) and the folders that were searched.
 
 ### Overrides
 

@@ -165,8 +165,8 @@ def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
     skip += loader.unresolved
     try:
         recipe = Recipe.model_validate(data)
-    except ValidationError as exc:
-        loader.problems += validation_problems(exc, loader.sources, Origin(str(file)), skip=skip)
+    except ValidationError as exc:  # skipped keys already have their problem recorded
+        loader.fail(loader.problems + validation_problems(exc, loader.sources, Origin(str(file)), skip=skip))
     loader.raise_if_any()
     return LoadedRecipe(recipe, file, data, tuple(loader.sources.files))
 

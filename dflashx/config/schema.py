@@ -386,6 +386,7 @@ class S3Spec(Strict):
         64 * 2**20, ge=5 * 2**20,
         description="Multipart upload part size (resumable); files smaller than this go in one PUT.",
     )
+    max_concurrency: int = Field(8, ge=1, le=64, description="Parts of one file uploaded at the same time.")
 
 
 Tier = Literal["irreplaceable", "replaceable", "garbage"]

@@ -117,7 +117,7 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any, sc
     if not q.is_cuda:
         return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
     if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        _compiled_flex = torch.compile(flex_attention)
     return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
 
 

@@ -8,14 +8,13 @@ FLOPs are counted from shapes (2 per multiply-add) and only for useful work:
   - the frozen LM head on supervised slots: forward and input-gradient (x2).
 Checkpoint recomputation is not useful work and is not counted.
 
-Public API: `target_flops(...)`, `drafter_flops(...)`, `visible_pairs(anchors, block_size)`,
-`peak_memory_bytes()`, `Throughput`.
+Public API: `TargetCost.of(layers, deepest, text_config).flops(lengths)`, `drafter_flops(...)`, `visible_pairs(anchors, block_size)`,
+`peak_memory_bytes()`.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -28,15 +27,28 @@ def _attn_width(config: dict) -> int:
     return heads * int(config.get("head_dim") or config["hidden_size"] // heads)
 
 
-def target_flops(layers: nn.ModuleList, deepest: int, text_config: dict, lengths: list[int]) -> float:
-    """Forward FLOPs of the target's layers 0..deepest over sequences of `lengths`."""
-    params = sum(p.numel() for layer in list(layers)[: deepest + 1] for p in layer.parameters())
-    types = list(text_config.get("layer_types") or ["full_attention"] * len(layers))[: deepest + 1]
-    n_attn = sum(t != "linear_attention" for t in types)
-    width = _attn_width(text_config)
-    tokens = sum(lengths)
-    pairs = sum(n * (n + 1) / 2 for n in lengths)
-    return 2.0 * params * tokens + 4.0 * width * pairs * n_attn
+@dataclass(frozen=True)
+class TargetCost:
+    """The target's shape facts that fix its forward FLOPs up to the deepest tapped layer."""
+
+    params: int  # parameters of decoder layers 0..deepest
+    attention_layers: int  # softmax-attention layers among them (linear-attention layers excluded)
+    attention_width: int  # heads x head_dim
+
+    @classmethod
+    def of(cls, layers: nn.ModuleList, deepest: int, text_config: dict) -> "TargetCost":
+        used = list(layers)[: deepest + 1]
+        types = list(text_config.get("layer_types") or ["full_attention"] * len(layers))[: deepest + 1]
+        return cls(
+            params=sum(p.numel() for layer in used for p in layer.parameters()),
+            attention_layers=sum(t != "linear_attention" for t in types),
+            attention_width=_attn_width(text_config),
+        )
+
+    def flops(self, lengths: list[int]) -> float:
+        """Forward FLOPs over sequences of `lengths` (causal attention pairs)."""
+        pairs = sum(n * (n + 1) / 2 for n in lengths)
+        return 2.0 * self.params * sum(lengths) + 4.0 * self.attention_width * pairs * self.attention_layers
 
 
 def visible_pairs(anchors: torch.Tensor, block_size: int) -> float:
@@ -64,25 +76,3 @@ def peak_memory_bytes() -> int:
     import psutil
 
     return int(psutil.Process().memory_info().rss)
-
-
-@dataclass
-class Throughput:
-    """Accumulates tokens and FLOPs between two log points."""
-
-    peak_tflops: float
-    tokens: float = 0.0
-    flops: float = 0.0
-    _start: float = field(default_factory=time.perf_counter)
-
-    def add(self, tokens: float, flops: float) -> None:
-        self.tokens += tokens
-        self.flops += flops
-
-    def read_and_reset(self) -> dict[str, float]:
-        elapsed = max(time.perf_counter() - self._start, 1e-9)
-        tflops = self.flops / elapsed / 1e12
-        out = {"tokens_per_s": self.tokens / elapsed, "tflops": tflops, "mfu": tflops / self.peak_tflops}
-        self.tokens = self.flops = 0.0
-        self._start = time.perf_counter()
-        return out

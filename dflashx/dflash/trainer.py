@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import random
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,7 +38,7 @@ from dflashx.dflash.config import DFlashConfig, loss_gamma
 from dflashx.dflash.data import load_token_dataset, make_loader, micro_batches_per_epoch
 from dflashx.dflash.loss import accuracy_per_position, dflash_loss, expected_acceptance_length
 from dflashx.dflash.masks import DraftMask
-from dflashx.dflash.metrics import Throughput, drafter_flops, peak_memory_bytes, target_flops, visible_pairs
+from dflashx.dflash.metrics import TargetCost, drafter_flops, peak_memory_bytes, visible_pairs
 from dflashx.dflash.model import DFlashDrafter
 
 JOB_FILE = "train_job.json"
@@ -102,7 +103,7 @@ def deepspeed_config(job: TrainJob, world: int, total_steps: int) -> dict[str, A
         steps_per_print=10**9,
         wall_clock_breakdown=False,
     )
-    cfg.setdefault("zero_optimization", {})["stage"] = cfg.get("zero_optimization", {}).get("stage", job.zero_stage)
+    cfg.setdefault("zero_optimization", {}).setdefault("stage", job.zero_stage)
     cfg["bf16"] = {"enabled": job.precision in ("bf16", "fp8")}
     cfg.pop("fp16", None)
     cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})
@@ -157,18 +158,26 @@ def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any]:
 
 
 def build_drafter(job: TrainJob, target_config: Any, tokenizer: Any) -> DFlashDrafter:
-    """The drafter from the job's drafter spec (mask token falls back to the tokenizer's)."""
+    """A fresh drafter from the job's drafter spec (the mask token falls back to the tokenizer's
+    `<|mask|>`), or the checkpoint `init_from` names, checked against the target."""
     from dflashx.tiny.tokenizer import MASK_TOKEN
 
     mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN) if MASK_TOKEN in tokenizer.get_vocab() else None
-    cfg = DFlashConfig.from_target(job.drafter, target_config, mask_id)
-    if mask_id is not None and cfg.mask_token_id == mask_id:
-        cfg = cfg.model_copy(update={"mask_token": MASK_TOKEN})
-    torch.manual_seed(job.seed)
-    drafter = DFlashDrafter(cfg)
+    fresh = DFlashConfig.from_target(job.drafter, target_config, mask_id)
     if job.init_from:
-        ckpt.load_weights_into(drafter, job.init_from)
-    return drafter
+        drafter = ckpt.load_drafter(job.init_from)
+        have, want = drafter.config, fresh
+        if (have.hidden_size, have.vocab_size, have.num_target_layers) != (want.hidden_size, want.vocab_size, want.num_target_layers):
+            raise ValueError(
+                f"{job.init_from}: drafter.init_from was trained for another target (hidden, vocab, layers "
+                f"{have.hidden_size, have.vocab_size, have.num_target_layers} vs the target's "
+                f"{want.hidden_size, want.vocab_size, want.num_target_layers}); remove drafter.init_from or change target"
+            )
+        return drafter
+    if mask_id is not None and fresh.mask_token_id == mask_id:
+        fresh = fresh.model_copy(update={"mask_token": MASK_TOKEN})
+    torch.manual_seed(job.seed)
+    return DFlashDrafter(fresh)
 
 
 def _rank_state(g: int) -> dict[str, Any]:
@@ -183,45 +192,41 @@ def _restore_rank_state(state: dict[str, Any]) -> None:
 
 
 class _Window:
-    """Sums of loss, slot accuracy and FLOPs over the micro steps since the last log."""
+    """Sums of loss, slot accuracy, tokens and FLOPs over the micro steps since the last log;
+    `read` all-reduces them over the ranks."""
 
     def __init__(self, block_size: int, peak_tflops: float, world: int):
-        self.block_size, self.world = block_size, world
-        self.throughput = Throughput(peak_tflops * world)
+        self.block_size, self.peak_tflops, self.world = block_size, peak_tflops, world
         self.reset()
 
     def reset(self) -> None:
-        self.loss_sum = torch.zeros(1)
-        self.n = 0
-        self.correct = torch.zeros(self.block_size)
-        self.count = torch.zeros(self.block_size)
+        self.device_sums: torch.Tensor | None = None  # loss, correct[B], count[B]: stays on the device
+        self.host = [0.0, 0.0, 0.0]  # micro steps, tokens, flops
+        self.start = time.perf_counter()
 
-    def add(self, loss: torch.Tensor, correct: torch.Tensor, count: torch.Tensor) -> None:
-        self.loss_sum += loss.detach().float().cpu()
-        self.n += 1
-        self.correct += correct.detach().float().cpu()
-        self.count += count.detach().float().cpu()
+    def add(self, loss: torch.Tensor, correct: torch.Tensor, count: torch.Tensor, tokens: float, flops: float) -> None:
+        vec = torch.cat([loss.detach().float().view(1), correct.float(), count.float()])
+        self.device_sums = vec if self.device_sums is None else self.device_sums + vec
+        self.host = [self.host[0] + 1, self.host[1] + tokens, self.host[2] + flops]
 
     def read(self, lr: float) -> dict[str, Any]:
         import torch.distributed as dist
 
-        packed = torch.cat([self.loss_sum, torch.tensor([float(self.n)]), self.correct, self.count])
+        sums = self.device_sums if self.device_sums is not None else torch.zeros(1 + 2 * self.block_size)
+        packed = torch.cat([sums.double(), torch.tensor(self.host, dtype=torch.float64, device=sums.device)])
         if dist.is_initialized() and self.world > 1:
-            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-            packed = packed.to(device)
             dist.all_reduce(packed)
-            packed = packed.cpu()
+        packed = packed.cpu()
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
         b = self.block_size
-        loss, n, correct, count = packed[0], packed[1], packed[2 : 2 + b], packed[2 + b :]
+        loss, correct, count = float(packed[0]), packed[1 : 1 + b], packed[1 + b : 1 + 2 * b]
+        n, tokens, flops = packed[1 + 2 * b :].tolist()
         acc = accuracy_per_position(correct, count)
-        out = {"loss": float(loss / n.clamp_min(1)), "lr": lr, "accuracy": acc,
-               "acceptance_length": expected_acceptance_length(acc), "memory_bytes": peak_memory_bytes()}
-        out.update(self.throughput.read_and_reset())
-        out["tokens_per_s"] *= self.world
-        out["tflops"] *= self.world
-        out["mfu"] *= self.world
+        tflops = flops / elapsed / 1e12
         self.reset()
-        return out
+        return {"loss": loss / max(n, 1), "lr": lr, "accuracy": acc, "acceptance_length": expected_acceptance_length(acc),
+                "tokens_per_s": tokens / elapsed, "tflops": tflops, "mfu": tflops / (self.peak_tflops * self.world),
+                "memory_bytes": peak_memory_bytes()}
 
 
 def _feature_source(job: TrainJob, capture: FeatureCapture, ds: Any, rank: int, world: int, pad_id: int,
@@ -251,7 +256,7 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     capture = FeatureCapture(target, cfg.target_layer_ids)
     embed, lm_head_w = target.get_input_embeddings(), target.get_output_embeddings().weight
     text_cfg = target.config.to_dict().get("text_config") or target.config.to_dict()
-    layers = find_decoder_layers(target)
+    target_cost = TargetCost.of(find_decoder_layers(target), max(cfg.target_layer_ids), text_cfg)
     gamma = job.loss_gamma or loss_gamma(cfg.block_size)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
@@ -297,11 +302,10 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
             engine.backward(loss)
             engine.step()
             g += 1
-            window.add(loss, correct, count)
-            supervised = int((blocks.weights > 0).sum())
-            window.throughput.add(sum(lengths), target_flops(layers, max(cfg.target_layer_ids), text_cfg, lengths)
-                                  + drafter_flops(cfg, blocks.block_ids.numel(), ids.numel(),
-                                                  visible_pairs(blocks.anchors, cfg.block_size), supervised))
+            flops = target_cost.flops(lengths) + drafter_flops(
+                cfg, blocks.block_ids.numel(), ids.numel(), visible_pairs(blocks.anchors, cfg.block_size),
+                int((blocks.weights > 0).sum()))
+            window.add(loss, correct, count, sum(lengths), flops)
             if g % accum:
                 continue
             step += 1

@@ -9,7 +9,12 @@ from dflashx.plan.derive import Derived, derive
 from dflashx.plan.estimates.cost import gpu_hours, usd
 from dflashx.plan.estimates.generation import Generation, estimate_generation
 from dflashx.plan.estimates.host import eval_seconds, host_seconds
-from dflashx.plan.estimates.memory import StageMemory, eval_memory, serving_memory, training_memory
+from dflashx.plan.estimates.memory import (
+    StageMemory,
+    eval_memory,
+    serving_memory,
+    training_memory,
+)
 from dflashx.plan.estimates.storage import Storage, estimate_storage
 from dflashx.plan.estimates.tokens import Tokens, count_tokens
 from dflashx.plan.estimates.training import Training, estimate_training

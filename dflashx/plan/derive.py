@@ -11,6 +11,11 @@ from dflashx.targets.registry import TargetFacts
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 KV_BYTES = {"bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
+
+def activation_bytes(dtype: str) -> int:
+    """Bytes of one activation element: fp32 stays fp32, everything else computes in 16 bits."""
+    return 4 if dtype == "fp32" else 2
+
 # DFlash's loss decay gamma by block size (arXiv 2602.06036): 7 for B=16, 5 for B=10, 4 for B=8.
 _GAMMA_POINTS = ((8, 4.0), (10, 5.0), (16, 7.0))
 
@@ -68,7 +73,8 @@ def derive(recipe: Recipe, facts: TargetFacts) -> Derived:
     micro = train.micro_batch or hw.training.micro_batch
     ws = world_size(hw)
     return Derived(
-        target_layer_ids=list(drafter.target_layer_ids or spread_layer_ids(facts.num_layers, drafter.num_target_layers)),
+        target_layer_ids=list(
+            drafter.target_layer_ids or spread_layer_ids(facts.num_layers, drafter.num_target_layers)),
         mask_token_id=drafter.mask_token_id if drafter.mask_token_id is not None else facts.mask_token_id,
         micro_batch=micro,
         zero_stage=train.zero_stage if train.zero_stage is not None else hw.training.zero_stage,

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflashx.config.schema import STAGE_ORDER, Recipe
-from dflashx.plan.context import ESTIMATE_KEYS, PlanContext, build_context, stage_estimates, totals
+from dflashx.plan.context import (
+    ESTIMATE_KEYS,
+    PlanContext,
+    build_context,
+    stage_estimates,
+    totals,
+)
 from dflashx.plan.expand.deepspeed import deepspeed_config, launch
 from dflashx.plan.expand.sglang import expand_sglang
 from dflashx.plan.explain import Term

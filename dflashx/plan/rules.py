@@ -6,11 +6,12 @@ Rules run on a context whose estimates are already computed; they never change i
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from itertools import pairwise
 
 from dflashx.config.schema import STAGE_ORDER
 from dflashx.plan.context import PlanContext, stage_estimates, totals
-from dflashx.plan.explain import human_bytes
 from dflashx.plan.expand.sglang import context_length
+from dflashx.plan.explain import human_bytes
 from dflashx.plan.findings import Finding, error, warning
 
 Rule = Callable[[PlanContext], Iterable[Finding]]
@@ -84,9 +85,10 @@ def target_layer_ids_valid(ctx: PlanContext) -> Iterable[Finding]:
                     "make drafter.num_target_layers equal the number of drafter.target_layer_ids")
     outside = [i for i in ids if not 0 <= i < n]
     if outside:
-        yield error("target_layers_range", key, f"target layer ids {outside} are outside the target's layers 0..{n - 1}",
+        yield error("target_layers_range", key,
+                    f"target layer ids {outside} are outside the target's layers 0..{n - 1}",
                     f"use ids between 0 and {n - 1}, or lower drafter.num_target_layers (at most {n})")
-    if any(b <= a for a, b in zip(ids, ids[1:])):
+    if any(b <= a for a, b in pairwise(ids)):
         yield error("target_layers_order", key, f"target layer ids {ids} are not strictly increasing",
                     "list distinct ids in increasing order, or drop drafter.target_layer_ids to spread them")
 
@@ -196,6 +198,15 @@ def generate_backend_fits(ctx: PlanContext) -> Iterable[Finding]:
                     "lower stages.generate.max_tokens (or raise stages.generate.context_length up to the native)")
 
 
+def servers_local(ctx: PlanContext) -> Iterable[Finding]:
+    gen, hw = ctx.recipe.stages.generate, ctx.recipe.hardware
+    if gen.enabled and gen.backend == "sglang" and not gen.urls and hw.nodes > 1:
+        yield warning("servers_on_other_nodes", "stages.generate.urls",
+                      f"the generate stage starts SGLang servers on this node only; {hw.nodes - 1} other node(s) "
+                      "need theirs started by hand (the plan's commands marked [on node-i])",
+                      "start the listed servers on every node and give all their URLs in stages.generate.urls")
+
+
 def mtp_available(ctx: PlanContext) -> Iterable[Finding]:
     if ctx.recipe.target.mtp and not ctx.facts.mtp_layers:
         yield warning("mtp_unavailable", "target.mtp", f"{ctx.facts.name} ships no MTP layer; serving without it",
@@ -208,7 +219,8 @@ def batch_divides(ctx: PlanContext) -> Iterable[Finding]:
     if gb % per_step:
         yield error("global_batch", "stages.train.global_batch",
                     f"global_batch {gb} is not a multiple of micro_batch {d.micro_batch} x {d.world_size} GPUs",
-                    f"set stages.train.global_batch to a multiple of {per_step} (e.g. {max(gb // per_step, 1) * per_step})")
+                    f"set stages.train.global_batch to a multiple of {per_step} "
+                    f"(e.g. {max(gb // per_step, 1) * per_step})")
 
 
 def dataset_sized(ctx: PlanContext) -> Iterable[Finding]:
@@ -221,7 +233,7 @@ def dataset_sized(ctx: PlanContext) -> Iterable[Finding]:
 RULES: tuple[Rule, ...] = (
     tp_dp_matches_gpus, serving_fits, training_fits, fp8_supported, target_layer_ids_valid, block_size_valid,
     sliding_window_coherent, mask_token_known, offline_within_storage, within_budget, thinking_on,
-    generate_backend_fits, mtp_available, batch_divides, dataset_sized,
+    generate_backend_fits, servers_local, mtp_available, batch_divides, dataset_sized,
 )
 
 

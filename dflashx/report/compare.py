@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dflashx.config.schema import STAGE_ORDER
 from dflashx.report.fmt import Section, human_bytes, human_seconds, human_value
@@ -101,7 +102,7 @@ def wandb_metrics(run: RunInfo) -> dict[str, dict[str, Any]]:
         found = wandb.Api(timeout=20).runs(path, filters={"group": run.run_id})
         return {r.job_type: {k: v for k, v in dict(r.summary).items() if not k.startswith("_")}
                 for r in found if r.job_type}
-    except Exception as exc:  # network, auth, a deleted project: local records still answer
+    except Exception as exc:  # noqa: BLE001 - network, auth, a deleted project: local records answer
         log.warning("W&B API unavailable for %s (%s); using local records only", run.run_id, exc)
         return {}
 

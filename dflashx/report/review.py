@@ -14,9 +14,10 @@ from __future__ import annotations
 import io
 import subprocess
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dflashx.config.errors import RecipeError
 from dflashx.config.load import load_recipe
@@ -55,10 +56,14 @@ def split_spec(spec: str) -> tuple[Path, str | None]:
 
 
 def _git(args: list[str], cwd: Path) -> bytes:
-    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True)
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, check=False)
     if out.returncode != 0:
         raise ValueError(f"git {' '.join(args)}: {out.stderr.decode().strip()}")
     return out.stdout
+
+
+def _git_ok(args: list[str], cwd: Path) -> bool:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, check=False).returncode == 0
 
 
 def materialize(path: Path, ref: str, workdir: Path) -> Path | None:
@@ -67,15 +72,12 @@ def materialize(path: Path, ref: str, workdir: Path) -> Path | None:
     path = path.resolve()
     top = Path(_git(["rev-parse", "--show-toplevel"], path.parent).decode().strip())
     rel = path.relative_to(top)
-    if subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=top,
-                      capture_output=True).returncode != 0:
+    if not _git_ok(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], top):
         raise ValueError(f"{ref!r} is not a commit of the git repository {top}")
-    if subprocess.run(["git", "cat-file", "-e", f"{ref}:{rel.as_posix()}"], cwd=top,
-                      capture_output=True).returncode != 0:
+    if not _git_ok(["cat-file", "-e", f"{ref}:{rel.as_posix()}"], top):
         return None
     wanted = [rel.parent.as_posix() or "."]
-    if subprocess.run(["git", "cat-file", "-e", f"{ref}:hardware_profiles"], cwd=top,
-                      capture_output=True).returncode == 0:
+    if _git_ok(["cat-file", "-e", f"{ref}:hardware_profiles"], top):
         wanted.append("hardware_profiles")
     archive = _git(["archive", "--format=tar", ref, "--", *wanted], top)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:

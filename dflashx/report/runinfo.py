@@ -23,7 +23,7 @@ class RunInfo:
     manifest: Manifest
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "RunInfo":
+    def load(cls, run_dir: str | Path) -> RunInfo:
         """Read a run directory; ValueError (naming the folder) when it is not one."""
         path = Path(run_dir)
         rd = RunDir(path)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import difflib
-
 from dataclasses import dataclass, field
 
 from dflashx.config.schema import STAGE_ORDER

@@ -15,23 +15,31 @@ import os
 import socket
 import time
 import traceback
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from dflashx.config.schema import Recipe
 from dflashx.run.graph import Selection
 from dflashx.run.keys import StageKey, stage_key
 from dflashx.run.rundir import RunDir
 from dflashx.stages.base import StageContext, StageFailed, StageResult, load_stage
-from dflashx.store.manifest import Manifest, atomic_write_json, atomic_write_text, utc_now
+from dflashx.store.manifest import (
+    Manifest,
+    atomic_write_json,
+    atomic_write_text,
+    utc_now,
+)
+from dflashx.store.progress import write_progress
 from dflashx.track.provenance import stage_provenance
 from dflashx.track.records import RecordLog
 from dflashx.track.redact import RedactingFilter, redact, redact_argv, redact_text
 from dflashx.track.wandb_stage import stage_tracker
 
 Echo = Callable[[str], None]
+OK_STATES = ("done", "skipped", "disabled")
 
 
 @dataclass
@@ -44,6 +52,21 @@ class StageOutcome:
 
 
 @dataclass
+class _Attempt:
+    """One stage attempt in progress: what provenance and the failure records need."""
+
+    stage: str
+    key: StageKey
+    estimates: dict[str, Any]
+    started_at: str = field(default_factory=utc_now)
+    t0: float = field(default_factory=time.monotonic)
+
+    @property
+    def elapsed(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
+
+
+@dataclass
 class RunResult:
     run_dir: Path
     run_id: str
@@ -51,7 +74,7 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return all(o.state in ("done", "skipped", "disabled") for o in self.outcomes)
+        return all(o.state in OK_STATES for o in self.outcomes)
 
 
 def plan_stage(plan: dict[str, Any], name: str) -> dict[str, Any]:
@@ -63,7 +86,7 @@ def plan_stage(plan: dict[str, Any], name: str) -> dict[str, Any]:
 def _stage_log(path: Path) -> Iterator[None]:
     """Copy the `dflashx` loggers' INFO+ lines, redacted, to the stage's stage.log."""
     logger = logging.getLogger("dflashx")
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = logging.FileHandler(path, encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(RedactingFilter())
     previous = logger.level
@@ -105,13 +128,21 @@ class Orchestrator:
                 for name in selection.stages:
                     outcome = self._stage(name, force=name in selection.force)
                     result.outcomes.append(outcome)
-                    if outcome.state not in ("done", "skipped", "disabled"):
+                    if outcome.state not in OK_STATES:
                         break
             finally:
                 self.records.append("run_end", ok=result.ok, duration_s=round(time.monotonic() - started, 3))
+                self._write_progress()
             return result
         finally:
             lock.close()
+
+    def _write_progress(self) -> None:
+        """Regenerate PROGRESS.md from the records and manifest; a failure is only a warning."""
+        try:
+            write_progress(self.rundir.path)
+        except Exception as e:  # noqa: BLE001 - the summary file never fails a run
+            self.records.append("warning", message=f"PROGRESS.md not written: {type(e).__name__}: {e}")
 
     # ------------------------------------------------------------------ one stage
 
@@ -173,8 +204,7 @@ class Orchestrator:
                            run_dir=self.rundir.path, out_dir=out_dir, inputs=inputs)
         self.echo(f"> {name}: running (key {key.key[:12]})")
         self.records.append("stage_start", stage=name, stage_key=key.key, pid=os.getpid(), host=socket.gethostname())
-        started_at, t0 = utc_now(), time.monotonic()
-        provenance = dict(stage=name, key=key, started_at=started_at, estimates=stage_plan.get("estimates"))
+        attempt = _Attempt(name, key, stage_plan.get("estimates") or {})
         config = {"recipe": self.resolved, "plan": stage_plan.get("estimates", {}), "stage_key": key.key}
         try:
             with _stage_log(out_dir / "stage.log"), stage_tracker(
@@ -186,17 +216,17 @@ class Orchestrator:
                 outputs = self._register(name, key, result, out_dir)
                 tracker.summary(result.metrics)
         except StageFailed as e:
-            return self._failed(name, t0, provenance, str(e), "StageFailed", e.metrics)
+            return self._failed(attempt, str(e), "StageFailed", e.metrics)
         except KeyboardInterrupt:
-            self._write_provenance(out_dir, provenance, "interrupted", {}, "interrupted by the user")
-            self.records.append("stage_interrupted", stage=name, stage_key=key.key, duration_s=round(time.monotonic() - t0, 3))
+            self._write_provenance(attempt, "interrupted", {}, "interrupted by the user")
+            self.records.append("stage_interrupted", stage=name, stage_key=key.key, duration_s=attempt.elapsed)
             raise
         except Exception as e:  # noqa: BLE001 - any crash stops the run with a saved traceback
-            return self._failed(name, t0, provenance, self._save_traceback(name, e), type(e).__name__, {})
-        duration = time.monotonic() - t0
-        self._write_provenance(out_dir, provenance, "done", {n: o["sha256"] for n, o in outputs.items()})
+            return self._failed(attempt, self._save_traceback(name, e), type(e).__name__, {})
+        duration = attempt.elapsed
+        self._write_provenance(attempt, "done", {n: o["sha256"] for n, o in outputs.items()})
         self.rundir.mark_success(name, key.key, duration)
-        self.records.append("stage_end", stage=name, stage_key=key.key, duration_s=round(duration, 3),
+        self.records.append("stage_end", stage=name, stage_key=key.key, duration_s=duration,
                             metrics=redact(result.metrics), outputs=outputs)
         self.echo(f"+ {name}: done in {duration:.1f}s")
         return StageOutcome(name, "done", key.key, duration_s=duration)
@@ -219,21 +249,18 @@ class Orchestrator:
         manifest.save()
         return outputs
 
-    def _write_provenance(self, out_dir: Path, p: dict[str, Any], state: str, outputs: dict[str, Any],
+    def _write_provenance(self, attempt: _Attempt, state: str, outputs: dict[str, Any],
                           message: str | None = None) -> None:
-        key: StageKey = p["key"]
-        atomic_write_json(out_dir / "provenance.json", stage_provenance(
-            stage=p["stage"], stage_key=key.key, argv=self.argv, resolved=self.resolved,
-            started_at=p["started_at"], ended_at=utc_now(), exit_state=state, inputs=key.inputs,
-            outputs=outputs, message=message, estimates=p["estimates"]))
+        atomic_write_json(self.rundir.stage_dir(attempt.stage) / "provenance.json", stage_provenance(
+            stage=attempt.stage, stage_key=attempt.key.key, argv=self.argv, resolved=self.resolved,
+            started_at=attempt.started_at, ended_at=utc_now(), exit_state=state, inputs=attempt.key.inputs,
+            outputs=outputs, message=message, estimates=attempt.estimates))
 
-    def _failed(self, name: str, t0: float, provenance: dict[str, Any], message: str, error: str,
-                metrics: dict[str, Any]) -> StageOutcome:
-        key: StageKey = provenance["key"]
-        self._write_provenance(self.rundir.stage_dir(name), provenance, "failed", {}, message)
-        self.records.append("stage_failed", stage=name, stage_key=key.key, duration_s=round(time.monotonic() - t0, 3),
+    def _failed(self, attempt: _Attempt, message: str, error: str, metrics: dict[str, Any]) -> StageOutcome:
+        self._write_provenance(attempt, "failed", {}, message)
+        self.records.append("stage_failed", stage=attempt.stage, stage_key=attempt.key.key, duration_s=attempt.elapsed,
                             error=error, message=redact_text(message), metrics=redact(metrics))
-        return self._fail(name, key.key, message)
+        return self._fail(attempt.stage, attempt.key.key, message)
 
     def _save_traceback(self, name: str, exc: BaseException) -> str:
         """Write the (redacted) traceback to <stage>/error.log; return the one-line message."""

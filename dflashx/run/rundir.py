@@ -16,7 +16,7 @@ import fcntl
 import json
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -46,7 +46,7 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         info = self.info()
         if info is None:
-            stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+            stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
             info = {"run_id": f"{recipe_name}-{stamp}", "recipe": recipe_name, "created_at": utc_now()}
             atomic_write_json(self.path / RUN_FILE, info)
         return info["run_id"]
@@ -94,7 +94,7 @@ class RunDir:
 
     def lock(self) -> IO[str]:
         """Hold the run dir for this process (released on close or death); RunDirBusy if taken."""
-        handle = open(self.path / LOCK_FILE, "a+", encoding="utf-8")
+        handle = open(self.path / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115 - held until the run ends
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

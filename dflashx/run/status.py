@@ -8,7 +8,7 @@ run holds the lock: the process died; re-run to resume), failed, pending, skippe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ class NotARunDir(ValueError):
 
 
 def _seconds_since(ts: str) -> float:
-    return (datetime.now(timezone.utc) - datetime.fromisoformat(ts)).total_seconds()
+    return (datetime.now(UTC) - datetime.fromisoformat(ts)).total_seconds()
 
 
 def run_status(run_dir: str | Path) -> list[StageStatus]:

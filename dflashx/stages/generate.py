@@ -5,8 +5,8 @@ truncated first), and sends the rest through the recipe's backend (`sglang` over
 `transformers` in-process). Completions are appended to `completions/shard-NNNNN.jsonl` and fsync'ed
 every `flush_every` records. A rich progress bar shows rate, output tokens/s and ETA; metrics
 (output tokens/s, finish_reason=length rate, retries, errors, mean token counts) go to `ctx.log`
-every flush and into the stage result. Prompts that still fail after every retry are not written:
-the stage then fails, and rerunning resumes with just those.
+every `LOG_EVERY_S` seconds and at the end, and into the stage result. Prompts that still fail
+after every retry are not written: the stage then fails, and rerunning resumes with just those.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressC
 from dflashx.backends.base import Backend
 from dflashx.data.jsonl import ShardWriter, count_records, iter_shards
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
+
+LOG_EVERY_S = 30.0
 
 
 def make_backend(ctx: StageContext) -> Backend:
@@ -40,23 +42,32 @@ def make_backend(ctx: StageContext) -> Backend:
 class GenerationMeter:
     """Counts what this session wrote and shows it as a progress bar."""
 
-    def __init__(self, total: int, done: int, progress: Progress):
+    def __init__(self, total: int, done: int, progress: Progress, startup_s: float = 0.0):
         self.started = time.monotonic()
+        self.startup_s = startup_s
         self.written = 0
         self.prompt_tokens = 0
         self.output_tokens = 0
         self.length = 0
-        self.rejected = 0
         self.progress = progress
-        self.task = progress.add_task("generate", total=total, completed=done, tok_s=0.0)
+        self.logged_at = self.started
+        self.task = progress.add_task("generate", total=total, completed=done, rate=0.0, tok_s=0.0)
 
     def add(self, record: dict[str, Any]) -> None:
         self.written += 1
         self.prompt_tokens += record["usage"]["prompt_tokens"]
         self.output_tokens += record["usage"]["completion_tokens"]
         self.length += record["finish_reason"] == "length"
-        self.rejected += "error" in record
-        self.progress.update(self.task, advance=1, tok_s=self.output_tokens / self.elapsed())
+        elapsed = self.elapsed()
+        self.progress.update(self.task, advance=1, rate=self.written / elapsed, tok_s=self.output_tokens / elapsed)
+
+    def log_due(self) -> bool:
+        """True once every LOG_EVERY_S seconds (the caller then logs the metrics)."""
+        now = time.monotonic()
+        if now - self.logged_at < LOG_EVERY_S:
+            return False
+        self.logged_at = now
+        return True
 
     def elapsed(self) -> float:
         return max(time.monotonic() - self.started, 1e-9)
@@ -72,13 +83,15 @@ class GenerationMeter:
             "prompt_tokens_mean": self.prompt_tokens / n,
             "output_tokens_mean": self.output_tokens / n,
             "wall_s": self.elapsed(),
+            "startup_s": self.startup_s,
         }
 
 
 def _progress() -> Progress:
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
-        TextColumn("{task.fields[tok_s]:,.0f} tok/s"), TextColumn("ETA"), TimeRemainingColumn(),
+        TextColumn("{task.fields[rate]:,.1f}/s"), TextColumn("{task.fields[tok_s]:,.0f} tok/s"),
+        TextColumn("ETA"), TimeRemainingColumn(),
     )
 
 
@@ -87,16 +100,16 @@ def run(ctx: StageContext) -> StageResult:
     prompts_dir = ctx.inputs["ingest.prompts"]
     total = count_records(prompts_dir)
     with ShardWriter(ctx.out_dir / "completions", cfg.shard_size, cfg.flush_every) as writer:
-        done = set(writer.ids)
-        todo = (p for p in iter_shards(prompts_dir) if p["id"] not in done)
+        todo = (p for p in iter_shards(prompts_dir) if p["id"] not in writer.ids)
         backend = make_backend(ctx)
+        started = time.monotonic()
         with _progress() as progress, backend:
-            meter = GenerationMeter(total, len(done), progress)
+            meter = GenerationMeter(total, writer.resumed, progress, startup_s=time.monotonic() - started)
 
             def emit(record: dict[str, Any]) -> None:
                 if writer.write(record):
                     meter.add(record)
-                    if meter.written % cfg.flush_every == 0:
+                    if meter.log_due():
                         ctx.log(_metrics(meter, backend, writer, total), step=len(writer.ids))
 
             backend.generate(todo, emit)

@@ -9,20 +9,23 @@ files (`inventory.unregistered_files`):
 2. every remote object is then verified by reading it back in full (`Store.verify`), also the
    ones that were already there: a corrupted remote object is caught, and reported — it is
    replaced only with `repair=True`.
+The run's own files can be written while they are copied (records, logs, W&B), so each is copied
+to `.backup/snapshot/` first and the snapshot is hashed, sent and verified.
 Artifacts whose files all verify get `remote` recorded in the manifest. Garbage is never copied;
 it is listed with its size. The run is "safe to shut down" only when every file verified.
 """
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from dflashx.store.base import ChecksumMismatch, Progress, Store
 from dflashx.store.hashing import sha256_file
-from dflashx.store.inventory import (
-    BACKUP_DIR, FileRef, artifact_files, remote_key, unregistered_files)
+from dflashx.store.inventory import BACKUP_DIR, RUN_FILES, FileRef, artifact_files, remote_key, unregistered_files
 from dflashx.store.manifest import Manifest, atomic_write_json, utc_now
 
 Status = Literal["verified", "missing", "mismatch", "local-changed"]
@@ -68,39 +71,60 @@ class BackupReport:
                 "bytes_uploaded": self.bytes_uploaded}
 
 
-def _copy_one(store: Store, run_dir: Path, ref: FileRef, verify_only: bool, repair: bool,
-              progress: Progress | None) -> FileResult:
+def _copy_one(store: Store, run_dir: Path, ref: FileRef, source: Path, verify_only: bool,
+              repair: bool, progress: Progress | None) -> FileResult:
+    """Make the remote copy of `ref` (sha256 known) match, sending `source` when it must."""
+    assert ref.sha256 is not None
     key = remote_key(run_dir, ref.rel)
-    local = run_dir / ref.rel
-    sha = ref.sha256 or sha256_file(local)
     result = FileResult(ref.artifact, ref.rel, ref.size, "verified")
     info = store.stat(key)
-    needs_upload = info is None or info.sha256 != sha or info.size != ref.size
+    needs_upload = info is None or info.sha256 != ref.sha256 or info.size != ref.size
     if needs_upload and verify_only:
         result.status, result.detail = ("missing", f"{store.uri(key)} is missing") if info is None \
-            else ("mismatch", f"{store.uri(key)} records sha256 {info.sha256}, expected {sha}")
+            else ("mismatch", f"{store.uri(key)} records sha256 {info.sha256}, expected {ref.sha256}")
         return result
     if not needs_upload:
         try:
-            store.verify(key, sha)
+            store.verify(key, ref.sha256)
             return result
         except ChecksumMismatch as exc:
             if not repair:
                 result.status, result.detail = "mismatch", str(exc)
                 return result
-    if not local.is_file():
-        result.status, result.detail = "missing", f"no local copy at {local} to upload"
+    if not source.is_file():
+        result.status, result.detail = "missing", f"no local copy at {source} to upload"
         return result
-    if ref.sha256 is not None and sha256_file(local) != ref.sha256:
+    if ref.artifact != RUN_FILES and sha256_file(source) != ref.sha256:
         result.status = "local-changed"
-        result.detail = f"{local} changed since it was registered (sha256 differs from the manifest)"
+        result.detail = f"{source} changed since it was registered (sha256 differs from the manifest)"
         return result
     try:
-        store.put(local, key, sha, progress)
+        store.put(source, key, ref.sha256, progress)
         result.uploaded = True
     except ChecksumMismatch as exc:
         result.status, result.detail = "mismatch", str(exc)
     return result
+
+
+def _copy_run_file(store: Store, run_dir: Path, ref: FileRef, verify_only: bool, repair: bool,
+                   progress: Progress | None) -> FileResult | None:
+    """An unregistered file may be written while it is copied (records, logs, W&B): a snapshot is
+    hashed and sent instead. None when the file vanished meanwhile (a temporary file)."""
+    live = run_dir / ref.rel
+    if verify_only:
+        return _copy_one(store, run_dir, FileRef(ref.artifact, ref.rel, ref.size, sha256_file(live)),
+                         live, verify_only, repair, progress)
+    snapshot = run_dir / BACKUP_DIR / "snapshot" / ref.rel
+    snapshot.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        shutil.copyfile(live, snapshot)
+    except FileNotFoundError:
+        return None
+    try:
+        frozen = FileRef(ref.artifact, ref.rel, snapshot.stat().st_size, sha256_file(snapshot))
+        return _copy_one(store, run_dir, frozen, snapshot, verify_only, repair, progress)
+    finally:
+        snapshot.unlink(missing_ok=True)
 
 
 def backup_run(run_dir: Path, store: Store, include_replaceable: bool = True,
@@ -120,9 +144,12 @@ def backup_run(run_dir: Path, store: Store, include_replaceable: bool = True,
     def run(refs: list[FileRef]) -> list[FileResult]:
         results = []
         for ref in refs:
-            results.append(_copy_one(store, run_dir, ref, verify_only, repair, progress))
-            if on_file is not None:
-                on_file(results[-1])
+            result = _copy_one(store, run_dir, ref, run_dir / ref.rel, verify_only, repair, progress) \
+                if ref.sha256 is not None else _copy_run_file(store, run_dir, ref, verify_only, repair, progress)
+            if result is not None:
+                results.append(result)
+                if on_file is not None:
+                    on_file(result)
         report.files.extend(results)
         return results
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from dflashx.store.hashing import sha256_file
 
@@ -154,7 +155,7 @@ class Store(ABC):
         return info
 
 
-def open_store(s3: "S3Spec | None", state_dir: Path, to: str | None = None) -> Store | None:
+def open_store(s3: S3Spec | None, state_dir: Path, to: str | None = None) -> Store | None:
     """The remote of a run: the folder `to` when given, else the recipe's S3 bucket, else None."""
     if to is not None:
         from dflashx.store.local import LocalStore

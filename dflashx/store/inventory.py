@@ -13,9 +13,8 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from omegaconf import OmegaConf
+import yaml
 
 from dflashx.config.schema import StorageSpec
 from dflashx.store.base import Store, open_store
@@ -46,9 +45,9 @@ def run_storage(run_dir: Path) -> StorageSpec:
     recipe = Path(run_dir) / "recipe.yaml"
     if not recipe.is_file():
         return StorageSpec()
-    data: Any = OmegaConf.to_container(OmegaConf.load(recipe), resolve=False)
+    data = yaml.safe_load(recipe.read_text()) or {}
     try:
-        return StorageSpec.model_validate((data or {}).get("storage") or {})
+        return StorageSpec.model_validate(data.get("storage") or {})
     except ValueError as exc:
         raise ValueError(f"{recipe}: key `storage` is not valid ({exc}); fix the run's recipe.yaml") from exc
 
@@ -145,7 +144,6 @@ def build_inventory(run_dir: Path, store: Store | None, rehash: bool = False) ->
     manifest = Manifest.load(run_dir)
     index = None
     if store is not None:
-        store.check_access()
         index = {info.key: info.size for info in store.list(remote_key(run_dir, ""))}
     rows = []
     for entry in sorted(manifest.entries.values(), key=lambda e: (e.tier, e.name)):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from dflashx.store.base import ObjectInfo, Progress, Store, StoreError, file_chunks
 

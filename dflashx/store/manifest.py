@@ -32,9 +32,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from datetime import datetime, timezone
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -46,7 +47,7 @@ VERSION = 1
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
@@ -114,7 +115,7 @@ class Manifest:
         return self.run_dir / MANIFEST_FILE
 
     @classmethod
-    def load(cls, run_dir: str | os.PathLike[str]) -> "Manifest":
+    def load(cls, run_dir: str | os.PathLike[str]) -> Manifest:
         """Read the manifest of a run dir (an empty one if the file does not exist yet)."""
         run_dir = Path(run_dir)
         file = run_dir / MANIFEST_FILE
@@ -203,7 +204,7 @@ class Manifest:
         """Record a verified remote copy of artifact `name` (its dotted name)."""
         entry = self._require(name)
         if isinstance(verified_at, datetime):
-            verified_at = verified_at.astimezone(timezone.utc).isoformat(timespec="seconds")
+            verified_at = verified_at.astimezone(UTC).isoformat(timespec="seconds")
         entry.remote = RemoteCopy(uri=uri, sha256=sha256, verified_at=verified_at)
         return entry
 

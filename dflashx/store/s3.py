@@ -9,8 +9,9 @@ part long go through the resumable multipart upload in `dflashx.store.transfer`.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import boto3
 from botocore.config import Config
@@ -18,7 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from dflashx.config.schema import S3Spec
 from dflashx.store.base import CHUNK, ObjectInfo, Progress, Store, StoreAuthError, StoreError
-from dflashx.store.transfer import MIN_PART, is_fatal, multipart_upload, with_retries
+from dflashx.store.transfer import is_fatal, multipart_upload, with_retries
 
 _AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch"}
 _MISSING = {"404", "NoSuchKey", "NotFound"}
@@ -32,6 +33,7 @@ class S3Store(Store):
         config = Config(
             s3={"addressing_style": "path" if spec.path_style else "auto"},
             retries={"max_attempts": max_attempts, "mode": "standard"},
+            max_pool_connections=max(10, spec.max_concurrency),
             signature_version="s3v4",
         )
         session = boto3.session.Session(profile_name=spec.aws_profile)
@@ -111,9 +113,10 @@ class S3Store(Store):
     def _upload(self, src: Path, key: str, sha256: str, progress: Progress | None) -> None:
         size = src.stat().st_size
         with self._errors(f"uploading {key}"):
-            if size >= self.spec.part_size and size > MIN_PART:
+            if size >= self.spec.part_size:  # >= 5 MiB by the schema
                 multipart_upload(self.client, self.spec.bucket, self._key(key), src, sha256,
-                                 self.state_dir, self.spec.part_size, progress)
+                                 self.state_dir, self.spec.part_size, progress,
+                                 concurrency=self.spec.max_concurrency)
                 return
             body = src.read_bytes()
             with_retries(lambda: self.client.put_object(

@@ -6,7 +6,8 @@ each finished part go to a small JSON state file (written atomically after every
 run's `.backup/uploads/`. On the next attempt the server's `list_parts` is the authority: parts it
 holds with the expected size are kept, the rest are sent. Each part is retried with exponential
 back-off on top of botocore's own retry policy (network drops in the middle of a part body are not
-always retried by botocore).
+always retried by botocore). Parts go up `concurrency` at a time (one thread each, like boto3's
+managed transfer); the state file is rewritten under a lock as each one finishes.
 """
 
 from __future__ import annotations
@@ -16,10 +17,14 @@ import json
 import logging
 import math
 import os
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -140,30 +145,34 @@ def _resume_or_start(client: Any, bucket: str, key: str, src: Path, sha256: str,
 
 
 def multipart_upload(client: Any, bucket: str, key: str, src: Path, sha256: str, state_dir: Path,
-                     part_size: int, progress: Progress | None = None, attempts: int = 5) -> None:
-    """Upload `src` in parts, resuming a previous attempt recorded in `state_dir`."""
+                     part_size: int, progress: Progress | None = None, attempts: int = 5,
+                     concurrency: int = 1) -> None:
+    """Upload `src` in parts (`concurrency` at a time), resuming an attempt recorded in `state_dir`."""
     size = src.stat().st_size
     part_size = choose_part_size(size, part_size)
     spath = state_path(state_dir, bucket, key)
     state = _resume_or_start(client, bucket, key, src, sha256, size, part_size, spath)
     count = max(1, math.ceil(size / part_size))
-    with open(src, "rb") as f:
-        for number in range(1, count + 1):
-            length = min(part_size, size - (number - 1) * part_size)
-            if str(number) in state.parts:
-                if progress is not None:
-                    progress(length)
-                continue
-            f.seek((number - 1) * part_size)
-            body = f.read(length)
-            response = with_retries(
-                lambda: client.upload_part(Bucket=bucket, Key=key, UploadId=state.upload_id,
-                                           PartNumber=number, Body=body),
-                f"part {number}/{count} of {key}", attempts=attempts, fatal=is_fatal)
-            state.parts[str(number)] = response["ETag"]
-            _save_state(spath, state)
-            if progress is not None:
-                progress(length)
+    lock = threading.Lock()
+
+    def send(number: int) -> None:
+        length = min(part_size, size - (number - 1) * part_size)
+        if str(number) not in state.parts:
+            with open(src, "rb") as f:
+                f.seek((number - 1) * part_size)
+                body = f.read(length)
+            call = partial(client.upload_part, Bucket=bucket, Key=key, UploadId=state.upload_id,
+                           PartNumber=number, Body=body)
+            etag = with_retries(call, f"part {number}/{count} of {key}", attempts=attempts,
+                                fatal=is_fatal)["ETag"]
+            with lock:
+                state.parts[str(number)] = etag
+                _save_state(spath, state)
+        if progress is not None:
+            progress(length)
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        list(pool.map(send, range(1, count + 1)))  # list(): re-raise a part's error here
     parts = [{"PartNumber": int(n), "ETag": etag}
              for n, etag in sorted(state.parts.items(), key=lambda item: int(item[0]))]
     with_retries(

@@ -46,7 +46,7 @@ class TargetFacts(BaseModel):
     recurrent_state_bytes_per_elem: int = Field(4, description="SSM state dtype size (fp32 in SGLang/transformers).")
 
     @model_validator(mode="after")
-    def _layer_types_match(self) -> "TargetFacts":
+    def _layer_types_match(self) -> TargetFacts:
         if self.layer_types and len(self.layer_types) != self.num_layers:
             raise ValueError(
                 f"layer_types has {len(self.layer_types)} entries but num_layers is {self.num_layers}"
@@ -132,7 +132,7 @@ def _qwen3_5_types(num_layers: int, interval: int = 4) -> list[LayerType]:
     return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
 
 
-_QWEN3 = dict(model_type="qwen3", vocab_size=151_936, max_position_embeddings=40_960, mask_token_id=151_669)
+_QWEN3 = {"model_type": "qwen3", "vocab_size": 151_936, "max_position_embeddings": 40_960, "mask_token_id": 151_669}
 
 REGISTRY: dict[str, TargetFacts] = {
     facts.name: facts
@@ -173,9 +173,9 @@ def _tiny(name: str, linear: bool) -> TargetFacts:
     """The built-in tiny targets: a copy of dflashx/tiny/build.py's VARIANTS (a test keeps them equal)."""
     extra: dict = {}
     if linear:
-        extra = dict(model_type="qwen3_5_text", layer_types=_qwen3_5_types(6, interval=3), attn_output_gate=True,
-                     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
-                     linear_value_head_dim=32, linear_conv_kernel_dim=4)
+        extra = {"model_type": "qwen3_5_text", "layer_types": _qwen3_5_types(6, interval=3),
+                 "attn_output_gate": True, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                 "linear_key_head_dim": 32, "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4}
     return TargetFacts(**{
         "name": name, "model_type": "qwen3", "num_layers": 6, "hidden_size": 192, "num_attention_heads": 6,
         "num_kv_heads": 2, "head_dim": 32, "intermediate_size": 512, "vocab_size": 1024,

@@ -1,0 +1,35 @@
+"""The embedded default's target: a tiny thinking chat model built from a synthetic corpus.
+
+`resolve_builtin` turns the `builtin:` values recipes use into local paths, building on first use:
+
+- `builtin:tiny-qwen3`, `builtin:tiny-qwen3_5` -> the built model folder (HF layout);
+- `builtin:tiny-prompts` -> JSONL of generation prompt records;
+- `builtin:tiny-eval-prompts` -> JSONL of held-out prompts with the reference `answer`.
+
+Building imports torch and transformers; resolving a prompt file does not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+BUILTIN_PREFIX = "builtin:"
+MODEL_NAMES = ("tiny-qwen3", "tiny-qwen3_5")
+
+
+def resolve_builtin(value: str) -> Path:
+    """Local path for a `builtin:` value (model folder or prompt JSONL), built/written on first use."""
+    from dflashx.tiny.build import cache_root
+    from dflashx.tiny.prompts import PROMPT_FILES, write_prompt_file
+
+    name = value.removeprefix(BUILTIN_PREFIX)
+    if name in MODEL_NAMES:
+        from dflashx.tiny.build import ensure_tiny_target
+
+        return ensure_tiny_target(name)
+    if name in PROMPT_FILES:
+        from dflashx.tiny.build import build_key, BuildSettings
+
+        return write_prompt_file(name, cache_root() / f"prompts-{build_key(BuildSettings())}")
+    known = ", ".join(BUILTIN_PREFIX + n for n in (*MODEL_NAMES, *PROMPT_FILES))
+    raise ValueError(f"unknown builtin {value!r}; known builtins are {known}")

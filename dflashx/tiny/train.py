@@ -90,9 +90,10 @@ def train(model: torch.nn.Module, data: list[Encoded], *, steps: int, batch_size
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     sched = get_cosine_schedule_with_warmup(opt, max(1, steps // 20), steps)
     batches = _batches(data, batch_size, random.Random(seed), pad_id)
+    device = next(model.parameters()).device
     tokens, t0, ema = 0, time.perf_counter(), None
     for step in range(1, steps + 1):
-        ids, mask, labels = next(batches)
+        ids, mask, labels = (t.to(device) for t in next(batches))
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -135,7 +136,8 @@ def generate(model: Any, tok: Any, prompts: list[str], max_new_tokens: int, batc
     tok.padding_side = "left"
     out = []
     for start in range(0, len(prompts), batch_size):
-        enc = tok(prompts[start:start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tok(prompts[start:start + batch_size], return_tensors="pt", padding=True,
+                  add_special_tokens=False).to(model.device)
         gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
         new = gen[:, enc["input_ids"].shape[1]:]

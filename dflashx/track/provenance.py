@@ -15,11 +15,13 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import dflashx
 from dflashx.track.redact import redact, redact_argv
@@ -31,7 +33,7 @@ ENV_NAMES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "TOKENIZERS_PARALLELISM", "PATH
 
 def _git(args: Sequence[str], cwd: Path) -> str | None:
     try:
-        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
@@ -57,7 +59,7 @@ def package_versions() -> dict[str, str]:
     return dict(sorted(versions.items(), key=lambda kv: kv[0].lower()))
 
 
-def _driver_version() -> str | None:
+def _nvml_driver() -> str | None:
     if importlib.util.find_spec("pynvml") is None:
         return None
     try:
@@ -65,9 +67,23 @@ def _driver_version() -> str | None:
 
         pynvml.nvmlInit()
         version = pynvml.nvmlSystemGetDriverVersion()
-        return version.decode() if isinstance(version, bytes) else str(version)
-    except Exception:  # noqa: BLE001 - no driver, no NVML: provenance says None
+    except Exception:  # noqa: BLE001 - NVML missing or broken
         return None
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
+def _proc_driver() -> str | None:
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return None
+    match = re.search(r"Kernel Module(?: for [\w-]+)?\s+([0-9][0-9.]+)", text)
+    return match.group(1) if match else None
+
+
+def _driver_version() -> str | None:
+    """NVIDIA driver version through NVML (pynvml), else /proc/driver/nvidia/version."""
+    return _nvml_driver() or _proc_driver()
 
 
 def torch_facts() -> dict[str, Any] | None:

@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from datetime import datetime, timezone
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 RECORDS_FILE = "records.jsonl"
 
@@ -66,7 +67,7 @@ class RecordLog:
                 f.write(b"\n")
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
-        record = {"ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+        record = {"ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
                   "event": event, "run_id": self.run_id, **jsonable(fields)}
         line = json.dumps(record, ensure_ascii=False) + "\n"
         with open(self.path, "a", encoding="utf-8") as f:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 REDACTED = "***REDACTED***"
 
@@ -112,3 +113,18 @@ class RedactingFilter(logging.Filter):
             record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
             record.exc_info = None
         return True
+
+
+def install_console_logging(level: int = logging.WARNING) -> logging.Handler:
+    """Give the `dflashx` loggers one redacting stderr handler (idempotent; the CLI calls it)."""
+    logger = logging.getLogger("dflashx")
+    for handler in logger.handlers:
+        if getattr(handler, "dflashx_console", False):
+            return handler
+    handler = logging.StreamHandler()
+    handler.dflashx_console = True  # type: ignore[attr-defined]
+    handler.setLevel(level)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter())
+    logger.addHandler(handler)
+    return handler

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import netrc
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import urlparse
 
 from dflashx.config.schema import TrackingSpec

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflashx.config.schema import Recipe
-from dflashx.plan.derive import BYTES, KV_BYTES
+from dflashx.plan.derive import BYTES, KV_BYTES, activation_bytes
 from dflashx.plan.estimates.device import CALIBRATED_SERVING, device_of, factor
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.explain import Term, term
@@ -61,7 +61,7 @@ def serving_setup(recipe: Recipe, facts: TargetFacts, tokens: Tokens) -> Serving
         tp, dp, weight_dtype = 1, 1, recipe.target.precision
     else:
         tp, dp, weight_dtype = hw.serving.tp, hw.serving.dp, hw.serving.weight_dtype
-    kv = KV_BYTES.get(hw.serving.kv_cache_dtype, BYTES[weight_dtype] if weight_dtype != "fp8" else 2)
+    kv = KV_BYTES.get(hw.serving.kv_cache_dtype, activation_bytes(weight_dtype))  # auto: the compute dtype
     weights = facts.total_params * BYTES[weight_dtype]
     context = tokens.prompt_mean + tokens.output_mean / 2
     per_seq = facts.kv_bytes_per_token(kv) * context + facts.recurrent_state_bytes
@@ -111,7 +111,8 @@ def estimate_generation(recipe: Recipe, facts: TargetFacts, tokens: Tokens) -> G
         term("generate.tokens_per_second", tps, "tokens/s", "dp x batch / step x efficiency",
              dp=s.dp, efficiency=s.efficiency, efficiency_source=eff_note,
              source_note="efficiency fitted to the seeds' measured throughput (docs/hardware.md)"),
-        term("generate.seconds", seconds, "s", "output tokens / tokens_per_second + prefill FLOPs / (peak x gpus x eff)",
+        term("generate.seconds", seconds, "s",
+             "output tokens / tokens_per_second + prefill FLOPs / (peak x gpus x efficiency)",
              output_tokens=tokens.output, prefill_s=prefill,
              mtp="not modelled (MTP only speeds decode up; the estimate stays conservative)"),
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflashx.config.schema import Recipe
-from dflashx.plan.derive import BYTES, Derived
+from dflashx.plan.derive import BYTES, Derived, activation_bytes
 from dflashx.plan.estimates.generation import Serving
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.estimates.training import Training
@@ -47,7 +47,8 @@ def serving_memory(recipe: Recipe, facts: TargetFacts, tokens: Tokens, s: Servin
     weights = s.weight_bytes / s.tp
     max_ctx = tokens.prompt_mean + recipe.stages.generate.max_tokens
     one_seq = facts.kv_bytes_per_token(s.kv_elem_bytes) * max_ctx + facts.recurrent_state_bytes
-    activations = 4 * facts.hidden_size * max(s.batch, 1) * BYTES[s.weight_dtype if s.weight_dtype != "fp8" else "bf16"]
+    # a decode step's working set: a few hidden-size buffers per running sequence
+    activations = 4 * facts.hidden_size * max(s.batch, 1) * activation_bytes(s.weight_dtype)
     if recipe.stages.generate.backend == "sglang" and recipe.hardware.gpu is not None:
         gpu_bytes = recipe.hardware.gpu.memory_gb * 1e9
         total = gpu_bytes * recipe.hardware.serving.mem_fraction_static
@@ -63,7 +64,7 @@ def training_memory(recipe: Recipe, facts: TargetFacts, tokens: Tokens, tr: Trai
     online = recipe.stages.train.mode == "online"
     target = facts.total_params * BYTES[recipe.target.precision] if online else 0.0
     states = zero_model_state_bytes(tr.drafter.trainable, d.zero_stage, d.world_size, tr.drafter.layer_params)
-    act_bytes = 4 if recipe.target.precision == "fp32" else 2
+    act_bytes = activation_bytes(recipe.target.precision)
     length = min(tokens.train_len_mean, d.max_length)
     drafter_act = 34 / 2 * act_bytes * facts.hidden_size * tr.drafter_tokens_per_sample * tr.drafter.num_layers
     logits = 4 * facts.vocab_size * tr.drafter_tokens_per_sample
@@ -71,9 +72,9 @@ def training_memory(recipe: Recipe, facts: TargetFacts, tokens: Tokens, tr: Trai
     activations = d.micro_batch * (drafter_act + logits + captured)
     parts = {"target_weights": target, "drafter_model_states": states, "activations": activations}
     total = sum(parts.values())
-    formula = ("target weights (online) + ZeRO-%d model states of %d drafter params over %d ranks "
-               "+ micro_batch x (34 h bytes/token/layer x drafter tokens x layers + fp32 logits + captured states)"
-               % (d.zero_stage, tr.drafter.trainable, d.world_size))
+    formula = (f"target weights (online) + ZeRO-{d.zero_stage} model states of {tr.drafter.trainable} drafter "
+               f"params over {d.world_size} ranks + micro_batch x (34 h bytes/token/layer x drafter tokens x "
+               "layers + fp32 logits + captured states)")
     return StageMemory(total, parts, term("train.peak_memory", total, "bytes", formula,
                                           micro_batch=d.micro_batch, **parts))
 

@@ -45,17 +45,19 @@ def raw_prompt_count(recipe: Recipe) -> int:
 
 def count_tokens(recipe: Recipe, max_length: int) -> Tokens:
     stats = recipe.dataset.stats
-    raw = raw_prompt_count(recipe)
-    samples = stats.samples if stats.samples is not None else raw
+    counted = raw_prompt_count(recipe)
+    samples = stats.samples if stats.samples is not None else counted
+    raw = max(counted, samples)  # filtering only removes prompts
     output_mean = min(stats.output_tokens_mean, recipe.stages.generate.max_tokens)
     train_len = min(stats.prompt_tokens_mean + output_mean, max_length)
     out = samples * output_mean
     total = samples * (stats.prompt_tokens_mean + output_mean)
     terms = (
-        term("tokens.raw_prompts", raw, "prompts", "sum over sources of min(expected_count, cap)",
+        term("tokens.raw_prompts", raw, "prompts",
+             "max(sum over sources of min(expected_count, cap), samples)", counted=counted,
              sources=len(recipe.dataset.sources)),
-        term("tokens.samples", samples, "samples", "dataset.stats.samples, else the raw prompt count",
-             stats_samples=stats.samples, raw_prompts=raw),
+        term("tokens.samples", samples, "samples", "dataset.stats.samples, else the counted raw prompts",
+             stats_samples=stats.samples, counted=counted),
         term("tokens.output", out, "tokens", "samples x min(output_tokens_mean, generate.max_tokens)",
              samples=samples, output_tokens_mean=output_mean),
         term("tokens.total", total, "tokens", "samples x (prompt_tokens_mean + output_tokens_mean)",

@@ -3,6 +3,7 @@ server with `--dp-size`, with the precision, KV-cache, MTP, cache and parser fla
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,12 +34,12 @@ def context_length(recipe: Recipe, facts: TargetFacts) -> int:
     return gen.context_length or min(facts.max_position_embeddings, gen.max_tokens + PROMPT_ALLOWANCE)
 
 
-def server_argv(recipe: Recipe, facts: TargetFacts, s: Serving, port: int, dp_size: int) -> list[str]:
+def server_argv(recipe: Recipe, facts: TargetFacts, s: Serving, host: str, port: int, dp_size: int) -> list[str]:
     gen, serving = recipe.stages.generate, recipe.hardware.serving
     argv = [
         "python", "-m", "sglang.launch_server",
         "--model-path", recipe.target.model,
-        "--host", HOST, "--port", str(port),
+        "--host", host, "--port", str(port),
         "--tp-size", str(s.tp),
         "--mem-fraction-static", f"{serving.mem_fraction_static:g}",
         "--context-length", str(context_length(recipe, facts)),
@@ -59,26 +60,42 @@ def server_argv(recipe: Recipe, facts: TargetFacts, s: Serving, port: int, dp_si
     return argv
 
 
+def _server(recipe: Recipe, facts: TargetFacts, s: Serving, node: int, port: int, gpus: list[int],
+            dp_size: int) -> dict[str, Any]:
+    """One server entry; servers on other nodes listen on all interfaces and are named `node-<i>`."""
+    bind, name = (HOST, HOST) if node == 0 else ("0.0.0.0", f"node-{node}")
+    return {"command": server_argv(recipe, facts, s, bind, port, dp_size), "port": port,
+            "url": f"http://{name}:{port}", "gpus": gpus, "node": node}
+
+
+def _shell_line(server: dict[str, Any]) -> str:
+    where = "" if server["node"] == 0 else f"[on node-{server['node']}] "
+    return f"{where}CUDA_VISIBLE_DEVICES={','.join(map(str, server['gpus']))} {shlex.join(server['command'])}"
+
+
 def expand_sglang(recipe: Recipe, facts: TargetFacts, s: Serving) -> SglangExpansion:
-    """Servers to start; none when the recipe attaches to `generate.urls` or uses transformers."""
+    """Servers to start; none when the recipe attaches to `generate.urls` or uses transformers.
+
+    `gpus` are the GPU indices on the server's node (`CUDA_VISIBLE_DEVICES`).
+    """
     gen, hw = recipe.stages.generate, recipe.hardware
     if gen.backend != "sglang" or gen.urls or hw.gpu is None:
         return SglangExpansion()
     out = SglangExpansion()
+    per_node = max(hw.gpus_per_node // s.tp, 1)  # replicas that fit on one node
     if s.dp > 1 and hw.serving.dp_mode == "router":
         for replica in range(s.dp):
-            port = BASE_PORT + 1 + replica
-            gpus = list(range(replica * s.tp, (replica + 1) * s.tp))
-            out.servers.append({"command": server_argv(recipe, facts, s, port, 1), "port": port,
-                                "url": f"http://{HOST}:{port}", "gpus": gpus})
-        workers = [srv["url"] for srv in out.servers]
+            node, local = divmod(replica, per_node)
+            out.servers.append(_server(recipe, facts, s, node, BASE_PORT + 1 + replica,
+                                       list(range(local * s.tp, (local + 1) * s.tp)), 1))
         out.router = {"command": ["python", "-m", "sglang_router.launch_router", "--host", HOST,
-                                  "--port", str(BASE_PORT), "--worker-urls", *workers],
+                                  "--port", str(BASE_PORT), "--worker-urls", *(v["url"] for v in out.servers)],
                       "port": BASE_PORT, "url": f"http://{HOST}:{BASE_PORT}"}
     else:
-        out.servers.append({"command": server_argv(recipe, facts, s, BASE_PORT, s.dp), "port": BASE_PORT,
-                            "url": f"http://{HOST}:{BASE_PORT}", "gpus": list(range(s.tp * s.dp))})
-    out.commands = [
-        f"CUDA_VISIBLE_DEVICES={','.join(map(str, srv['gpus']))} {shlex.join(srv['command'])}" for srv in out.servers
-    ] + ([shlex.join(out.router["command"])] if out.router else [])
+        for node in range(math.ceil(s.dp / per_node)):
+            dp_here = min(per_node, s.dp - node * per_node)
+            out.servers.append(_server(recipe, facts, s, node, BASE_PORT, list(range(s.tp * dp_here)), dp_here))
+    out.commands = [_shell_line(srv) for srv in out.servers]
+    if out.router:
+        out.commands.append(shlex.join(out.router["command"]))
     return out

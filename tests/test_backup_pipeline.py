@@ -1,0 +1,79 @@
+"""`dflashx run` with the real backup stage to a real S3 server, then the ops commands on that run.
+
+The other stages are the orchestrator tests' fakes (tests/test_run_fakes.py): this tests the
+backup stage inside the orchestrator (manifest, records, W&B offline files being written while
+the copy runs), not the data stages.
+"""
+# ruff: noqa: F811 - the fixtures imported from s3_fixtures are parameters by name
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import test_run_fakes as fakes
+from s3_fixtures import S3Server, s3_env, s3_server, s3_spec  # noqa: F401 - pytest fixtures used by name
+from typer.testing import CliRunner
+
+from dflashx.cli.main import app
+from dflashx.config.schema import S3Spec
+from dflashx.run import orchestrator
+from dflashx.stages import backup as backup_stage
+from dflashx.store.manifest import Manifest
+
+pytestmark = [pytest.mark.s3, pytest.mark.slow]
+runner = CliRunner()
+
+RECIPE = """\
+name: ops-e2e
+dataset:
+  sources: [{{name: local, path: {source}}}]
+  eval_holdout: 2
+  stats: {{samples: 4, prompt_tokens_mean: 20, output_tokens_mean: 20}}
+target: {{model: builtin:tiny-qwen3, precision: fp32}}
+drafter: {{num_layers: 1, block_size: 8, num_target_layers: 2}}
+hardware: cpu
+stages:
+  generate: {{backend: transformers, max_tokens: 16}}
+tracking: {{mode: offline}}
+storage:
+  root: {root}
+  s3: {{bucket: {bucket}, prefix: runs/, endpoint_url: "{endpoint}", region: us-east-1, path_style: true}}
+"""
+
+
+@pytest.fixture
+def pipeline_stages(monkeypatch: pytest.MonkeyPatch) -> None:
+    stages = {**fakes.FAKES, "backup": backup_stage.run}
+    monkeypatch.setattr(orchestrator, "load_stage", stages.__getitem__)
+    monkeypatch.setattr(logging.getLogger("dflashx"), "handlers", [])
+
+
+def test_run_backs_up_to_s3_then_backup_says_safe_and_catches_corruption(
+        tmp_path: Path, s3_spec: S3Spec, s3_env: S3Server, pipeline_stages: None) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE.format(source=fakes.write_prompts(tmp_path / "prompts.jsonl"), root=tmp_path,
+                                    bucket=s3_spec.bucket, endpoint=s3_spec.endpoint_url))
+    run_dir = tmp_path / "ops-e2e"
+    result = runner.invoke(app, ["run", str(recipe), "--run-dir", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    receipt = json.loads((run_dir / "backup" / "backup.json").read_text())
+    assert receipt["ok"] and receipt["bytes_verified"] > 0
+    manifest = Manifest.load(run_dir)
+    assert all(e.remote is not None for e in manifest.entries.values() if e.name != "backup.receipt")
+    assert (run_dir / "PROGRESS.md").is_file()
+
+    again = runner.invoke(app, ["backup", str(run_dir)])
+    assert again.exit_code == 0, again.output
+    assert "safe to shut down" in again.output
+    assert Manifest.load(run_dir).entries["backup.receipt"].remote is not None
+
+    client = s3_env.client()
+    key = f"runs/ops-e2e/{manifest.entries['export.drafter'].path}/config.json"
+    client.put_object(Bucket=s3_spec.bucket, Key=key, Body=b"{}", Metadata={"sha256": "0" * 64})
+    caught = runner.invoke(app, ["backup", str(run_dir), "--verify-only"])
+    assert caught.exit_code == 1 and "export/drafter/config.json" in caught.output
+    inventory = runner.invoke(app, ["inventory", str(run_dir)], env={"COLUMNS": "200"})
+    assert inventory.exit_code == 0 and "export.drafter" in inventory.output and "differs" in inventory.output
