@@ -1,9 +1,11 @@
 """Throughput of the S3 store against a local SeaweedFS: hash, upload (+ verify), download.
 
-    python benchmarks/store_throughput.py [--mib 256] [--part-mib 16]
+    python -P benchmarks/store_throughput.py [--mib 256] [--part-mib 16]
 
-Starts `weed mini` through .ci/start-s3.sh unless DFLASHX_TEST_S3_ENDPOINT is set, prints a table
-and writes benchmarks/results/store_throughput.json. Loopback numbers: they measure our overhead
+(-P: benchmarks/tokenize.py would otherwise shadow the standard library module.)
+
+Starts its own `weed mini` (.ci/start-s3.sh, through tests/s3_fixtures.py), prints a table and
+writes benchmarks/results/store_throughput.json. Loopback numbers: they measure our overhead
 (hashing, read-back verification, state files), not a network.
 """
 
@@ -12,30 +14,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
-
-import boto3
-from botocore.config import Config
 
 from dflashx.config.schema import S3Spec
 from dflashx.store.hashing import sha256_file
 from dflashx.store.s3 import S3Store
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _server(tmp: Path) -> tuple[dict[str, str], int | None]:
-    if os.environ.get("DFLASHX_TEST_S3_ENDPOINT"):
-        return dict(os.environ), None
-    out = subprocess.run(["bash", str(ROOT / ".ci/start-s3.sh")], capture_output=True, text=True, check=True,
-                         env={**os.environ, "DFLASHX_TEST_S3_DIR": str(tmp / "weed")})
-    env = dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines() if "=" in line)
-    return env, int(env["DFLASHX_TEST_S3_PID"])
+sys.path.insert(0, str(ROOT / "tests"))
+from s3_fixtures import start_server, stop_server
 
 
 def main() -> None:
@@ -45,14 +36,13 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        env, pid = _server(tmp)
+        server, pid = start_server(tmp / "weed")
         try:
-            os.environ["AWS_ACCESS_KEY_ID"] = env["DFLASHX_TEST_S3_ACCESS_KEY"]
-            os.environ["AWS_SECRET_ACCESS_KEY"] = env["DFLASHX_TEST_S3_SECRET_KEY"]
+            os.environ["AWS_ACCESS_KEY_ID"] = server.access_key
+            os.environ["AWS_SECRET_ACCESS_KEY"] = server.secret_key
             bucket = f"bench-{uuid.uuid4().hex[:8]}"
-            boto3.client("s3", endpoint_url=env["DFLASHX_TEST_S3_ENDPOINT"], region_name="us-east-1",
-                         config=Config(s3={"addressing_style": "path"})).create_bucket(Bucket=bucket)
-            spec = S3Spec(bucket=bucket, endpoint_url=env["DFLASHX_TEST_S3_ENDPOINT"], region="us-east-1",
+            server.client().create_bucket(Bucket=bucket)
+            spec = S3Spec(bucket=bucket, endpoint_url=server.endpoint, region="us-east-1",
                           path_style=True, part_size=args.part_mib * 2**20)
             store = S3Store(spec, tmp / "state")
             src = tmp / "blob.bin"
@@ -73,8 +63,7 @@ def main() -> None:
             store.get("blob.bin", tmp / "back.bin")
             timings["get = download + hash"] = time.perf_counter() - t
         finally:
-            if pid is not None:
-                os.kill(pid, signal.SIGTERM)
+            stop_server(pid)
     rows = {k: {"seconds": round(v, 3), "mib_per_s": round(size / 2**20 / v, 1)} for k, v in timings.items()}
     print(f"{'operation':36s} {'seconds':>8s} {'MiB/s':>8s}   ({args.mib} MiB, {args.part_mib} MiB parts)")
     for name, row in rows.items():

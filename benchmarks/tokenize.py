@@ -30,6 +30,7 @@ import resource
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from itertools import islice
 from typing import Iterator
@@ -103,19 +104,66 @@ def train_bench_tokenizer(folder: Path) -> Path:
     return folder
 
 
+class MemorySampler:
+    """Peak memory of this process and its workers, sampled every 0.1 s: resident (RSS, which also
+    counts memory-mapped Arrow pages the kernel may drop) and private (RSS - file-backed/shared)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.proc = psutil.Process()
+        self.peak = {"rss_main_mib": 0.0, "private_main_mib": 0.0, "private_worker_mib": 0.0,
+                     "private_total_mib": 0.0, "rss_total_mib": 0.0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+
+        rows = []
+        for p in [self.proc, *self.proc.children(recursive=True)]:
+            try:
+                m = p.memory_info()
+            except psutil.Error:
+                continue
+            rows.append((p.pid == self.proc.pid, m.rss / 2**20, (m.rss - m.shared) / 2**20))
+        now = {
+            "rss_main_mib": sum(r for main, r, _ in rows if main),
+            "private_main_mib": sum(a for main, _, a in rows if main),
+            "private_worker_mib": max([a for main, _, a in rows if not main], default=0.0),
+            "private_total_mib": sum(a for _, _, a in rows),
+            "rss_total_mib": sum(r for _, r, _ in rows),
+        }
+        self.peak = {k: max(v, now[k]) for k, v in self.peak.items()}
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self._sample()
+
+    def __enter__(self) -> "MemorySampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def run_stage(work: Path, tokenizer: Path, n: int, num_proc: int) -> dict:
-    """Child process: run the stage on n prepared completions; report time, tokens and peak RSS."""
+    """Child process: run the stage on n prepared completions; report time, tokens and peak memory."""
     from dflashx.stages.tokenize import TokenizePolicy, tokenize_completions
 
     completions = work / f"completions-{n}"
-    t0 = time.perf_counter()
-    metrics = tokenize_completions(completions, work / f"out-{n}", tokenizer,
-                                   TokenizePolicy(max_length=1 << 20, overflow="truncate", min_loss_tokens=32),
-                                   num_proc=num_proc)
-    seconds = time.perf_counter() - t0
+    with MemorySampler() as memory:
+        t0 = time.perf_counter()
+        metrics = tokenize_completions(completions, work / f"out-{n}", tokenizer,
+                                       TokenizePolicy(max_length=1 << 20, overflow="truncate", min_loss_tokens=32),
+                                       num_proc=num_proc)
+        seconds = time.perf_counter() - t0
     return {"samples": n, "seconds": seconds, "tokens": metrics["tokens"], "tokens_per_s": metrics["tokens"] / seconds,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "peak_rss_children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+            "peak_rss_children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+            **memory.peak}
 
 
 def stage_in_subprocess(work: Path, tokenizer: Path, n: int, num_proc: int) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,23 +41,45 @@ class S3Server:
                             config=Config(s3={"addressing_style": "path"}))
 
 
+def start_server(folder: Path) -> tuple[S3Server, int]:
+    """Run .ci/start-s3.sh with its data in `folder`; the server and its process id."""
+    env = {**os.environ, "DFLASHX_TEST_S3_DIR": str(folder)}
+    out = subprocess.run(["bash", str(REPO_ROOT / ".ci" / "start-s3.sh")], env=env, text=True,
+                         capture_output=True, timeout=120, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f".ci/start-s3.sh failed:\n{out.stderr}")
+    found = dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    server = S3Server(found["DFLASHX_TEST_S3_ENDPOINT"], found["DFLASHX_TEST_S3_ACCESS_KEY"],
+                      found["DFLASHX_TEST_S3_SECRET_KEY"])
+    return server, int(found["DFLASHX_TEST_S3_PID"])
+
+
+def stop_server(pid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL if weed has not exited after `grace_s` (call before deleting its data)."""
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        if state == "Z":
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     if os.environ.get("DFLASHX_TEST_S3_ENDPOINT"):
         yield S3Server(os.environ["DFLASHX_TEST_S3_ENDPOINT"], os.environ["DFLASHX_TEST_S3_ACCESS_KEY"],
                        os.environ["DFLASHX_TEST_S3_SECRET_KEY"])
         return
-    env = {**os.environ, "DFLASHX_TEST_S3_DIR": str(tmp_path_factory.mktemp("weed"))}
-    out = subprocess.run(["bash", str(REPO_ROOT / ".ci" / "start-s3.sh")], env=env, text=True,
-                         capture_output=True, timeout=120, check=False)
-    if out.returncode != 0:
-        pytest.fail(f".ci/start-s3.sh failed:\n{out.stderr}")
-    found = dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.split("\n") if "=" in line)
+    server, pid = start_server(tmp_path_factory.mktemp("weed"))
     try:
-        yield S3Server(found["DFLASHX_TEST_S3_ENDPOINT"], found["DFLASHX_TEST_S3_ACCESS_KEY"],
-                       found["DFLASHX_TEST_S3_SECRET_KEY"])
+        yield server
     finally:
-        os.kill(int(found["DFLASHX_TEST_S3_PID"]), signal.SIGTERM)
+        stop_server(pid)
 
 
 @pytest.fixture

@@ -67,3 +67,13 @@ def test_capture_on_hybrid_targets(config_cls, extra):
     feats = FeatureCapture(model, [0, 2]).capture(ids, torch.ones_like(ids))
     hs = model(ids, output_hidden_states=True).hidden_states
     assert torch.allclose(feats[..., :64], hs[1], atol=1e-5) and torch.allclose(feats[..., 64:], hs[3], atol=1e-5)
+
+
+def test_recording_during_a_full_forward_keeps_the_logits(target):
+    ids = torch.randint(10, 200, (1, 7))
+    cap = FeatureCapture(target, [1, 3])
+    with cap.recording():
+        out = target(ids, output_hidden_states=True)
+    assert out.logits.shape == (1, 7, target.config.vocab_size)
+    assert torch.allclose(cap.features()[..., :64], out.hidden_states[2])
+    assert torch.allclose(cap.capture(ids)[..., 64:], cap.features()[..., 64:])

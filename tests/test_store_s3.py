@@ -100,16 +100,18 @@ def test_upload_resumes_after_kill_without_resending_parts(s3_spec: S3Spec, tmp_
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     saved = json.loads(state_path(state, s3_spec.bucket, "runs/big.bin").read_text())
-    listed = s3_env.client().list_parts(Bucket=s3_spec.bucket, Key="runs/big.bin", UploadId=saved["upload_id"])
-    on_server = {str(p["PartNumber"]) for p in listed["Parts"]}
-    assert 3 <= len(saved["parts"]) and set(saved["parts"]) <= on_server and len(on_server) < 8
+    assert len(saved["parts"]) >= 3
     assert S3Store(s3_spec, state).stat("big.bin") is None  # not complete
 
     store = S3Store(s3_spec, state)
+    held: list[int] = []  # what the server said it holds when the upload resumed
+    store.client.meta.events.register(
+        "after-call.s3.ListParts", lambda parsed, **kw: held.extend(p["PartNumber"] for p in parsed["Parts"]))
     sent = _count_calls(store, "UploadPart")
     created = _count_calls(store, "CreateMultipartUpload")
     store.put(src, "big.bin")
-    assert len(sent) == 8 - len(on_server) and created == []  # the missing parts only, same upload
+    assert {int(n) for n in saved["parts"]} <= set(held) and len(held) < 8
+    assert len(sent) == 8 - len(held) and created == []  # the missing parts only, same upload
     store.get("big.bin", tmp_path / "back.bin")
     assert sha256_file(tmp_path / "back.bin") == sha256_file(src)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 
 import typer
 
@@ -38,8 +39,17 @@ COMMANDS: list[tuple[str, str, str]] = [
 ]
 
 
-def _register() -> None:
+@app.callback()
+def _root() -> None:
+    """One reviewed YAML recipe -> a whole DFlash drafter project."""
+
+
+def _register(argv: list[str]) -> None:
+    """Register the sub-commands; when argv names one, import only that one (faster start-up)."""
+    wanted = argv[1] if len(argv) > 1 and any(argv[1] == c[0] for c in COMMANDS) else None
     for name, module_name, help_text in COMMANDS:
+        if wanted is not None and name != wanted:
+            continue
         qualified = f"dflashx.cli.{module_name}"
         if importlib.util.find_spec(qualified) is None:
             continue  # command not built yet
@@ -50,7 +60,7 @@ def _register() -> None:
             app.command(name=name, help=help_text)(module.command)
 
 
-_register()
+_register(sys.argv)
 
 if __name__ == "__main__":
     app()

@@ -7,13 +7,16 @@ so later layers, the final norm and the LM head never run, and `output_hidden_st
 asked for. Layer id l is the output of decoder layer l, i.e. HF `hidden_states[l + 1]` (for every
 l but the last layer, whose `hidden_states` entry has the final norm applied).
 
-Public API: `find_decoder_layers(model) -> nn.ModuleList`, `FeatureCapture(model, layer_ids)`
-with `capture(input_ids, attention_mask=None) -> features [b, L, k*H]`.
+Public API: `find_decoder_layers(model) -> nn.ModuleList`, `FeatureCapture(model, layer_ids)` with
+`capture(input_ids, attention_mask=None) -> features [b, L, k*H]` (training: stops early), and
+`with cap.recording(): out = target(...)` then `cap.features()` (speculative decoding: the full
+verification forward with logits and KV cache, recording the tapped layers on the way).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -56,22 +59,34 @@ class FeatureCapture:
 
         return hook
 
-    @torch.no_grad()
-    def capture(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Features [b, L, k*H]: the tapped layers' outputs concatenated in `layer_ids` order."""
+    @contextmanager
+    def recording(self, stop_early: bool = False) -> Iterator["FeatureCapture"]:
+        """Hooks on while inside: any target forward records the tapped layers (read them with
+        `features()`); with `stop_early` the deepest hook ends the forward (caught here)."""
         deepest = max(self.layer_ids)
         handles = [
-            self._layers[i].register_forward_hook(self._hook(i, i == deepest)) for i in sorted(set(self.layer_ids))
+            self._layers[i].register_forward_hook(self._hook(i, stop_early and i == deepest))
+            for i in sorted(set(self.layer_ids))
         ]
         self._store.clear()
         try:
-            _base_model(self.model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            yield self
         except _StopForward:
             pass
         finally:
             for h in handles:
                 h.remove()
+
+    def features(self) -> torch.Tensor:
+        """The last recorded outputs of `layer_ids`, concatenated: [b, L, k*H]."""
         missing = [i for i in self.layer_ids if i not in self._store]
         if missing:
             raise RuntimeError(f"layers {missing} did not run; is the decoder stack found correctly?")
         return torch.cat([self._store[i] for i in self.layer_ids], dim=-1)
+
+    @torch.no_grad()
+    def capture(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Features [b, L, k*H] from a forward that stops after the deepest tapped layer."""
+        with self.recording(stop_early=True):
+            _base_model(self.model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return self.features()

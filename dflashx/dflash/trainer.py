@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from dflashx.dflash import checkpoint as ckpt
-from dflashx.dflash.anchors import build_block_batch, sample_anchors
+from dflashx.dflash.anchors import BlockBatch, build_block_batch, sample_anchors
 from dflashx.dflash.capture import FeatureCapture, find_decoder_layers
 from dflashx.dflash.config import DFlashConfig, loss_gamma
 from dflashx.dflash.data import load_token_dataset, make_loader, micro_batches_per_epoch
@@ -229,6 +229,14 @@ class _Window:
                 "memory_bytes": peak_memory_bytes()}
 
 
+def _blocks(batch: dict[str, torch.Tensor], lengths: list[int], job: TrainJob, cfg: DFlashConfig, gamma: float,
+            epoch: int) -> BlockBatch:
+    """This epoch's anchors for each row of the micro batch, laid out as blocks."""
+    anchors = [sample_anchors(batch["loss_mask"][i, :n], job.anchors_per_seq, job.seed, epoch, int(batch["index"][i]))
+               for i, n in enumerate(lengths)]
+    return build_block_batch(batch["input_ids"], batch["loss_mask"], anchors, cfg.block_size, cfg.mask_token_id, gamma)
+
+
 def _feature_source(job: TrainJob, capture: FeatureCapture, ds: Any, rank: int, world: int, pad_id: int,
                     device: torch.device) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
     """Online: run the target's tapped layers per batch. Offline: write shards once, then read."""
@@ -289,21 +297,17 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
         epoch, offset = divmod(g, epoch_micro)
         loader = make_loader(ds, job.micro_batch, rank, world, job.seed, epoch, offset, pad_id, job.max_length)
         for batch in loader:
-            ids, lm = batch["input_ids"].to(device), batch["loss_mask"].to(device)
             lengths = batch["attention_mask"].sum(1).tolist()
-            anchors = [sample_anchors(batch["loss_mask"][i, :n], job.anchors_per_seq, job.seed, epoch, int(batch["index"][i]))
-                       for i, n in enumerate(lengths)]
-            blocks = build_block_batch(batch["input_ids"], batch["loss_mask"], anchors, cfg.block_size,
-                                       cfg.mask_token_id, gamma).to(device)
-            features = features_of(batch)
-            positions = torch.arange(ids.shape[1], device=device).expand(ids.shape[0], -1)
-            mask = DraftMask(blocks.anchors, ids.shape[1], cfg.block_size)
-            loss, correct, count = engine(embed(blocks.block_ids), features, blocks, positions, mask, lm_head_w)
+            blocks = _blocks(batch, lengths, job, cfg, gamma, epoch).to(device)
+            width = batch["input_ids"].shape[1]
+            positions = torch.arange(width, device=device).expand(len(lengths), -1)
+            mask = DraftMask(blocks.anchors, width, cfg.block_size)
+            loss, correct, count = engine(embed(blocks.block_ids), features_of(batch), blocks, positions, mask, lm_head_w)
             engine.backward(loss)
             engine.step()
             g += 1
             flops = target_cost.flops(lengths) + drafter_flops(
-                cfg, blocks.block_ids.numel(), ids.numel(), visible_pairs(blocks.anchors, cfg.block_size),
+                cfg, blocks.block_ids.numel(), positions.numel(), visible_pairs(blocks.anchors, cfg.block_size),
                 int((blocks.weights > 0).sum()))
             window.add(loss, correct, count, sum(lengths), flops)
             if g % accum:

@@ -111,20 +111,19 @@ def _copy_run_file(store: Store, run_dir: Path, ref: FileRef, verify_only: bool,
     """An unregistered file may be written while it is copied (records, logs, W&B): a snapshot is
     hashed and sent instead. None when the file vanished meanwhile (a temporary file)."""
     live = run_dir / ref.rel
-    if verify_only:
-        return _copy_one(store, run_dir, FileRef(ref.artifact, ref.rel, ref.size, sha256_file(live)),
-                         live, verify_only, repair, progress)
-    snapshot = run_dir / BACKUP_DIR / "snapshot" / ref.rel
-    snapshot.parent.mkdir(parents=True, exist_ok=True)
+    source = live if verify_only else run_dir / BACKUP_DIR / "snapshot" / ref.rel
     try:
-        shutil.copyfile(live, snapshot)
+        if source != live:
+            source.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(live, source)
+        frozen = FileRef(ref.artifact, ref.rel, source.stat().st_size, sha256_file(source))
     except FileNotFoundError:
         return None
     try:
-        frozen = FileRef(ref.artifact, ref.rel, snapshot.stat().st_size, sha256_file(snapshot))
-        return _copy_one(store, run_dir, frozen, snapshot, verify_only, repair, progress)
+        return _copy_one(store, run_dir, frozen, source, verify_only, repair, progress)
     finally:
-        snapshot.unlink(missing_ok=True)
+        if source != live:
+            source.unlink(missing_ok=True)
 
 
 def backup_run(run_dir: Path, store: Store, include_replaceable: bool = True,

@@ -6,11 +6,14 @@
 - `builtin:tiny-prompts` -> JSONL of generation prompt records;
 - `builtin:tiny-eval-prompts` -> JSONL of held-out prompts with the reference `answer`.
 
-Building imports torch and transformers; resolving a prompt file does not.
+Building imports torch and transformers; resolving a prompt file does not. `DFLASHX_TINY_SIZE=small`
+makes the model builtins resolve to the small CI size (same depth and layer types, narrower), for
+end-to-end tests that cannot spend minutes on the full build.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 BUILTIN_PREFIX = "builtin:"
@@ -26,7 +29,10 @@ def resolve_builtin(value: str) -> Path:
     if name in MODEL_NAMES:
         from dflashx.tiny.build import ensure_tiny_target
 
-        return ensure_tiny_target(name)
+        size = os.environ.get("DFLASHX_TINY_SIZE", "full")
+        if size not in ("full", "small"):
+            raise ValueError(f"DFLASHX_TINY_SIZE={size!r}: use 'full' (default) or 'small'")
+        return ensure_tiny_target(name, small=size == "small")
     if name in PROMPT_FILES:
         from dflashx.tiny.build import build_key, BuildSettings
 

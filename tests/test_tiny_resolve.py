@@ -1,0 +1,70 @@
+"""Where a recipe's target and tokenizer load from: builtin, local folder, hub id, and bad values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dflashx.config.schema import TargetSpec
+from dflashx.targets.resolve import TargetPathError, resolve_target_path, resolve_tokenizer_path
+from dflashx.tiny import build, resolve_builtin
+
+
+def test_local_folder_resolves_to_itself(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert resolve_target_path(TargetSpec(model=str(tmp_path))) == tmp_path
+    assert resolve_tokenizer_path(TargetSpec(model=str(tmp_path))) == tmp_path
+
+
+def test_separate_tokenizer_folder(tmp_path):
+    model, tok = tmp_path / "m", tmp_path / "t"
+    model.mkdir(), tok.mkdir()
+    (model / "config.json").write_text("{}")
+    assert resolve_tokenizer_path(TargetSpec(model=str(model), tokenizer=str(tok))) == tok
+
+
+def test_hub_id_is_passed_through_for_from_pretrained():
+    assert str(resolve_target_path(TargetSpec(model="Qwen/Qwen3-8B"))) == "Qwen/Qwen3-8B"
+
+
+@pytest.mark.parametrize("value", ["./missing/model", "/no/such/folder", "a/b/c"])
+def test_missing_local_paths_name_the_key_and_the_fix(value):
+    with pytest.raises(TargetPathError, match=r"target.model: .*fix the path"):
+        resolve_target_path(TargetSpec(model=value))
+
+
+def test_folder_without_config_is_refused(tmp_path):
+    with pytest.raises(TargetPathError, match="has no config.json"):
+        resolve_target_path(TargetSpec(model=str(tmp_path)))
+
+
+def test_builtin_prompt_file_is_not_a_target():
+    with pytest.raises(TargetPathError, match="not a built-in target"):
+        resolve_target_path(TargetSpec(model="builtin:tiny-prompts"))
+
+
+def test_builtin_target_resolves_to_its_cache_folder_without_rebuilding(tmp_path, monkeypatch):
+    """A cache entry with the right key is taken as built (the build itself is in test_tiny_build)."""
+    monkeypatch.setenv("DFLASHX_CACHE", str(tmp_path))
+    monkeypatch.setenv("DFLASHX_TINY_SIZE", "small")
+    settings = build.BuildSettings.for_variant("tiny-qwen3_5", small=True)
+    key = build.build_key(settings)
+    folder = tmp_path / "tiny" / f"tiny-qwen3_5-small-{key}"
+    folder.mkdir(parents=True)
+    (folder / "build_report.json").write_text(json.dumps({"key": key}))
+    assert resolve_target_path(TargetSpec(model="builtin:tiny-qwen3_5")) == folder
+    assert resolve_builtin("builtin:tiny-qwen3_5") == folder
+
+
+def test_unknown_tiny_size_is_an_error(monkeypatch):
+    monkeypatch.setenv("DFLASHX_TINY_SIZE", "huge")
+    with pytest.raises(ValueError, match="DFLASHX_TINY_SIZE"):
+        resolve_builtin("builtin:tiny-qwen3")
+
+
+def test_build_key_changes_with_settings():
+    base = build.BuildSettings.for_variant("tiny-qwen3")
+    assert build.build_key(base) == build.build_key(build.BuildSettings.for_variant("tiny-qwen3"))
+    assert build.build_key(base) != build.build_key(build.BuildSettings.for_variant("tiny-qwen3", small=True))
+    assert build.build_key(base) != build.build_key(build.BuildSettings.for_variant("tiny-qwen3_5"))
