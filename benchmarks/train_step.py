@@ -31,8 +31,9 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -44,13 +45,13 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
-from dflashx.dflash.anchors import build_block_batch  # noqa: E402
-from dflashx.dflash.capture import FeatureCapture, find_decoder_layers  # noqa: E402
-from dflashx.dflash.config import DFlashConfig, loss_gamma, target_layer_ids  # noqa: E402
-from dflashx.dflash.loss import dflash_loss  # noqa: E402
-from dflashx.dflash.masks import DraftMask  # noqa: E402
-from dflashx.dflash.metrics import TargetCost, drafter_flops, visible_pairs  # noqa: E402
-from dflashx.dflash.model import DFlashDrafter  # noqa: E402
+from dflashx.dflash.anchors import build_block_batch
+from dflashx.dflash.capture import FeatureCapture, find_decoder_layers
+from dflashx.dflash.config import DFlashConfig, loss_gamma, target_layer_ids
+from dflashx.dflash.loss import dflash_loss
+from dflashx.dflash.masks import DraftMask
+from dflashx.dflash.metrics import TargetCost, drafter_flops, visible_pairs
+from dflashx.dflash.model import DFlashDrafter
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_step.json"
 _LINEAR = {"linear_conv_kernel_dim": 4, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
@@ -142,9 +143,9 @@ def matmul_peak(device: str, n: int, fp8: bool) -> float | None:
     if fp8:
         one = torch.ones((), device=device)
         a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t().contiguous().t()
-        fn = lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+        fn = lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
     else:
-        fn = lambda: a @ b  # noqa: E731
+        fn = lambda: a @ b
     try:
         seconds = timed(fn, 3, 20 if device == "cuda" else 2)
     except (RuntimeError, TypeError):
@@ -229,7 +230,8 @@ def _measure(name: str, fn: Callable[[], Any], flops: float, tokens: int, peak: 
 
 def profile(fn: Callable[[], Any], top: int = 18) -> None:
     """Print the kernels that take the most device time in one call of `fn`."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with torch_profile(activities=activities) as prof:

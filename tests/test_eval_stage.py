@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers_dflash import drafter_config, load_target, tiny_target
+from helpers_models import make_recipe, stage_context
 
 from dflashx.dflash.checkpoint import save_drafter
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.stages import eval as eval_stage
-from helpers_dflash import drafter_config, load_target, tiny_target
-from helpers_models import make_recipe, stage_context
 
 PROMPTS = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"add {i} and {i + 3}"}]} for i in range(5)]
 
@@ -82,3 +82,13 @@ def test_drafter_for_another_target_is_refused(setup, tmp_path):
     ctx = _ctx(tmp_path, other, {"train.checkpoint": root / "ckpt", "ingest.eval_prompts": prompts})
     with pytest.raises(ValueError, match="does not fit target"):
         eval_stage.run(ctx)
+
+
+def test_sampling_eval_reports_without_greedy_agreement(setup, tmp_path):
+    root, target, prompts = setup
+    ctx = _ctx(tmp_path, target, {"train.checkpoint": root / "ckpt", "ingest.eval_prompts": prompts}, temperature=0.8)
+    result = eval_stage.run(ctx)
+    data = json.loads((ctx.out_dir / "report" / "eval.json").read_text())
+    assert data["temperature"] == 0.8 and data["greedy_agreement"] is None
+    assert "greedy_agreement" not in result.metrics and result.metrics["tau"] >= 1.0
+    assert data["trained"]["cycles"] == sum(data["trained"]["accept_length_histogram"])

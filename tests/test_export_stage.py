@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers_dflash import drafter_config, load_target, tiny_target
+from helpers_models import make_recipe, stage_context
 from safetensors import safe_open
 
 from dflashx.dflash.checkpoint import load_drafter, save_drafter
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.dflash.spec_decode import SpecDecoder
 from dflashx.stages import export as export_stage
-from helpers_dflash import drafter_config, load_target, tiny_target
-from helpers_models import make_recipe, stage_context
 
 REFERENCE = Path("/tmp/dflash_ref")
 

@@ -18,9 +18,8 @@ from dflashx.dflash.spec_decode import SpecDecoder, rejection_sample
 
 torch.set_num_threads(1)
 VOCAB = 96
-MASK_ID = 95
-_COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-               head_dim=16, max_position_embeddings=512, tie_word_embeddings=False)
+_COMMON = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "tie_word_embeddings": False}
 
 
 def build_target(arch: str, seed: int = 0, vocab: int = VOCAB) -> torch.nn.Module:
@@ -123,7 +122,7 @@ def _tv(counts: torch.Tensor, probs: torch.Tensor) -> float:
 def test_rejection_sampling_reproduces_the_target_distribution():
     """Emitted tokens follow p whatever q is (Leviathan et al. 2023, Thm 1); seeded, tolerant."""
     gen = torch.Generator().manual_seed(0)
-    vocab, n, draws = 5, 2, 20000
+    vocab, draws = 5, 20000
     p = torch.tensor([[0.5, 0.2, 0.1, 0.1, 0.1], [0.05, 0.05, 0.6, 0.2, 0.1], [0.2, 0.2, 0.2, 0.2, 0.2]])
     q = torch.tensor([[0.1, 0.6, 0.1, 0.1, 0.1], [0.2, 0.2, 0.2, 0.2, 0.2]])
     first, second = torch.zeros(vocab), torch.zeros(vocab)

@@ -42,7 +42,7 @@ def test_reasoning_and_answers_are_exact(i):
         elif name == "sort":
             assert _numbers(ex.answer) == sorted(_numbers(ex.user))
         elif name == "reverse":
-            items = ex.user.split(": ", 1)[1].split(", ")
+            items = [i.split(" ", 1)[1] for i in ex.user.split(": ", 1)[1].split(", ")]
             assert ex.answer == f"Reversed: {', '.join(items[::-1])}."
         elif name == "convert":
             value, result = _numbers(ex.answer)

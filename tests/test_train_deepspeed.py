@@ -66,6 +66,8 @@ def test_killed_run_resumes_with_identical_losses(paths, tmp_path):
     resumed: dict[int, dict] = {}
     run_training(_job(paths, tmp_path / "killed"), log=_collect(resumed))
     assert sorted(resumed) == [5, 6, 7, 8]
+    lines = (tmp_path / "killed" / "logs" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == list(range(1, 9))  # the step logged before the kill is redone once
     for step in range(1, 5):
         assert first[step]["loss"] == pytest.approx(full[step]["loss"], rel=1e-6)
     for step in resumed:  # crosses an epoch boundary (2 steps per epoch): data position and scheduler restored

@@ -11,8 +11,9 @@ summaries: dict[str, dict], path)` (PNG, matplotlib Agg).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from dflashx.dflash.spec_decode import DecodeResult
 
@@ -45,6 +46,7 @@ def plot_acceptance(summaries: dict[str, dict[str, Any]], path: str | Path) -> P
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     path = Path(path)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
@@ -58,6 +60,7 @@ def plot_acceptance(summaries: dict[str, dict[str, Any]], path: str | Path) -> P
     left.set(xlabel="draft position k", ylabel="P(position k accepted)", ylim=(0, 1.02), title="Acceptance per position")
     right.set(xlabel="accepted drafts per cycle", ylabel="share of cycles", title="Accepted length")
     for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()

@@ -27,14 +27,18 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import (
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionCacheLayerMixin,
+)
 
 from dflashx.dflash.capture import find_decoder_layers
 from dflashx.dflash.model import DFlashDrafter
@@ -114,7 +118,10 @@ class _CacheRollback:
 
     def __init__(self, cache: DynamicCache):
         if any(isinstance(layer, DynamicSlidingWindowLayer) for layer in cache.layers):
-            raise NotImplementedError("sliding-window target layers cannot be rolled back exactly")
+            raise NotImplementedError(
+                "the target has sliding-window attention layers, whose cache drops old keys and cannot be "
+                "rolled back exactly; speculative evaluation supports full-attention and Gated DeltaNet targets"
+            )
         self.cache = cache
         self._saved: list[dict[str, dict]] = []
 

@@ -229,6 +229,15 @@ class _Window:
                 "memory_bytes": peak_memory_bytes()}
 
 
+def _trim_metrics(path: Path, step: int) -> None:
+    """Drop lines logged after the checkpoint a resumed run starts from (they will be redone)."""
+    if path.exists():
+        keep = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in keep))
+        os.replace(tmp, path)
+
+
 def _blocks(batch: dict[str, torch.Tensor], lengths: list[int], job: TrainJob, cfg: DFlashConfig, gamma: float,
             epoch: int) -> BlockBatch:
     """This epoch's anchors for each row of the micro batch, laid out as blocks."""
@@ -289,6 +298,8 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     step = g // accum
     window = _Window(cfg.block_size, job.peak_tflops, world)
     metrics_file = stage / "logs" / "metrics.jsonl"
+    if rank == 0:
+        _trim_metrics(metrics_file, step)
     last: dict[str, Any] = {}
 
     epoch_micro = steps_per_epoch * accum

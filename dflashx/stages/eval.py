@@ -49,7 +49,9 @@ def load_prompts(path: Path, limit: int) -> list[dict[str, Any]]:
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{line_no}: not JSON ({exc.msg}); one prompt object per line") from exc
             if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
-                raise ValueError(f"{path}:{line_no}: key `messages` missing; expected {{\"id\", \"messages\": [...]}}")
+                raise ValueError(  # noqa: TRY004 - bad file content, not a bad argument type
+                    f"{path}:{line_no}: key `messages` missing; expected {{\"id\", \"messages\": [...]}}"
+                )
             out.append(record)
             if len(out) == limit:
                 break

@@ -113,31 +113,31 @@ class BatchEncoder:
 
 
 def _token_metrics(ds: Any) -> dict[str, Any]:
-    """Counts over every encoded sample (kept and dropped), from three small columns."""
-    table = ds.data
-    drops = table.column("drop").to_pylist()
-    lengths = table.column("length").to_numpy()
-    loss = table.column("loss_tokens").to_numpy()
-    sources = table.column("source").to_pylist()
-    kept = np.array([d == "" for d in drops], dtype=bool)
+    """Counts over every encoded sample (kept and dropped), grouped in Arrow from small columns."""
+    import pyarrow.compute as pc
+
+    table = ds.data.table.select(["source", "drop", "length", "loss_tokens"])
+    groups = table.group_by(["source", "drop"]).aggregate(
+        [("length", "sum"), ("loss_tokens", "sum"), ("length", "count")]).to_pylist()
     per_source: dict[str, dict[str, int]] = {}
-    for src, k, n, m in zip(sources, kept, lengths, loss):
-        s = per_source.setdefault(src, {"samples": 0, "tokens": 0, "loss_tokens": 0, "dropped": 0})
-        if k:
-            s["samples"] += 1
-            s["tokens"] += int(n)
-            s["loss_tokens"] += int(m)
+    reasons: Counter = Counter()
+    for g in groups:
+        s = per_source.setdefault(g["source"], {"samples": 0, "tokens": 0, "loss_tokens": 0, "dropped": 0})
+        if g["drop"]:
+            s["dropped"] += g["length_count"]
+            reasons[g["drop"]] += g["length_count"]
         else:
-            s["dropped"] += 1
-    reasons = Counter(d for d in drops if d)
+            s.update(samples=g["length_count"], tokens=g["length_sum"], loss_tokens=g["loss_tokens_sum"])
+    kept = table.filter(pc.equal(table["drop"], ""))["length"]
+    samples = sum(s["samples"] for s in per_source.values())
     return {
-        "samples_in": len(drops),
-        "samples": int(kept.sum()),
-        "tokens": int(lengths[kept].sum()),
-        "loss_tokens": int(loss[kept].sum()),
-        "length_mean": float(lengths[kept].mean()) if kept.any() else 0.0,
-        "length_max": int(lengths[kept].max()) if kept.any() else 0,
-        "dropped": int((~kept).sum()),
+        "samples_in": table.num_rows,
+        "samples": samples,
+        "tokens": sum(s["tokens"] for s in per_source.values()),
+        "loss_tokens": sum(s["loss_tokens"] for s in per_source.values()),
+        "length_mean": pc.mean(kept).as_py() if samples else 0.0,
+        "length_max": pc.max(kept).as_py() if samples else 0,
+        "dropped": sum(reasons.values()),
         "dropped_by_reason": {r: reasons.get(r, 0) for r in DROP_REASONS},
         "per_source": per_source,
     }

@@ -53,9 +53,9 @@ class BuildSettings:
     seed: int = 0
     train_examples: int = 24_000
     thinking_off_share: float = 0.15
-    steps: int = 900
+    steps: int = 2000
     batch_size: int = 32
-    lr: float = 3e-3
+    lr: float = 2e-3
     eval_per_family: int = 16
     max_new_tokens: int = 160
 
@@ -64,7 +64,7 @@ class BuildSettings:
         if variant not in VARIANTS:
             raise ValueError(f"unknown tiny variant {variant!r}; choose one of {', '.join(VARIANTS)}")
         if small:
-            return cls(variant=variant, small=True, train_examples=3000, steps=300, batch_size=16, lr=1e-2,
+            return cls(variant=variant, small=True, train_examples=3000, steps=400, batch_size=16, lr=5e-3,
                        eval_per_family=6)
         return cls(variant=variant)
 
@@ -119,6 +119,7 @@ def ensure_tiny_target(variant: str = "tiny-qwen3", *, small: bool = False, out:
 
 def _build(settings: BuildSettings, key: str, out: Path, log: Callable[[str], None]) -> None:
     import torch
+    import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     from dflashx.tiny import corpus, train
@@ -153,6 +154,7 @@ def _build(settings: BuildSettings, key: str, out: Path, log: Callable[[str], No
         "mask_token_id": MASK_TOKEN_ID, "params": sum(p.numel() for p in model.parameters()),
         "train": stats, "train_seconds": round(t_train, 1),
         "build_seconds": round(time.perf_counter() - t0, 1), "torch_threads": threads,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "eval_thinking": thinking, "eval_no_thinking": no_think,
     }
     (out / "build_report.json").write_text(json.dumps(report, indent=2))

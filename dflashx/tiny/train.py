@@ -102,7 +102,7 @@ def train(model: torch.nn.Module, data: list[Encoded], *, steps: int, batch_size
         opt.zero_grad(set_to_none=True)
         tokens += int(mask.sum())
         ema = loss.item() if ema is None else 0.9 * ema + 0.1 * loss.item()
-        if log and (step % 10 == 0 or step == steps):
+        if log and (step % 100 == 0 or step == steps):
             log(step, ema)
     model.eval()
     return {"final_loss": round(float(ema or 0.0), 4), "train_tokens": tokens,
