@@ -344,6 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="One DFlash training process (torchrun/deepspeed entry).")
     parser.add_argument("--stage-dir", required=True, help=f"train stage folder holding {JOB_FILE}")
     parser.add_argument("--run-dir", help="the pipeline run directory (informational)")
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # deepspeed launcher adds it
     args = parser.parse_args(argv)
     job_file = Path(args.stage_dir) / JOB_FILE
     if not job_file.is_file():

@@ -19,9 +19,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflashx.stages.base import Artifact, StageContext, StageResult
+
+if TYPE_CHECKING:
+    from dflashx.dflash.trainer import TrainJob
 
 INPUT = "tokenize.dataset"
 
@@ -39,7 +42,12 @@ def _target_path(ctx: StageContext) -> str:
     return str(resolve_target_path(ctx.recipe.target))
 
 
-def build_job(ctx: StageContext, target_path: str | None = None):
+def _absolute(path: str) -> str:
+    """Local folders become absolute (launched ranks may start elsewhere); hub ids stay."""
+    return str(Path(path).resolve()) if Path(path).exists() else path
+
+
+def build_job(ctx: StageContext) -> "TrainJob":
     """The `TrainJob` of this stage from the recipe, the plan's resolved values and the inputs."""
     from dflashx.dflash.trainer import TrainJob
 
@@ -50,11 +58,11 @@ def build_job(ctx: StageContext, target_path: str | None = None):
     drafter = recipe.drafter.model_dump() | {k: v for k, v in _section(ctx.resolved, "drafter").items() if v is not None}
     on_gpu = hw.gpu is not None
     return TrainJob(
-        stage_dir=str(ctx.out_dir),
-        dataset=str(ctx.inputs[INPUT]),
-        target=target_path or _target_path(ctx),
+        stage_dir=str(ctx.out_dir.resolve()),
+        dataset=str(Path(ctx.inputs[INPUT]).resolve()),
+        target=_absolute(_target_path(ctx)),
         drafter=drafter,
-        init_from=drafter.get("init_from"),
+        init_from=_absolute(drafter["init_from"]) if drafter.get("init_from") else None,
         mode=train["mode"],
         precision=recipe.target.precision if on_gpu else "fp32",
         epochs=train["epochs"],
@@ -96,7 +104,7 @@ def _launch(ctx: StageContext, argv: list[str]) -> None:
     env = os.environ | SAFE_NCCL_ENV
     log_file = ctx.out_dir / "logs" / "launcher.log"
     with log_file.open("a") as out:
-        proc = subprocess.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(ctx.run_dir))
+        proc = subprocess.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     if proc.returncode:
         raise RuntimeError(
             f"training launch failed (exit {proc.returncode}): {' '.join(argv)}; see {log_file}. "
@@ -146,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--stage-dir")
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # deepspeed launcher adds it
     args = parser.parse_args(argv)
     trainer.main(["--stage-dir", args.stage_dir or str(Path(args.run_dir) / "train"), "--run-dir", args.run_dir])
 
