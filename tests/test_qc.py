@@ -106,6 +106,13 @@ def test_healthy_data_passes_in_every_input_form(healthy_dir, tok_dir, tmp_path)
     assert run_qc(tmp_path / "dataset", T, tokenizer_path=tok_dir).passed
 
 
+def test_mask_sizes_on_an_even_spread(seed_dir, tok_dir):
+    result = run_qc(seed_dir, T, tokenizer_path=tok_dir, mask_sample=50)
+    assert len(result.stats.mask_sizes) == 50 and "every 6th sample" in result.unit_note
+    assert by_name(result)["mask_spike"].value == pytest.approx(0.87, abs=0.05)
+    assert result.stats.n == N  # the text checks still see every sample
+
+
 def test_without_tokenizer_sizes_are_words_and_it_says_so(seed_dir):
     result = run_qc(seed_dir, T)
     assert result.stats.unit == "words" and "whitespace-separated words" in result.unit_note
