@@ -241,6 +241,7 @@ def main() -> None:
         "stage_vs_naive": large["tokens_per_s"] / ref["naive_tokens_per_s"],
         "stage_vs_naive_per_core": large["tokens_per_s"] / cores / ref["naive_tokens_per_s"],
         "rss_ratio_large_vs_small": large["peak_rss_mib"] / small["peak_rss_mib"],
+        "private_ratio_large_vs_small": large["private_total_mib"] / small["private_total_mib"],
         "seed_hours_per_core": SEED_TOKENS / (large["tokens_per_s"] / cores) / 3600,
         "seed_hours_on_this_machine": SEED_TOKENS / large["tokens_per_s"] / 3600,
     }
@@ -254,8 +255,9 @@ def main() -> None:
     print(f"stage / naive                 {result['stage_vs_naive']:.2f}  (goal >= 2; per core "
           f"{result['stage_vs_naive_per_core']:.2f})")
     for run in (small, large):
-        print(f"peak RSS at {run['samples']:>7,} samples: main {run['peak_rss_mib']:7.0f} MiB, "
-              f"largest worker {run['peak_rss_children_mib']:7.0f} MiB ({run['seconds']:.0f} s)")
+        print(f"at {run['samples']:>7,} samples: peak RSS main {run['peak_rss_mib']:6.0f} MiB, largest worker "
+              f"{run['peak_rss_children_mib']:6.0f} MiB; private memory, all processes "
+              f"{run['private_total_mib']:6.0f} MiB ({run['seconds']:.0f} s)")
     print(f"902K samples / 1.87B tokens: {result['seed_hours_per_core']:.2f} h per core, "
           f"{result['seed_hours_on_this_machine']:.2f} h on this machine ({cores} processes)")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from dflashx.tiny import corpus, train
-from dflashx.tiny.build import MASK_TOKEN_ID, ensure_tiny_target, model_config
+from dflashx.tiny.build import MASK_TOKEN_ID, ensure_tiny_target, ensure_tiny_tokenizer, model_config
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +46,8 @@ def test_build_writes_a_standard_hf_folder(built, cache):
     assert report["mask_token_id"] == MASK_TOKEN_ID
     assert set(report["eval_thinking"]["per_family"]) == set(corpus.FAMILIES)
     assert not list(cache.glob("tiny/.*")), "temporary build folder left behind"
+    tokenizer_only = ensure_tiny_tokenizer("tiny-qwen3", small=True)
+    assert (tokenizer_only / "tokenizer.json").read_bytes() == (path / "tokenizer.json").read_bytes()
 
 
 def test_greedy_answers_to_held_out_prompts_are_well_formed(built):

@@ -68,3 +68,15 @@ def test_build_key_changes_with_settings():
     assert build.build_key(base) == build.build_key(build.BuildSettings.for_variant("tiny-qwen3"))
     assert build.build_key(base) != build.build_key(build.BuildSettings.for_variant("tiny-qwen3", small=True))
     assert build.build_key(base) != build.build_key(build.BuildSettings.for_variant("tiny-qwen3_5"))
+
+
+def test_builtin_tokenizer_resolves_without_building_the_model(tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("DFLASHX_CACHE", str(tmp_path))
+    monkeypatch.setenv("DFLASHX_TINY_SIZE", "small")
+    folder = resolve_tokenizer_path(TargetSpec(model="builtin:tiny-qwen3"))
+    assert (folder / "tokenizer.json").is_file() and not (folder / "model.safetensors").exists()
+    assert AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids("<|mask|>") == build.MASK_TOKEN_ID
+    assert not list((tmp_path / "tiny").glob("tiny-qwen3*")), "the model must not be built"
+    assert resolve_tokenizer_path(TargetSpec(model="builtin:tiny-qwen3")) == folder

@@ -1,6 +1,7 @@
 """Where a recipe's target model and tokenizer are loaded from.
 
-- `builtin:tiny-*` -> the built tiny target's folder (built and cached on first use);
+- `builtin:tiny-*` -> the built tiny target's folder (built and cached on first use); its tokenizer
+  alone resolves to the build's tokenizer folder, which takes seconds;
 - a local folder -> that folder (it must hold a `config.json`);
 - anything else is a Hugging Face hub id, returned as a path-like string that `from_pretrained`
   accepts as it is (`Path("Qwen/Qwen3-8B")` prints back as `Qwen/Qwen3-8B`); downloading is left to
@@ -20,14 +21,14 @@ class TargetPathError(ValueError):
     """`target.model` / `target.tokenizer` names something that cannot be loaded."""
 
 
-def _resolve(value: str, key: str) -> Path:
+def _resolve(value: str, key: str, tokenizer_only: bool = False) -> Path:
     if value.startswith(BUILTIN_PREFIX):
-        from dflashx.tiny import MODEL_NAMES, resolve_builtin
+        from dflashx.tiny import MODEL_NAMES, resolve_builtin, resolve_builtin_tokenizer
 
         if value.removeprefix(BUILTIN_PREFIX) not in MODEL_NAMES:
             names = ", ".join(BUILTIN_PREFIX + n for n in MODEL_NAMES)
             raise TargetPathError(f"{key}: {value!r} is not a built-in target; use one of {names}")
-        return resolve_builtin(value)
+        return resolve_builtin_tokenizer(value) if tokenizer_only else resolve_builtin(value)
     path = Path(value).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file() and key == "target.model":
@@ -47,7 +48,10 @@ def resolve_target_path(target: TargetSpec) -> Path:
 
 
 def resolve_tokenizer_path(target: TargetSpec) -> Path:
-    """The tokenizer's folder (or hub id): `target.tokenizer` when set, else the model's."""
+    """The tokenizer's folder (or hub id): `target.tokenizer` when set, else the model's.
+
+    For `builtin:tiny-*` this is the build's tokenizer folder, made in seconds without the model.
+    """
     if target.tokenizer:
-        return _resolve(target.tokenizer, "target.tokenizer")
-    return resolve_target_path(target)
+        return _resolve(target.tokenizer, "target.tokenizer", tokenizer_only=True)
+    return _resolve(target.model, "target.model", tokenizer_only=True)

@@ -6,6 +6,8 @@
 - `builtin:tiny-prompts` -> JSONL of generation prompt records;
 - `builtin:tiny-eval-prompts` -> JSONL of held-out prompts with the reference `answer`.
 
+`resolve_builtin_tokenizer` gives a model builtin's tokenizer folder in seconds (no model build).
+
 Building imports torch and transformers; resolving a prompt file does not. `DFLASHX_TINY_SIZE=small`
 makes the model builtins resolve to the small CI size (same depth and layer types, narrower), for
 end-to-end tests that cannot spend minutes on the full build.
@@ -20,6 +22,23 @@ BUILTIN_PREFIX = "builtin:"
 MODEL_NAMES = ("tiny-qwen3", "tiny-qwen3_5")
 
 
+def _small() -> bool:
+    size = os.environ.get("DFLASHX_TINY_SIZE", "full")
+    if size not in ("full", "small"):
+        raise ValueError(f"DFLASHX_TINY_SIZE={size!r}: use 'full' (default) or 'small'")
+    return size == "small"
+
+
+def resolve_builtin_tokenizer(value: str) -> Path:
+    """Tokenizer folder of `builtin:tiny-qwen3` / `builtin:tiny-qwen3_5` without building the model."""
+    from dflashx.tiny.build import ensure_tiny_tokenizer
+
+    name = value.removeprefix(BUILTIN_PREFIX)
+    if name not in MODEL_NAMES:
+        raise ValueError(f"{value!r} has no tokenizer; use one of {', '.join(BUILTIN_PREFIX + n for n in MODEL_NAMES)}")
+    return ensure_tiny_tokenizer(name, small=_small())
+
+
 def resolve_builtin(value: str) -> Path:
     """Local path for a `builtin:` value (model folder or prompt JSONL), built/written on first use."""
     from dflashx.tiny.build import cache_root
@@ -29,10 +48,7 @@ def resolve_builtin(value: str) -> Path:
     if name in MODEL_NAMES:
         from dflashx.tiny.build import ensure_tiny_target
 
-        size = os.environ.get("DFLASHX_TINY_SIZE", "full")
-        if size not in ("full", "small"):
-            raise ValueError(f"DFLASHX_TINY_SIZE={size!r}: use 'full' (default) or 'small'")
-        return ensure_tiny_target(name, small=size == "small")
+        return ensure_tiny_target(name, small=_small())
     if name in PROMPT_FILES:
         from dflashx.tiny.build import build_key, BuildSettings
 

@@ -65,7 +65,7 @@ class BuildSettings:
             raise ValueError(f"unknown tiny variant {variant!r}; choose one of {', '.join(VARIANTS)}")
         if small:
             return cls(variant=variant, small=True, train_examples=3000, steps=400, batch_size=16, lr=5e-3,
-                       eval_per_family=6)
+                       eval_per_family=4)
         return cls(variant=variant)
 
 
@@ -81,12 +81,66 @@ def cache_root() -> Path:
     return Path(os.environ.get("DFLASHX_CACHE") or Path.home() / ".cache" / "dflashx") / "tiny"
 
 
-def build_key(settings: BuildSettings) -> str:
+def build_key(settings: BuildSettings | dict[str, Any]) -> str:
     """sha256 of the settings and this package's source, 12 hex digits."""
-    h = hashlib.sha256(json.dumps(dataclasses.asdict(settings), sort_keys=True).encode())
+    fields = dataclasses.asdict(settings) if isinstance(settings, BuildSettings) else settings
+    h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     for src in sorted(Path(__file__).parent.glob("*.py")):
         h.update(src.name.encode() + src.read_bytes())
     return h.hexdigest()[:12]
+
+
+def _is_built(folder: Path, key: str) -> bool:
+    report = folder / "build_report.json"
+    return report.is_file() and json.loads(report.read_text()).get("key") == key
+
+
+def _build_atomically(dest: Path, key: str, fill: Callable[[Path], None], log: Callable[[str], None]) -> Path:
+    """Run `fill(tmp)` in a temporary sibling of `dest`, then rename it into place.
+
+    If another process renamed the same build into place first, its (identical) folder is kept.
+    """
+    if dest.exists() and any(dest.iterdir()):
+        raise FileExistsError(f"{dest} exists and holds no build with key {key}; remove it or pick another --out")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        fill(tmp)
+        if dest.exists():
+            dest.rmdir()  # empty: checked above
+        os.replace(tmp, dest)
+    except OSError:
+        if not _is_built(dest, key):
+            raise
+        log(f"another process finished the same build first: {dest}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def ensure_tiny_tokenizer(variant: str = "tiny-qwen3", *, small: bool = False) -> Path:
+    """The tokenizer folder of a variant's build: the same files the model folder gets, in seconds.
+
+    Stages that need only the tokenizer (QC, tokenize) use this and skip the model build.
+    """
+    settings = BuildSettings.for_variant(variant, small)
+    fields = {"tokenizer": True, "seed": settings.seed, "train_examples": settings.train_examples,
+              "vocab_size": VARIANTS[variant]["vocab_size"]}
+    key = build_key(fields)
+    dest = cache_root() / f"tokenizer-{key}"
+    if _is_built(dest, key):
+        return dest
+
+    def fill(tmp: Path) -> None:
+        from dflashx.tiny import corpus
+        from dflashx.tiny.tokenizer import train_tokenizer
+
+        exs = corpus.examples("train", settings.train_examples, settings.seed)
+        tok = train_tokenizer(_tokenizer_texts(exs, settings.seed), fields["vocab_size"], tmp)
+        assert tok.convert_tokens_to_ids("<|mask|>") == MASK_TOKEN_ID
+        (tmp / "build_report.json").write_text(json.dumps({"key": key, "settings": fields}, indent=2))
+
+    return _build_atomically(dest, key, fill, lambda _: None)
 
 
 def ensure_tiny_target(variant: str = "tiny-qwen3", *, small: bool = False, out: Path | None = None,
@@ -95,42 +149,25 @@ def ensure_tiny_target(variant: str = "tiny-qwen3", *, small: bool = False, out:
     settings = BuildSettings.for_variant(variant, small)
     key = build_key(settings)
     dest = Path(out) if out is not None else cache_root() / f"{variant}{'-small' if small else ''}-{key}"
-    report = dest / "build_report.json"
-    if report.is_file() and json.loads(report.read_text()).get("key") == key:
+    if _is_built(dest, key):
         log(f"cached: {dest}")
         return dest
-    if dest.exists() and any(dest.iterdir()):
-        raise FileExistsError(f"{dest} exists and holds no build with key {key}; remove it or pick another --out")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        _build(settings, key, tmp, log)
-        if dest.exists():
-            dest.rmdir()  # empty: checked above
-        os.replace(tmp, dest)
-    except OSError:
-        if not (report.is_file() and json.loads(report.read_text()).get("key") == key):
-            raise
-        log(f"another process finished the same build first: {dest}")  # identical content
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+    return _build_atomically(dest, key, lambda tmp: _build(settings, key, tmp, log), log)
 
 
 def _build(settings: BuildSettings, key: str, out: Path, log: Callable[[str], None]) -> None:
     import torch
     import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     from dflashx.tiny import corpus, train
-    from dflashx.tiny.tokenizer import train_tokenizer
 
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
     torch.manual_seed(settings.seed)
     exs = corpus.examples("train", settings.train_examples, settings.seed)
-    tok = train_tokenizer(_tokenizer_texts(exs, settings.seed), VARIANTS[settings.variant]["vocab_size"], out)
-    assert tok.convert_tokens_to_ids("<|mask|>") == MASK_TOKEN_ID
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_tokenizer(settings.variant, small=settings.small))
+    tok.save_pretrained(out)
     data = train.encode_corpus(tok, exs, settings.seed, settings.thinking_off_share)
     cfg_dict = model_config(settings.variant, settings.small)
     config = AutoConfig.for_model(**{k: v for k, v in cfg_dict.items() if k != "architectures"})

@@ -9,7 +9,7 @@ the sample counts are.
 Families: `add` (two-digit column addition with carries), `sort` (sort distinct digits by checking
 1..9), `reverse` (reverse a numbered word list), `convert` (metric unit conversion), `count` (count
 a letter in a word), `case` (snake_case to camelCase). The sizes are chosen so that a ~3M-parameter
-model learns them in minutes on a CPU: each step is a local lookup or a small table fact.
+model learns most of them within the build's 2,000 steps: each step is a local lookup or a small fact.
 """
 
 from __future__ import annotations
