@@ -15,3 +15,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# One SeaweedFS server for the whole session (the S3 tests take these fixtures by name).
+from s3_fixtures import s3_env, s3_server, s3_spec  # noqa: E402,F401

@@ -4,7 +4,6 @@ The other stages are the orchestrator tests' fakes (tests/test_run_fakes.py): th
 backup stage inside the orchestrator (manifest, records, W&B offline files being written while
 the copy runs), not the data stages.
 """
-# ruff: noqa: F811 - the fixtures imported from s3_fixtures are parameters by name
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import test_run_fakes as fakes
-from s3_fixtures import S3Server, s3_env, s3_server, s3_spec  # noqa: F401 - pytest fixtures used by name
+from s3_fixtures import S3Server
 from typer.testing import CliRunner
 
 from dflashx.cli.main import app

@@ -1,5 +1,4 @@
 """`dflashx backup` and the backup stage against a real S3 server (SeaweedFS), path-style."""
-# ruff: noqa: F811 - the fixtures imported from s3_fixtures are parameters by name
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from s3_fixtures import S3Server, make_run, s3_env, s3_server, s3_spec  # noqa: F401 - pytest fixtures used by name
+from s3_fixtures import S3Server, make_run
 from typer.testing import CliRunner
 
 from dflashx.cli.main import app

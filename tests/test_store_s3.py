@@ -1,5 +1,4 @@
 """S3 backend against a real S3 server (SeaweedFS on loopback) through boto3, path-style."""
-# ruff: noqa: F811 - the fixtures imported from s3_fixtures are parameters by name
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from s3_fixtures import PART, S3Server, s3_env, s3_server, s3_spec  # noqa: F401 - pytest fixtures used by name
+from s3_fixtures import PART, S3Server
 
 from dflashx.config.schema import S3Spec
 from dflashx.store.base import ChecksumMismatch, StoreAuthError, StoreError
