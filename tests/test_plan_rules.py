@@ -82,8 +82,8 @@ def test_rule_passes(overrides):
 
 
 def test_days_over_budget_on_the_seeds_node():
-    """34 days on 4x RTX PRO 6000 exceed the recipe's 30; the fix names the faster node."""
-    found = codes(seeds_recipe())
+    """34 days on 4x RTX PRO 6000 exceed a 30-day budget; the fix names the faster node."""
+    found = codes(seeds_recipe(budget__max_days=30))
     assert "hardware=b200_nvl8" in found["budget_days"]["fix"]
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from dflashx.run.graph import GRAPH
 from dflashx.store.hashing import fingerprint
+from dflashx.tiny import BUILTIN_PREFIX, builtin_identity
 from dflashx.store.manifest import Manifest
 
 KEY_VERSION = 1
@@ -62,7 +63,9 @@ def _drop(container: dict[str, Any], key: str) -> None:
 
 def _fingerprint_path(container: dict[str, Any], key: str) -> None:
     value = container[key]
-    if isinstance(value, str) and not value.startswith("builtin:") and Path(value).exists():
+    if isinstance(value, str) and value.startswith(BUILTIN_PREFIX):
+        container[key] = {"builtin": builtin_identity(value)}
+    elif isinstance(value, str) and Path(value).exists():
         container[key] = {"fingerprint": fingerprint(value)}
 
 

@@ -39,6 +39,21 @@ def resolve_builtin_tokenizer(value: str) -> Path:
     return ensure_tiny_tokenizer(name, small=_small())
 
 
+def builtin_identity(value: str) -> str:
+    """What a `builtin:` value stands for (name, size, build key), cheaply and without building.
+
+    Stage keys use it, so a rebuilt tiny target (new code or settings, or the small CI size)
+    re-runs the stages that read it.
+    """
+    from dflashx.tiny.build import BuildSettings, build_key
+
+    name = value.removeprefix(BUILTIN_PREFIX)
+    if name in MODEL_NAMES:
+        settings = BuildSettings.for_variant(name, _small())
+        return f"{name}{'-small' if settings.small else ''}-{build_key(settings)}"
+    return f"{name}-{build_key(BuildSettings())}"
+
+
 def resolve_builtin(value: str) -> Path:
     """Local path for a `builtin:` value (model folder or prompt JSONL), built/written on first use."""
     from dflashx.tiny.build import cache_root

@@ -77,15 +77,20 @@ def model_config(variant: str, small: bool = False) -> dict[str, Any]:
     return cfg
 
 
+# The modules whose code decides what a build produces (resolving and prompt-file code does not).
+_BUILD_SOURCES = ("build.py", "corpus.py", "tokenizer.py", "train.py")
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("DFLASHX_CACHE") or Path.home() / ".cache" / "dflashx") / "tiny"
 
 
 def build_key(settings: BuildSettings | dict[str, Any]) -> str:
-    """sha256 of the settings and this package's source, 12 hex digits."""
+    """sha256 of the settings and the source of the modules that make the build, 12 hex digits."""
     fields = dataclasses.asdict(settings) if isinstance(settings, BuildSettings) else settings
     h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
-    for src in sorted(Path(__file__).parent.glob("*.py")):
+    for name in _BUILD_SOURCES:
+        src = Path(__file__).parent / name
         h.update(src.name.encode() + src.read_bytes())
     return h.hexdigest()[:12]
 

@@ -1,0 +1,34 @@
+"""Building blocks of the recipe schema: the strict base model and shared field types."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
+}
+
+
+def parse_size(value: Any) -> Any:
+    """Accept byte counts as integers or strings such as "20TB", "1.5 TiB", "512GiB"."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        if not m or m.group(2).lower() not in _SIZE_UNITS:
+            raise ValueError(f"not a size: {value!r} (use bytes or e.g. '20TB', '512GiB')")
+        return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    return value
+
+
+ByteSize = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
+Precision = Literal["bf16", "fp16", "fp32", "fp8"]
+
+
+class Strict(BaseModel):
+    """Base for every recipe section: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
