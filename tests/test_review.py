@@ -17,7 +17,7 @@ runner = CliRunner()
 
 
 def _recipe(folder: Path, name: str = "a.yaml", **changes: object) -> Path:
-    """recipes/tiny.yaml copied to `folder`, with dotted-key `changes` (e.g. stages__train__epochs=6)."""
+    """recipes/tiny.yaml copied to `folder`, with dotted-key `changes` (e.g. stages__train__epochs=12)."""
     data = yaml.safe_load((REPO / "recipes/tiny.yaml").read_text())
     for dotted, value in changes.items():
         *parents, last = dotted.split("__")
@@ -36,11 +36,11 @@ def _review(base: str, head: str):
 
 def test_review_shows_changed_keys_and_plan_diff(tmp_path: Path) -> None:
     base = _recipe(tmp_path / "base")
-    head = _recipe(tmp_path / "head", stages__train__epochs=6)
+    head = _recipe(tmp_path / "head", stages__train__epochs=12)
     result = _review(str(base), str(head))
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "| `stages.train.epochs` | 3 | 6 |" in out
+    assert "| `stages.train.epochs` | 10 | 12 |" in out
     assert out.count("| `") == 1  # only that key changed (paths compared relative to each recipe)
     time_row = next(line for line in out.splitlines() if line.startswith("| time |"))
     assert time_row.split("|")[4].strip().startswith("+")  # more epochs take longer
@@ -83,7 +83,7 @@ def test_git_ref_form_follows_extends_at_that_commit(tmp_path: Path) -> None:
     _recipe(recipes, "base.yaml", stages__train__lr=0.01)  # the working tree changes the base only
     result = _review(f"{recipes / 'child.yaml'}@HEAD", str(recipes / "child.yaml"))
     assert result.exit_code == 0, result.output
-    assert "| `stages.train.lr` | 0.003 | 0.01 |" in result.output
+    assert "| `stages.train.lr` | 0.005 | 0.01 |" in result.output
     new = _review(f"{recipes / 'new.yaml'}@HEAD", str(recipes / "child.yaml"))
     assert new.exit_code == 0 and "New recipe" in new.output
     bad = _review(f"{recipes / 'child.yaml'}@no-such-ref", str(recipes / "child.yaml"))

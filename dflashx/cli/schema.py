@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from dflashx.config.schema import recipe_json_schema
+from dflashx.store.atomic import atomic_open
 
 
 def command(
@@ -20,9 +19,6 @@ def command(
     if out is None:
         typer.echo(text, nl=False)
         return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+    with atomic_open(out) as fh:
         fh.write(text)
-    os.replace(tmp, out)
     typer.echo(f"wrote {out}", err=True)

@@ -12,10 +12,46 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from dflashx.config.fields import ByteSize, Precision, Strict, parse_size  # noqa: F401 - re-exported
-from dflashx.config.stages import (  # noqa: F401 - the stage models are part of the schema
+from dflashx.config.fields import ByteSize, Precision, Strict, parse_size
+from dflashx.config.stages import (  # the stage models are part of the schema
     STAGE_ORDER, StageBase, IngestStage, GenerateStage, QCThresholds, QCStage, TokenizeStage, TrainStage, EvalStage, ExportStage, BackupStage, Stages,
 )
+
+__all__ = [
+    "BackupStage",
+    "BudgetSpec",
+    "ByteSize",
+    "ChatTemplateSpec",
+    "DatasetSpec",
+    "DatasetStats",
+    "DrafterSpec",
+    "EvalStage",
+    "ExportStage",
+    "GenerateStage",
+    "GpuSpec",
+    "HardwareProfile",
+    "IngestStage",
+    "Precision",
+    "QCStage",
+    "QCThresholds",
+    "Recipe",
+    "S3Spec",
+    "STAGE_ORDER",
+    "ServingDefaults",
+    "SourceSpec",
+    "StageBase",
+    "Stages",
+    "StorageSpec",
+    "Strict",
+    "TargetSpec",
+    "Tier",
+    "TokenizeStage",
+    "TrackingSpec",
+    "TrainStage",
+    "TrainingDefaults",
+    "parse_size",
+    "recipe_json_schema",
+]
 
 # --------------------------------------------------------------------------- dataset
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+
+from dflashx.store.atomic import atomic_open
 
 SHARD_GLOB = "shard-*.jsonl"
 
@@ -68,21 +69,11 @@ def write_jsonl_atomic(path: str | Path, records: Iterable[dict[str, Any]]) -> i
 
 def write_lines_atomic(path: str | Path, lines: Iterable[str]) -> int:
     """Write ready JSONL lines (no newlines) to `path` via a temporary file + `os.replace`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     count = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(line + "\n")
-                count += 1
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as f:
+        for line in lines:
+            f.write(line + "\n")
+            count += 1
     return count
 
 

@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from dflashx.data.qc_checks import QCResult
+from dflashx.store.atomic import atomic_path
+from dflashx.store.manifest import atomic_write_text
 
 HISTOGRAMS = (
     ("mask_sizes", "loss_mask_sizes.png", "Loss-mask size per sample"),
     ("reasoning_words", "reasoning_words.png", "Reasoning length (words)"),
     ("answer_words", "answer_words.png", "Answer length (words)"),
 )
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _histogram(values: Sequence[int], path: Path, title: str, unit: str, spike_max: int) -> None:
@@ -44,7 +33,8 @@ def _histogram(values: Sequence[int], path: Path, title: str, unit: str, spike_m
     small.hist(low, bins=np.arange(-0.5, spike_max + 1.5, 1.0), color="#c0504d")
     small.set(title=f"up to {spike_max} {unit} (a spike here is an error)", xlabel=unit)
     fig.tight_layout()
-    _atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=80))
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=80)
     plt.close(fig)
 
 
@@ -95,7 +85,7 @@ def write_report(result: QCResult, out_dir: str | Path, spike_max: int) -> dict[
             _histogram(values, out / name, title, unit, spike_max)
             images.append(name)
     payload = {**result.to_json(), "distributions": summaries, "images": images}
-    _atomic_write(out / "qc.json", lambda tmp: Path(tmp).write_text(json.dumps(payload, indent=2)))
+    atomic_write_text(out / "qc.json", json.dumps(payload, indent=2))
     text = _markdown(result, images, summaries)
-    _atomic_write(out / "report.md", lambda tmp: Path(tmp).write_text(text))
+    atomic_write_text(out / "report.md", text)
     return {"report": "report.md", "json": "qc.json", **{Path(i).stem: i for i in images}}

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from dflashx.store.hashing import digest_path
+from dflashx.store.atomic import atomic_open
 
 Tier = Literal["irreplaceable", "replaceable", "garbage"]
 MANIFEST_FILE = "manifest.json"
@@ -52,18 +52,8 @@ def utc_now() -> str:
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write a whole file atomically: a tmp file in the same folder, fsync, then `os.replace`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as f:
+        f.write(text)
 
 
 def atomic_write_json(path: str | os.PathLike[str], data: Any) -> None:

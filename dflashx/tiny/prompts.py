@@ -9,13 +9,12 @@ other. Families come in turn, so the first k records of a file cover every famil
 from __future__ import annotations
 
 import json
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from dflashx.tiny import corpus
+from dflashx.store.atomic import atomic_open
 
 PROMPT_FILES = {
     # builtin name: (split, records, file name)
@@ -46,8 +45,6 @@ def write_prompt_file(name: str, folder: Path) -> Path:
     if split != "eval":
         for row in rows:
             row.pop("answer")
-    fd, tmp = tempfile.mkstemp(prefix=f".{file_name}.", dir=folder)
-    with os.fdopen(fd, "w") as f:
+    with atomic_open(path) as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
-    os.replace(tmp, path)
     return path

@@ -1,0 +1,23 @@
+"""README stays true: its set-up and test commands are exactly what CI runs, and the main job's
+recipe exists and validates."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from dflashx.config.load import load_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _bash_blocks(text: str) -> list[str]:
+    return [b.strip() for b in re.findall(r"```bash\n(.*?)```", text, flags=re.S)]
+
+
+def test_ci_runs_the_readme_setup_and_test_commands():
+    setup, main_job, tests = _bash_blocks((REPO / "README.md").read_text())[:3]
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert setup in ci and tests in ci
+    assert main_job == "dflashx run recipes/tiny.yaml"
+    assert load_recipe(REPO / "recipes" / "tiny.yaml").recipe.hardware.name == "cpu"
