@@ -64,3 +64,36 @@ def tiny_dataset(out_dir: str | Path, n: int = 16, **kw: Any) -> Path:
 
     Dataset.from_list(pattern_rows(n, **kw)).save_to_disk(str(out_dir))
     return Path(out_dir)
+
+
+REFERENCE = Path("/tmp/dflash_ref")  # the z-lab `dflash` 0.1.0 wheel, unpacked (never installed)
+
+
+def zlab_reference():
+    """The z-lab reference's `dflash.model` module, read from the unpacked wheel.
+
+    The wheel is fetched from PyPI and unpacked on first use (it is not installed: it must not
+    touch this environment); the test is skipped only when that is impossible (no registry)."""
+    import importlib
+    import subprocess
+    import sys
+    import zipfile
+
+    import pytest
+
+    if not (REFERENCE / "dflash" / "model.py").exists():
+        wheels = REFERENCE.parent / "dflash_pkg"
+        fetched = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "dflash==0.1.0",
+                                  "-d", str(wheels)], capture_output=True, text=True)
+        found = sorted(wheels.glob("dflash-0.1.0-*.whl"))
+        if fetched.returncode != 0 or not found:
+            pytest.skip(f"z-lab dflash reference not available: {fetched.stderr.strip()[-200:]}")
+        with zipfile.ZipFile(found[0]) as wheel:
+            wheel.extractall(REFERENCE)
+    sys.path.insert(0, str(REFERENCE))
+    try:
+        return importlib.import_module("dflash.model")
+    except ImportError as exc:
+        pytest.skip(f"z-lab dflash reference not importable: {exc}")
+    finally:
+        sys.path.remove(str(REFERENCE))

@@ -4,8 +4,6 @@ and computes the same block, and continuing from a checkpoint folder."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +12,8 @@ from safetensors.torch import load_file
 from dflashx.dflash.checkpoint import load_drafter, load_weights_into, save_drafter
 from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.model import DFlashDrafter
-from helpers_dflash import drafter_config, load_target, tiny_target
+from helpers_dflash import drafter_config, load_target, tiny_target, zlab_reference
 
-REFERENCE = Path("/tmp/dflash_ref")
 
 
 @pytest.fixture(scope="module")
@@ -58,15 +55,7 @@ def test_load_rejects_a_mismatched_checkpoint(target, tmp_path):
 
 
 def test_zlab_reference_loads_our_export_and_agrees(target, tmp_path):
-    if not (REFERENCE / "dflash" / "model.py").exists():
-        pytest.skip("z-lab dflash reference not present at /tmp/dflash_ref")
-    sys.path.insert(0, str(REFERENCE))
-    try:
-        from dflash.model import DFlashDraftModel
-    except ImportError as exc:
-        pytest.skip(f"z-lab dflash reference not importable: {exc}")
-    finally:
-        sys.path.remove(str(REFERENCE))
+    DFlashDraftModel = zlab_reference().DFlashDraftModel
     model, _ = target
     d = _drafter(target, num_layers=2, layer_types=["sliding_attention", "full_attention"], sliding_window=6)
     save_drafter(d, tmp_path / "export")

@@ -1,18 +1,17 @@
 """The export stage: a DFlash folder the z-lab `dflash` package loads, that decodes like ours.
 
 Real files throughout: a tiny random Qwen3 target, a drafter checkpoint written by the checkpoint
-module, the stage's output read back by our loader and by the z-lab reference (skipped when the
-reference is not at /tmp/dflash_ref)."""
+module, the stage's output read back by our loader and by the z-lab reference (its PyPI wheel unpacked,
+not installed: `helpers_dflash.zlab_reference`)."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers_dflash import drafter_config, load_target, tiny_target
+from helpers_dflash import drafter_config, load_target, tiny_target, zlab_reference
 from helpers_models import make_recipe, stage_context
 from safetensors import safe_open
 
@@ -21,7 +20,6 @@ from dflashx.dflash.model import DFlashDrafter
 from dflashx.dflash.spec_decode import SpecDecoder
 from dflashx.stages import export as export_stage
 
-REFERENCE = Path("/tmp/dflash_ref")
 
 
 @pytest.fixture(scope="module")
@@ -79,23 +77,10 @@ def test_export_refuses_fp8_and_a_missing_checkpoint(target, tmp_path):
         export_stage.run(ctx)
 
 
-def _reference():
-    if not (REFERENCE / "dflash" / "model.py").exists():
-        pytest.skip("z-lab dflash reference not present at /tmp/dflash_ref")
-    sys.path.insert(0, str(REFERENCE))
-    try:
-        from dflash import model as ref
-    except ImportError as exc:
-        pytest.skip(f"z-lab dflash reference not importable: {exc}")
-    finally:
-        sys.path.remove(str(REFERENCE))
-    return ref
-
-
 def test_zlab_reference_loads_the_export_and_decodes_as_we_do(target, tmp_path):
     """Same exported weights, same target: the reference's greedy dflash_generate and ours emit the
     same tokens (both must be the target's greedy output)."""
-    ref = _reference()
+    ref = zlab_reference()
     model, _ = target
     _checkpoint(target, tmp_path / "ckpt")
     ctx, result = _export(tmp_path, tmp_path / "ckpt", dtype="fp32")
