@@ -200,6 +200,14 @@ def test_cli_exit_codes(seed_dir, healthy_dir, tok_dir, tmp_path):
     (tmp_path / "junk.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\nnot json\n')
     junk = runner.invoke(app, ["qc", str(tmp_path / "junk.jsonl")])
     assert junk.exit_code == 2 and "junk.jsonl:1" in junk.output and "last message is not an assistant" in junk.output
+    (tmp_path / "torn.jsonl").write_text(healthy_line(healthy_dir) + "not json\n")
+    torn = runner.invoke(app, ["qc", str(tmp_path / "torn.jsonl")])
+    assert torn.exit_code == 2 and "torn.jsonl:2: not JSON" in torn.output
+
+
+def healthy_line(folder):
+    """The first record of a healthy completions folder, as one JSONL line."""
+    return next(p for p in sorted(folder.glob("*.jsonl"))).read_text().splitlines()[0] + "\n"
 
 
 def test_stage_raises_stage_failed_listing_every_failed_check(seed_dir, healthy_dir, tok_dir, tmp_path):

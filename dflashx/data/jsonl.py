@@ -42,6 +42,23 @@ def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
 
 
+class JsonlLineError(ValueError):
+    """A line of a JSONL file is not JSON; the message names the file and line."""
+
+
+def iter_numbered(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """(line number, record) for each non-blank line of a JSONL file; a line that is not JSON
+    raises `JsonlLineError` naming `file:line`."""
+    with Path(path).open("rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise JsonlLineError(f"{path}:{lineno}: not JSON ({e.msg}); fix or remove the line") from e
+
+
 def iter_shards(folder: str | Path) -> Iterator[dict[str, Any]]:
     """Records of every shard of a folder, in shard order."""
     for path in shard_paths(folder):

@@ -10,12 +10,12 @@ Three inputs are accepted:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from dflashx.data.chat_mask import THINK_CLOSE, THINK_OPEN, completion_messages, split_think
+from dflashx.data.jsonl import JsonlLineError, iter_numbered
 
 
 class QCInputError(ValueError):
@@ -80,16 +80,12 @@ def iter_jsonl_samples(path: str | Path) -> Iterator[QCSample]:
     files = shard_paths(path)
     if not files:
         raise QCInputError(f"{path}: no JSONL shards (shard-*.jsonl) found")
-    for file in files:
-        with file.open("rb") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise QCInputError(f"{file}:{lineno}: not JSON ({e.msg}); fix or remove the line") from e
+    try:
+        for file in files:
+            for lineno, record in iter_numbered(file):
                 yield sample_from_record(record, f"{file}:{lineno}")
+    except JsonlLineError as e:
+        raise QCInputError(str(e)) from e
 
 
 def _last_run(mask: list[int]) -> tuple[int, int]:

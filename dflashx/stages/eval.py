@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dflashx.data.jsonl import iter_numbered
 from dflashx.stages.base import Artifact, StageContext, StageResult
 
 CHECKPOINT = "train.checkpoint"
@@ -40,21 +41,14 @@ def load_prompts(path: Path, limit: int) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: eval prompts file not found (stages.eval.prompts)")
     out = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{line_no}: not JSON ({exc.msg}); one prompt object per line") from exc
-            if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
-                raise ValueError(  # noqa: TRY004 - bad file content, not a bad argument type
-                    f"{path}:{line_no}: key `messages` missing; expected {{\"id\", \"messages\": [...]}}"
-                )
-            out.append(record)
-            if len(out) == limit:
-                break
+    for line_no, record in iter_numbered(path):
+        if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
+            raise ValueError(  # noqa: TRY004 - bad file content, not a bad argument type
+                f"{path}:{line_no}: key `messages` missing; expected {{\"id\", \"messages\": [...]}}"
+            )
+        out.append(record)
+        if len(out) == limit:
+            break
     if not out:
         raise ValueError(f"{path}: no prompts; the eval stage needs at least one")
     return out
