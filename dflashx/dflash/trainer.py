@@ -350,6 +350,17 @@ def main(argv: list[str] | None = None) -> None:
     if not job_file.is_file():
         raise SystemExit(f"{job_file}: missing; the train stage writes it before launching")
     run_training(TrainJob.model_validate_json(job_file.read_text()))
+    _teardown_distributed()  # not on error: a barrier with a failed peer would hang until timeout
+
+
+def _teardown_distributed() -> None:
+    """Wait for every rank (rank 0 exports last), then close the process group: a rank that exits
+    with the group still open can abort in its communication threads (SIGABRT) and fail the job."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
