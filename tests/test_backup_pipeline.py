@@ -25,24 +25,6 @@ from dflashx.store.manifest import Manifest
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 runner = CliRunner()
 
-RECIPE = """\
-name: ops-e2e
-dataset:
-  sources: [{{name: local, path: {source}}}]
-  eval_holdout: 2
-  stats: {{samples: 4, prompt_tokens_mean: 20, output_tokens_mean: 20}}
-target: {{model: builtin:tiny-qwen3, precision: fp32}}
-drafter: {{num_layers: 1, block_size: 8, num_target_layers: 2}}
-hardware: cpu
-stages:
-  generate: {{backend: transformers, max_tokens: 16}}
-tracking: {{mode: offline}}
-storage:
-  root: {root}
-  s3: {{bucket: {bucket}, prefix: runs/, endpoint_url: "{endpoint}", region: us-east-1, path_style: true}}
-"""
-
-
 @pytest.fixture
 def pipeline_stages(monkeypatch: pytest.MonkeyPatch) -> None:
     stages = {**fakes.FAKES, "backup": backup_stage.run}
@@ -53,8 +35,11 @@ def pipeline_stages(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_run_backs_up_to_s3_then_backup_says_safe_and_catches_corruption(
         tmp_path: Path, s3_spec: S3Spec, s3_env: S3Server, pipeline_stages: None) -> None:
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(RECIPE.format(source=fakes.write_prompts(tmp_path / "prompts.jsonl"), root=tmp_path,
-                                    bucket=s3_spec.bucket, endpoint=s3_spec.endpoint_url))
+    s3 = {"bucket": s3_spec.bucket, "prefix": "runs/", "endpoint_url": s3_spec.endpoint_url, "region": "us-east-1",
+          "path_style": True}
+    fakes.write_recipe(recipe, fakes.write_prompts(tmp_path / "prompts.jsonl"), name="ops-e2e",
+                       **{"tracking.mode": "offline", "storage": {"root": str(tmp_path), "s3": s3},
+                          "stages.backup.enabled": True})
     run_dir = tmp_path / "ops-e2e"
     result = runner.invoke(app, ["run", str(recipe), "--run-dir", str(run_dir)])
     assert result.exit_code == 0, result.output

@@ -12,22 +12,6 @@ from typer.testing import CliRunner
 from dflashx.cli.main import app
 from dflashx.run import orchestrator
 
-RECIPE = """\
-name: cli-test
-dataset:
-  sources: [{{name: local, path: {source}}}]
-  eval_holdout: 2
-  stats: {{samples: 4, prompt_tokens_mean: 20, output_tokens_mean: 20}}
-target: {{model: builtin:tiny-qwen3, precision: fp32}}
-drafter: {{num_layers: 1, block_size: 8, num_target_layers: 2}}
-hardware: cpu
-stages:
-  generate: {{backend: transformers, max_tokens: 16}}
-  backup: {{enabled: false}}
-tracking: {{mode: disabled}}
-"""
-
-
 @pytest.fixture(autouse=True)
 def fake_stages(monkeypatch):
     monkeypatch.setattr(orchestrator, "load_stage", fakes.fake_load_stage)
@@ -38,9 +22,7 @@ def fake_stages(monkeypatch):
 @pytest.fixture
 def recipe(tmp_path):
     source = fakes.write_prompts(tmp_path / "prompts.jsonl")
-    path = tmp_path / "recipe.yaml"
-    path.write_text(RECIPE.format(source=source))
-    return path
+    return fakes.write_recipe(tmp_path / "recipe.yaml", source, name="cli-test")
 
 
 def _run(*args: str):
@@ -79,11 +61,6 @@ def test_bad_recipe_and_bad_flags_exit_2(tmp_path, recipe):
 
 
 def test_unimplemented_stage_exits_1(tmp_path, recipe, monkeypatch):
-    def load(name):
-        if name == "train":
-            raise ModuleNotFoundError("No module named 'dflashx.stages.train'", name="dflashx.stages.train")
-        return fakes.FAKES[name]
-
-    monkeypatch.setattr(orchestrator, "load_stage", load)
+    monkeypatch.setattr(orchestrator, "load_stage", fakes.load_without("train"))
     result = _run(str(recipe), "--run-dir", str(tmp_path / "run"))
     assert result.exit_code == 1 and "stage train is not implemented yet" in result.output

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dflashx.config.schema import Recipe
 from dflashx.run.graph import select
 from dflashx.run.orchestrator import RunResult, run_pipeline
@@ -47,6 +49,16 @@ def recipe_data(source: Path, **changes: Any) -> dict[str, Any]:
             node = node.setdefault(part, {})
         node[last] = value
     return data
+
+
+def write_recipe(path: Path, source: Path, **changes: Any) -> Path:
+    """The fake recipe as a YAML file with the hardware named as a profile, for tests that go through
+    the CLI's loader; `changes` are dotted keys as in `recipe_data`."""
+    stats = {"samples": 4, "prompt_tokens_mean": 20, "output_tokens_mean": 20}
+    data = recipe_data(source, **{"hardware": "cpu", "dataset.stats": stats,
+                                  "stages.generate": {"backend": "transformers", "max_tokens": 16}} | changes)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
 
 
 def make_recipe(source: Path, **changes: Any) -> Recipe:
@@ -158,6 +170,17 @@ FAKES: dict[str, Callable[[StageContext], StageResult]] = {
 
 def fake_load_stage(name: str) -> Callable[[StageContext], StageResult]:
     return FAKES[name]
+
+
+def load_without(missing: str) -> Callable[[str], Callable[[StageContext], StageResult]]:
+    """A stage loader whose `missing` stage module does not exist yet (as before its issue lands)."""
+    def load(name: str) -> Callable[[StageContext], StageResult]:
+        if name == missing:
+            module = f"dflashx.stages.{name}"
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+        return FAKES[name]
+
+    return load
 
 
 def run(recipe: Recipe, run_dir: Path, lines: list[str] | None = None, **select_args: Any) -> RunResult:

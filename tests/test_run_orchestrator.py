@@ -130,12 +130,7 @@ def test_crash_saves_traceback(tmp_path, source, monkeypatch):
 
 
 def test_unimplemented_stage_stops_with_message(tmp_path, source, monkeypatch):
-    def load(name):
-        if name == "qc":
-            raise ModuleNotFoundError("No module named 'dflashx.stages.qc'", name="dflashx.stages.qc")
-        return fakes.FAKES[name]
-
-    monkeypatch.setattr(orchestrator, "load_stage", load)
+    monkeypatch.setattr(orchestrator, "load_stage", fakes.load_without("qc"))
     result = fakes.run(fakes.make_recipe(source), tmp_path / "run")
     assert not result.ok
     assert result.outcomes[-1].state == "not-implemented"
