@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from dflashx.dflash.data import make_loader, load_token_dataset
-from dflashx.dflash.trainer import TrainJob, run_training
+from dflashx.dflash.trainer import TrainJob, free_port, run_training
 from helpers_dflash import tiny_dataset, tiny_target
 
 
@@ -31,9 +31,9 @@ def _losses(stage_dir) -> dict[int, float]:
     return {json.loads(x)["step"]: json.loads(x)["loss"] for x in lines}
 
 
-def _torchrun(stage_dir, port: int) -> None:
+def _torchrun(stage_dir) -> None:
     env = os.environ | {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "dflashx.dflash.trainer", "--stage-dir", str(stage_dir)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -57,7 +57,7 @@ def test_two_ranks_match_one_rank_and_resume(tmp_path):
     two = tmp_path / "two"
     two.mkdir()
     _job(tmp_path, "two").save()
-    _torchrun(two, 29611)
+    _torchrun(two)
     losses = _losses(two)
     assert sorted(losses) == [1, 2, 3, 4]
     for step, loss in losses.items():
@@ -68,7 +68,7 @@ def test_two_ranks_match_one_rank_and_resume(tmp_path):
     # Resume: point `latest` back at step 2, as if the job died after that checkpoint.
     shutil.rmtree(two / "checkpoints" / "step-00000004")
     (two / "checkpoints" / "latest").write_text("step-00000002")
-    _torchrun(two, 29612)
+    _torchrun(two)
     lines = (two / "logs" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4]  # steps after the checkpoint were redone once
     resumed = _losses(two)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from dflashx.dflash.checkpoint import load_drafter
+from dflashx.dflash.trainer import free_port
 from dflashx.stages import train as train_stage
 from helpers_dflash import tiny_dataset, tiny_target
 from helpers_models import make_recipe, stage_context
@@ -57,7 +58,7 @@ def test_stage_launches_one_process_per_rank(tmp_path):
     import sys
 
     logs: list = []
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29633",
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
             "-m", "dflashx.stages.train", "--run-dir", "{run_dir}"]
     ctx = _ctx(tmp_path, {"launch": {"command": argv, "world_size": 2}}, logs)
     result = train_stage.run(ctx)

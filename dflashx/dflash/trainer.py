@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import random
+import socket
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -115,12 +116,21 @@ def deepspeed_config(job: TrainJob, world: int, total_steps: int) -> dict[str, A
     return cfg
 
 
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _setup_distributed() -> tuple[int, int, int]:
     """Rank, world size and local rank; a lone process gets a one-rank group (gloo on CPU)."""
     import deepspeed
 
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000),
-                       "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+    if "MASTER_PORT" not in os.environ:  # a lone process: any free loopback port for its one-rank group
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(free_port())
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(key, value)
     for key, value in SAFE_NCCL_ENV.items():
         os.environ.setdefault(key, value)
