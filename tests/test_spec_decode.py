@@ -13,6 +13,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
 from dflashx.dflash.config import DFlashConfig
+from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.dflash.spec_decode import SpecDecoder, rejection_sample
 
@@ -52,8 +53,8 @@ def oracle(drafter: DFlashDrafter, prompt: list[int], continuation: list[int], c
     """Make the drafter propose the target's greedy continuation (slot `corrupt_slot(cycle)` made wrong)."""
     vocab, cycle = drafter.config.vocab_size, [0]
 
-    def draft_block(features_ctx, anchor_id, embed, lm_head):
-        start = features_ctx.shape[1] - len(prompt)  # index of the anchor in the continuation
+    def draft_block(ctx, anchor_id, embed, lm_head):
+        start = ctx.length - len(prompt)  # index of the anchor in the continuation
         want = (continuation + [0] * drafter.config.block_size)[start + 1 : start + drafter.config.block_size]
         bad = corrupt_slot(cycle[0]) if corrupt_slot else None
         cycle[0] += 1
@@ -155,3 +156,31 @@ def test_sampled_speculative_decoding_matches_target_sampling():
     for _ in range(draws):
         counts[decoder.generate(prompt, 2, temperature=temp, generator=gen).output_ids[1]] += 1
     assert _tv(counts, marginal) < 0.06
+
+
+@pytest.mark.parametrize("kinds", [("full_attention", False), ("sliding_attention", True)])
+def test_drafting_from_the_grown_context_matches_the_training_forward(kinds):
+    """The decode-time context (grown a few positions per cycle, each projected once) drafts the same
+    logits as the training forward, which projects the whole context for a block anchored at T."""
+    layer_type, causal = kinds
+    cfg = DFlashConfig(num_layers=2, block_size=4, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=8, intermediate_size=48, vocab_size=50, target_layer_ids=[0, 1], num_target_layers=4,
+                       mask_token_id=1, layer_types=[layer_type] * 2, causal_layers=[causal] * 2, sliding_window=6)
+    torch.manual_seed(0)
+    d = DFlashDrafter(cfg).eval()
+    embed, head = torch.nn.Embedding(50, 32), torch.nn.Linear(32, 50, bias=False)
+    feats = torch.randn(1, 13, 64)
+    ctx = None
+    for lo, hi in [(0, 5), (5, 6), (6, 10), (10, 13)]:
+        ctx = d.extend_context(ctx, feats[:, lo:hi])
+    assert ctx.length == 13 and ctx.kv[0][0].shape[2] == 13
+    cached = d.draft_block(ctx, 7, embed, head)
+
+    t = feats.shape[1]
+    ids = torch.tensor([[7, 1, 1, 1]])
+    with torch.no_grad():
+        hidden = d(embed(ids), d.fuse(feats), torch.arange(t, t + 4)[None], torch.arange(t)[None],
+                   DraftMask(torch.tensor([[t]]), t, 4, backend="sdpa"))
+    assert torch.allclose(cached, head(hidden[0, 1:]), atol=1e-5)
+    # and the context matters: drafting from a shorter context differs
+    assert not torch.allclose(cached, d.draft_block(d.extend_context(None, feats[:, :12]), 7, embed, head))

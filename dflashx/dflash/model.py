@@ -16,13 +16,16 @@ Public API:
   `fuse(features [b, T, k*H]) -> context [b, T, H]` (fc then hidden_norm);
   `forward(block_embeds [b, Q, H], context [b, T, H] (already fused), block_positions [b, Q],
            context_positions [b, T], mask: DraftMask) -> hidden [b, Q, H]` (after the final norm);
-  `draft_block(features_ctx [1, T, k*H], anchor_id, embed, lm_head) -> logits [B-1, V]` — one block
-  [anchor, MASK x (B-1)] at positions T..T+B-1 over all T context positions (no cache);
+  `extend_context(ctx | None, features [1, n, k*H]) -> DraftContext` — decoding: the next n context
+  positions fused and projected to each layer's keys/values once (a cache that only grows);
+  `draft_block(ctx, anchor_id, embed, lm_head) -> logits [B-1, V]` — one block
+  [anchor, MASK x (B-1)] at positions T..T+B-1 over the T = ctx.length context positions;
   `block_input_ids(anchor_ids [..], block_size, mask_token_id)` — [anchor, MASK, ...] rows.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -31,6 +34,18 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwe
 
 from dflashx.dflash.config import DFlashConfig
 from dflashx.dflash.masks import DraftMask, attend
+
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class DraftContext:
+    """The drafter's view of the context while decoding: each layer's keys and values of the fused
+    target features at positions 0..length-1 (`DFlashDrafter.extend_context` grows it)."""
+
+    kv: list[KV]
+    length: int
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -57,22 +72,18 @@ class DFlashAttention(nn.Module):
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         return x.view(*x.shape[:2], n, self.head_dim)
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        context: torch.Tensor,
-        rope_block: tuple[torch.Tensor, torch.Tensor],
-        rope_ctx: tuple[torch.Tensor, torch.Tensor],
-        mask: DraftMask,
-    ) -> torch.Tensor:
-        q = self.q_norm(self._heads(self.q_proj(hidden), self.num_heads)).transpose(1, 2)
-        kv_in = torch.cat([context, hidden], dim=1)
-        k = self.k_norm(self._heads(self.k_proj(kv_in), self.num_kv_heads)).transpose(1, 2)
-        v = self._heads(self.v_proj(kv_in), self.num_kv_heads).transpose(1, 2)
-        cos = torch.cat([rope_ctx[0], rope_block[0]], dim=1)
-        sin = torch.cat([rope_ctx[1], rope_block[1]], dim=1)
-        q = _rope(q, *rope_block)
-        k = _rope(k, cos, sin)
+    def project_kv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> KV:
+        """Keys (k-norm, then RoPE) and values [b, Hkv, L, d] of rows x [b, L, H]."""
+        k = self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)).transpose(1, 2)
+        v = self._heads(self.v_proj(x), self.num_kv_heads).transpose(1, 2)
+        return _rope(k, *rope), v
+
+    def forward(self, hidden: torch.Tensor, context_kv: KV, rope_block: tuple[torch.Tensor, torch.Tensor],
+                mask: DraftMask) -> torch.Tensor:
+        """Block queries over [context keys ; block keys]; `context_kv` from `project_kv`."""
+        q = _rope(self.q_norm(self._heads(self.q_proj(hidden), self.num_heads)).transpose(1, 2), *rope_block)
+        k, v = self.project_kv(hidden, rope_block)
+        k, v = torch.cat([context_kv[0], k], dim=2), torch.cat([context_kv[1], v], dim=2)
         out = attend(q, k, v, mask.for_layer(self.causal, self.window), self.head_dim**-0.5)
         return self.o_proj(out.transpose(1, 2).reshape(*hidden.shape[:2], -1))
 
@@ -85,8 +96,9 @@ class DFlashDecoderLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, hidden, context, rope_block, rope_ctx, mask) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), context, rope_block, rope_ctx, mask)
+    def forward(self, hidden: torch.Tensor, context_kv: KV, rope_block: tuple[torch.Tensor, torch.Tensor],
+                mask: DraftMask) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), context_kv, rope_block, mask)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -136,32 +148,44 @@ class DFlashDrafter(nn.Module):
         context_positions: torch.Tensor,
         mask: DraftMask,
     ) -> torch.Tensor:
+        rope_ctx = self.rotary_emb(context, context_positions)
+        return self._decode(block_embeds, block_positions, mask,
+                            [layer.self_attn.project_kv(context, rope_ctx) for layer in self.layers])
+
+    def _decode(self, block_embeds: torch.Tensor, block_positions: torch.Tensor, mask: DraftMask,
+                context_kv: list[KV]) -> torch.Tensor:
         hidden = block_embeds.to(self.fc.weight.dtype)
         rope_block = self.rotary_emb(hidden, block_positions)
-        rope_ctx = self.rotary_emb(hidden, context_positions)
-        for layer in self.layers:
-            hidden = layer(hidden, context, rope_block, rope_ctx, mask)
+        for layer, kv in zip(self.layers, context_kv):
+            hidden = layer(hidden, kv, rope_block, mask)
         return self.norm(hidden)
+
+    @torch.no_grad()
+    def extend_context(self, ctx: DraftContext | None, features: torch.Tensor) -> DraftContext:
+        """`ctx` with the target features [1, n, k*H] of the next n positions appended (fused,
+        projected to every layer's keys and values once, never recomputed)."""
+        start = ctx.length if ctx is not None else 0
+        fused = self.fuse(features)
+        positions = torch.arange(start, start + fused.shape[1], device=fused.device)[None]
+        rope = self.rotary_emb(fused, positions)
+        new = [layer.self_attn.project_kv(fused, rope) for layer in self.layers]
+        if ctx is not None:
+            new = [(torch.cat([k0, k], dim=2), torch.cat([v0, v], dim=2)) for (k0, v0), (k, v) in zip(ctx.kv, new)]
+        return DraftContext(new, start + fused.shape[1])
 
     @torch.no_grad()
     def draft_block(
         self,
-        features_ctx: torch.Tensor,
+        ctx: DraftContext,
         anchor_id: int,
         embed: Callable[[torch.Tensor], torch.Tensor],
         lm_head: Callable[[torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
-        """Logits [B-1, V] for the block drafted after `anchor_id`, placed at position T."""
-        cfg, device = self.config, features_ctx.device
-        t = features_ctx.shape[1]
-        ids = block_input_ids(torch.tensor([[anchor_id]], device=device), cfg.block_size, cfg.mask_token_id)
-        ids = ids.view(1, cfg.block_size)
-        mask = DraftMask(torch.tensor([[t]], device=device), t, cfg.block_size)
-        hidden = self(
-            embed(ids),
-            self.fuse(features_ctx),
-            torch.arange(t, t + cfg.block_size, device=device)[None],
-            torch.arange(t, device=device)[None],
-            mask,
-        )
+        """Logits [B-1, V] for the block drafted after `anchor_id`, placed at position `ctx.length`."""
+        cfg, t = self.config, ctx.length
+        device = ctx.kv[0][0].device
+        ids = block_input_ids(torch.tensor([anchor_id], device=device), cfg.block_size, cfg.mask_token_id)
+        # one block: a dense mask is cheaper than building a flex block mask every cycle
+        mask = DraftMask(torch.tensor([[t]], device=device), t, cfg.block_size, backend="sdpa")
+        hidden = self._decode(embed(ids), torch.arange(t, t + cfg.block_size, device=device)[None], mask, ctx.kv)
         return lm_head(hidden[0, 1:])

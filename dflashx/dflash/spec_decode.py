@@ -8,8 +8,9 @@ One cycle (DFlash, arXiv 2602.06036; verification as in Leviathan et al. 2023 / 
   3. greedy: accept the longest prefix where draft == target argmax, plus the target's token after
      it (the bonus); sampling: accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i)), on the
      first rejection sample from norm(max(0, p_i - q_i)), after a full accept sample the bonus from p;
-  4. the features of the anchor and the accepted drafts join the context; the target's cache is
-     rolled back to the accepted length.
+  4. the features of the anchor and the accepted drafts join the drafter's context (fused and
+     projected to keys/values once: `DFlashDrafter.extend_context`); the target's cache is rolled
+     back to the accepted length.
 
 Cache rollback: attention layers (`DynamicLayer`) are cropped. A Gated DeltaNet (linear-attention)
 layer holds a recurrent state that already absorbed all B verified tokens and cannot be cropped, so
@@ -41,7 +42,7 @@ from transformers.cache_utils import (
 )
 
 from dflashx.dflash.capture import find_decoder_layers
-from dflashx.dflash.model import DFlashDrafter
+from dflashx.dflash.model import DFlashDrafter, DraftContext
 
 
 @dataclass
@@ -186,7 +187,7 @@ class SpecDecoder:
         feats = torch.cat([store[i] for i in self.layer_ids], dim=-1)
         return out.logits[0].float(), feats
 
-    def _draft(self, context: torch.Tensor, anchor: int, n: int, temperature: float, generator):
+    def _draft(self, context: DraftContext, anchor: int, n: int, temperature: float, generator):
         """n drafted tokens after `anchor` and their proposal distributions (None when greedy)."""
         if n == 0:
             return torch.empty(0, dtype=torch.long, device=self.device), None
@@ -222,7 +223,8 @@ class SpecDecoder:
         t0 = time.perf_counter()
         cache = DynamicCache(config=self.target.config)
         rollback = _CacheRollback(cache)
-        logits, context = self._forward(list(prompt_ids), 0, cache, keep_all=False)
+        logits, prompt_feats = self._forward(list(prompt_ids), 0, cache, keep_all=False)
+        context = self.drafter.extend_context(None, prompt_feats)
         first = int(logits[-1].argmax()) if temperature <= 0 else int(_sample(_probs(logits[-1], temperature), generator))
         result = DecodeResult(output_ids=[first], target_forwards=1)
         start = len(prompt_ids)  # position of the anchor (the last token, not yet in the target cache)
@@ -243,7 +245,7 @@ class SpecDecoder:
                 result.target_forwards += 1
             elif keep < n + 1:
                 rollback.crop_attention(n + 1 - keep)
-            context = torch.cat([context, feats[:, :keep]], dim=1)
+            context = self.drafter.extend_context(context, feats[:, :keep])
             start += keep
             result.drafted.append(n)
             result.accepted.append(accepted)
