@@ -9,7 +9,8 @@ is the 5-layer DFlash drafter at the target's width. Per shape, in the same proc
 - optimized: target forward stopped after the deepest tapped layer (hooks, no output_hidden_states,
              no LM head), drafter with per-anchor block masks (flex attention on CUDA), LM head
              only on supervised slots, chunked; drafter fwd + bwd + AdamW step;
-- fp8:       the same with the frozen target's linear layers in FP8 (per-tensor scales, _scaled_mm);
+- fp8:       the same with the frozen target's linear layers in FP8 (dflashx.dflash.fp8, as training
+             runs it for `target.precision: fp8`);
 - naive:     target with output_hidden_states=True over all layers and its full logits, drafter
              attention dense over all context + block keys (materialised mask), full-vocabulary
              logits for every block slot.
@@ -19,7 +20,7 @@ slots; the same count divides every variant's time, so the naive step's extra wo
 
     python -m benchmarks.train_step                 # both shapes on the GPU
     python -m benchmarks.train_step --tiny          # small shapes on CPU (a smoke test)
-Writes benchmarks/results/train_step.json (or --out) and prints a table.
+Writes benchmarks/results/train_step.json (train_step_tiny.json with --tiny, or --out) and prints a table.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ sys.path.insert(0, str(_HERE.parent))
 from dflashx.dflash.anchors import build_block_batch
 from dflashx.dflash.capture import FeatureCapture, find_decoder_layers
 from dflashx.dflash.config import DFlashConfig, loss_gamma, target_layer_ids
+from dflashx.dflash.fp8 import quantize_linears
 from dflashx.dflash.loss import dflash_loss
 from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.metrics import TargetCost, drafter_flops, visible_pairs
@@ -85,38 +87,6 @@ def build_target(shape: dict[str, Any], layers: int, device: str, dtype: torch.d
     with torch.device(device):
         model = cls(config).to(dtype)
     return model.eval().requires_grad_(False)
-
-
-class FP8Linear(nn.Module):
-    """A frozen Linear in float8_e4m3: per-tensor weight scale, per-tensor dynamic activation scale."""
-
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        w = linear.weight.detach()
-        self.w_scale = (w.abs().amax().float() / 448.0).clamp_min(1e-12)
-        self.weight_t = (w.float() / self.w_scale).to(torch.float8_e4m3fn).t()  # column-major for _scaled_mm
-        self.bias = linear.bias
-        self.out_features = linear.out_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        x_scale = (flat.abs().amax().float() / 448.0).clamp_min(1e-12)
-        xq = (flat.float() / x_scale).to(torch.float8_e4m3fn)
-        out = torch._scaled_mm(xq, self.weight_t, scale_a=x_scale, scale_b=self.w_scale, out_dtype=x.dtype)
-        out = out if self.bias is None else out + self.bias
-        return out.view(*x.shape[:-1], self.out_features)
-
-
-def to_fp8(model: nn.Module, upto: int) -> int:
-    """Swap the Linear layers of decoder layers 0..upto for FP8Linear; returns how many."""
-    swapped = 0
-    for layer in list(find_decoder_layers(model))[: upto + 1]:
-        for name, child in list(layer.named_modules()):
-            for attr, sub in list(child.named_children()):
-                if isinstance(sub, nn.Linear) and sub.in_features % 16 == 0 and sub.out_features % 16 == 0:
-                    setattr(child, attr, FP8Linear(sub))
-                    swapped += 1
-    return swapped
 
 
 def _sync() -> None:
@@ -258,7 +228,7 @@ def run_shape(name: str, shape: dict[str, Any], args, device: str, peaks: dict[s
             layer.compile()  # fuses the norms, RoPE and SwiGLU around the matmuls
         rows.append(_measure("optimized+compile", step.optimized, flops, tokens, peaks["bf16"], args))
     if peaks["fp8"] and not args.no_fp8:
-        swapped = to_fp8(target, max(ids))
+        swapped = quantize_linears(list(find_decoder_layers(target))[: max(ids) + 1])
         label = "optimized+compile+fp8-target" if args.compile else "optimized+fp8-target"
         row = _measure(label, step.optimized, flops, tokens, peaks["bf16"], args)
         rows.append(row | {"fp8_linears": swapped})
@@ -319,7 +289,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-fp8", action="store_true")
     p.add_argument("--profile", action="store_true", help="print the top CUDA kernels of one optimized step")
     p.add_argument("--compile", action="store_true", help="also time the step with torch.compile'd drafter layers")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, help=f"default {RESULTS.name} ({RESULTS.stem}_tiny.json with --tiny)")
     args = p.parse_args(argv)
     if args.tiny:
         args.target_layers, args.drafter_layers = min(args.target_layers, 6), min(args.drafter_layers, 2)
@@ -342,6 +312,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if device == "cuda":
             torch.cuda.empty_cache()
     print_table(results, peaks)
+    args.out = args.out or RESULTS.with_name(f"{RESULTS.stem}_tiny.json" if args.tiny else RESULTS.name)
     report = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "environment": environment(device), "peak_tflops": peaks, "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -124,7 +124,10 @@ class TargetSpec(Strict):
     model: str = Field(description="HF id, local folder, or `builtin:tiny-qwen3` / `builtin:tiny-qwen3_5`.")
     arch: str | None = Field(None, description="Registry key when `model` is not a known id.")
     tokenizer: str | None = Field(None, description="Tokenizer path/id when it differs from `model`.")
-    precision: Precision = Field("bf16", description="Precision the target is loaded in.")
+    precision: Precision = Field(
+        "bf16", description="Precision the target is loaded in; `fp8`: training runs the tapped layers' "
+        "linears in FP8 (per-tensor scales), evaluation loads bf16.",
+    )
     chat_template: ChatTemplateSpec = Field(
         default_factory=ChatTemplateSpec, description="Chat-template options."
     )

@@ -159,12 +159,25 @@ class _TrainModule(nn.Module):
         return out.loss, out.correct, out.count
 
 
-def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any]:
+def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any, DFlashDrafter]:
+    """The frozen target on `device`, its tokenizer, and the drafter built for it.
+
+    `target.precision: fp8`: the linear layers the capture runs (decoder layers up to the deepest
+    tapped one) are converted to FP8 while the weights are still in host memory, so the GPU never
+    holds the bf16 copies; layers past the deepest tapped one never run.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = _DTYPES[job.precision]
-    target = AutoModelForCausalLM.from_pretrained(job.target, dtype=dtype).to(device).eval().requires_grad_(False)
-    return target, AutoTokenizer.from_pretrained(job.target)
+    target = AutoModelForCausalLM.from_pretrained(job.target, dtype=_DTYPES[job.precision])
+    tokenizer = AutoTokenizer.from_pretrained(job.target)
+    drafter = build_drafter(job, target.config, tokenizer).to(device)
+    if job.precision == "fp8":
+        from dflashx.dflash.fp8 import check_fp8, quantize_linears
+
+        check_fp8(device)
+        swapped = quantize_linears(find_decoder_layers(target)[: max(drafter.config.target_layer_ids) + 1])
+        logging.getLogger(__name__).info("target in FP8: %d linear layers", swapped)
+    return target.to(device).eval().requires_grad_(False), tokenizer, drafter
 
 
 def build_drafter(job: TrainJob, target_config: Any, tokenizer: Any) -> DFlashDrafter:
@@ -277,8 +290,7 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
     stage = Path(job.stage_dir)
     (stage / "logs").mkdir(parents=True, exist_ok=True)
-    target, tokenizer = _load_target(job, device)
-    drafter = build_drafter(job, target.config, tokenizer).to(device)
+    target, tokenizer, drafter = _load_target(job, device)
     cfg = drafter.config
     capture = FeatureCapture(target, cfg.target_layer_ids)
     embed, lm_head_w = target.get_input_embeddings(), target.get_output_embeddings().weight

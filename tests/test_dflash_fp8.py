@@ -1,0 +1,61 @@
+"""The frozen target in FP8 (`target.precision: fp8`): FP8Linear against the bf16 product, the swap
+limited to the layers the capture runs, tapped features close to bf16, and the trainer with an FP8
+target. `torch._scaled_mm` runs on this CPU, so nothing is mocked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dflashx.dflash.capture import FeatureCapture, find_decoder_layers
+from dflashx.dflash.fp8 import FP8Linear, check_fp8, quantize_linears
+from helpers_dflash import load_target, tiny_dataset, tiny_target
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_fp8_linear_is_close_to_bf16_and_stores_float8():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48).to(torch.bfloat16)
+    fp8 = FP8Linear(linear)
+    x = torch.randn(3, 5, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref, out = linear(x), fp8(x)
+    assert fp8.weight_t.dtype == torch.float8_e4m3fn and out.dtype == torch.bfloat16 and out.shape == (3, 5, 48)
+    assert 0 < _rel(out, ref) < 0.06  # e4m3 keeps 3 mantissa bits: a few percent, never exact
+
+
+def test_only_linears_of_the_tapped_depth_are_swapped_and_features_stay_close(tmp_path):
+    model, _ = load_target(tiny_target(tmp_path / "t", layers=4))
+    model = model.to(torch.bfloat16)
+    ids = torch.randint(10, model.config.vocab_size, (2, 24))
+    mask = torch.ones_like(ids)
+    ref = FeatureCapture(model, [0, 2]).capture(ids, mask)
+    layers = find_decoder_layers(model)
+    swapped = quantize_linears(layers[:3])
+    assert swapped == 3 * 7  # q, k, v, o, gate, up, down in each of layers 0..2
+    assert not any(isinstance(m, FP8Linear) for m in layers[3].modules())
+    assert isinstance(model.get_output_embeddings(), nn.Linear)  # the LM head stays bf16
+    out = FeatureCapture(model, [0, 2]).capture(ids, mask)
+    assert out.shape == ref.shape and 0 < _rel(out, ref) < 0.1
+
+
+def test_check_fp8_accepts_this_cpu():
+    check_fp8(torch.device("cpu"))  # raises with the recipe fix where a device lacks FP8
+
+
+@pytest.mark.slow
+def test_training_with_an_fp8_target_lowers_the_loss(tmp_path):
+    from dflashx.dflash.trainer import TrainJob, run_training
+
+    logs: dict[int, float] = {}
+    job = TrainJob(stage_dir=str(tmp_path / "stage"), dataset=str(tiny_dataset(tmp_path / "data", n=16)),
+                   target=str(tiny_target(tmp_path / "target")),
+                   drafter={"num_layers": 1, "block_size": 4, "target_layer_ids": [1, 2]}, precision="fp8",
+                   epochs=1, max_steps=24, lr=1e-2, global_batch=4, micro_batch=2, zero_stage=2, anchors_per_seq=8,
+                   checkpoint_every=100, log_every=8, peak_tflops=0.2)
+    run_training(job, log=lambda m, step: logs.__setitem__(step, m["loss"]))
+    assert logs[24] < logs[8]
