@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +83,24 @@ def test_builtin_tokenizer_resolves_without_building_the_model(tmp_path, monkeyp
     assert AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids("<|mask|>") == build.MASK_TOKEN_ID
     assert not list((tmp_path / "tiny").glob("tiny-qwen3*")), "the model must not be built"
     assert resolve_tokenizer_path(TargetSpec(model="builtin:tiny-qwen3")) == folder
+
+
+def test_concurrent_builds_of_one_folder_build_once(tmp_path):
+    """A second builder waits on the lock and takes the first one's folder (no second training)."""
+    calls: list[int] = []
+
+    def fill(tmp: Path) -> None:
+        calls.append(1)
+        time.sleep(0.3)
+        (tmp / "build_report.json").write_text(json.dumps({"key": "k1"}))
+
+    dest, results = tmp_path / "tiny-qwen3-k1", []
+    threads = [threading.Thread(target=lambda: results.append(build._build_atomically(dest, "k1", fill, print)))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [1] and results == [dest] * 3
+    assert json.loads((dest / "build_report.json").read_text())["key"] == "k1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tiny-qwen3-k1.lock", "tiny-qwen3-k1"]

@@ -3,12 +3,15 @@
 A build is deterministic for given settings (seeded corpus, tokenizer, init and batch order) and is
 cached in a content-addressed folder, `<cache>/tiny/<variant>-<key>`, where the key hashes the build
 settings and the source of this package. The folder is written in a temporary sibling and renamed
-into place, so a reader never sees half a model. `<cache>` is `$DFLASHX_CACHE` or `~/.cache/dflashx`.
+into place, so a reader never sees half a model, under a lock file, so two processes never build
+the same folder twice. `<cache>` is `$DFLASHX_CACHE` or `~/.cache/dflashx`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -16,7 +19,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 MASK_TOKEN_ID = 5  # `<|mask|>`: the sixth special token, never seen in the corpus
 
@@ -100,26 +103,38 @@ def _is_built(folder: Path, key: str) -> bool:
     return report.is_file() and json.loads(report.read_text()).get("key") == key
 
 
+@contextlib.contextmanager
+def _exclusive(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive `flock` on `lock_file` (released when the process dies, too)."""
+    with open(lock_file, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _build_atomically(dest: Path, key: str, fill: Callable[[Path], None], log: Callable[[str], None]) -> Path:
     """Run `fill(tmp)` in a temporary sibling of `dest`, then rename it into place.
 
-    If another process renamed the same build into place first, its (identical) folder is kept.
+    One process builds a given folder at a time: a second one waits on a lock file next to it and
+    then finds the finished build instead of training the same model again.
     """
-    if dest.exists() and any(dest.iterdir()):
-        raise FileExistsError(f"{dest} exists and holds no build with key {key}; remove it or pick another --out")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        fill(tmp)
-        if dest.exists():
-            dest.rmdir()  # empty: checked above
-        os.replace(tmp, dest)
-    except OSError:
-        if not _is_built(dest, key):
-            raise
-        log(f"another process finished the same build first: {dest}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with _exclusive(dest.parent / f".{dest.name}.lock"):
+        if _is_built(dest, key):
+            log(f"built meanwhile by another process: {dest}")
+            return dest
+        if dest.exists() and any(dest.iterdir()):
+            raise FileExistsError(f"{dest} exists and holds no build with key {key}; remove it or pick another --out")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        try:
+            fill(tmp)
+            if dest.exists():
+                dest.rmdir()  # empty: checked above
+            os.replace(tmp, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 
