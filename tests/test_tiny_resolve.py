@@ -103,4 +103,4 @@ def test_concurrent_builds_of_one_folder_build_once(tmp_path):
         t.join()
     assert calls == [1] and results == [dest] * 3
     assert json.loads((dest / "build_report.json").read_text())["key"] == "k1"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".tiny-qwen3-k1.lock", "tiny-qwen3-k1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-qwen3-k1"]  # no temporary folder, no lock file

@@ -39,6 +39,18 @@ def _torchrun(stage_dir) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+def test_free_port_is_bindable_and_below_the_ephemeral_range():
+    """Outgoing connections take ephemeral ports; the process group's port must not be one of them."""
+    import socket
+    from pathlib import Path
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(5)}
+    assert all(p < low for p in ports) and len(ports) > 1  # random, so parallel jobs do not collide
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports.pop()))
+
+
 def test_each_rank_reads_its_own_shard(tmp_path):
     ds = load_token_dataset(tiny_dataset(tmp_path / "d", n=10))
     seen = [[int(i) for b in make_loader(ds, 1, r, 2, 0, 0, 0, 0) for i in b["index"]] for r in (0, 1)]

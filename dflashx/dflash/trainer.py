@@ -117,10 +117,23 @@ def deepspeed_config(job: TrainJob, world: int, total_steps: int) -> dict[str, A
 
 
 def free_port() -> int:
-    """A TCP port on loopback that nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free loopback TCP port below the kernel's ephemeral range, so that no outgoing connection
+    can take it between this check and the process group's bind (which may come a minute later,
+    after DeepSpeed builds its ops)."""
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    rng = random.Random()  # its own generator: the training RNG state is checkpointed
+    for _ in range(200):
+        port = rng.randint(min(20000, ephemeral // 2), ephemeral - 1)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free TCP port below the ephemeral range for the process group; set MASTER_PORT")
 
 
 def _setup_distributed() -> tuple[int, int, int]:

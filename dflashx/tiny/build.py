@@ -121,21 +121,28 @@ def _build_atomically(dest: Path, key: str, fill: Callable[[Path], None], log: C
     then finds the finished build instead of training the same model again.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(dest.parent / f".{dest.name}.lock"):
+    lock = dest.parent / f".{dest.name}.lock"
+    with _exclusive(lock):
         if _is_built(dest, key):
             log(f"built meanwhile by another process: {dest}")
-            return dest
-        if dest.exists() and any(dest.iterdir()):
-            raise FileExistsError(f"{dest} exists and holds no build with key {key}; remove it or pick another --out")
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-        try:
-            fill(tmp)
-            if dest.exists():
-                dest.rmdir()  # empty: checked above
-            os.replace(tmp, dest)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            _fill_and_rename(dest, key, fill)
+        lock.unlink(missing_ok=True)  # built: later callers return before they lock
     return dest
+
+
+def _fill_and_rename(dest: Path, key: str, fill: Callable[[Path], None]) -> None:
+    """`fill` a temporary sibling of `dest`, then rename it to `dest` (an empty or missing folder)."""
+    if dest.exists() and any(dest.iterdir()):
+        raise FileExistsError(f"{dest} exists and holds no build with key {key}; remove it or pick another --out")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        fill(tmp)
+        if dest.exists():
+            dest.rmdir()  # empty: checked above
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def ensure_tiny_tokenizer(variant: str = "tiny-qwen3", *, small: bool = False) -> Path:
