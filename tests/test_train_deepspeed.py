@@ -5,6 +5,7 @@ All runs share one process so DeepSpeed's ops load once."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -45,7 +46,10 @@ def _collect(into: dict[int, dict], kill_at: int | None = None):
 
 def test_zero2_training_lowers_the_loss(paths, tmp_path):
     logs: dict[int, dict] = {}
+    port_before = os.environ.get("MASTER_PORT")
     run_training(_job(paths, tmp_path, max_steps=40, log_every=8), log=_collect(logs))
+    # the one-rank group's port stays this process's: a `dflashx run` started from here must not reuse it
+    assert os.environ.get("MASTER_PORT") == port_before
     assert logs[40]["loss"] < logs[8]["loss"] - 0.2
     assert logs[40]["acceptance_length"] > logs[8]["acceptance_length"]
     m = logs[40]

@@ -140,7 +140,8 @@ def _setup_distributed() -> tuple[int, int, int]:
     """Rank, world size and local rank; a lone process gets a one-rank group (gloo on CPU)."""
     import deepspeed
 
-    if "MASTER_PORT" not in os.environ:  # a lone process: any free loopback port for its one-rank group
+    lone = "MASTER_PORT" not in os.environ  # no launcher: a one-rank group on a free loopback port
+    if lone:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ["MASTER_PORT"] = str(free_port())
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
@@ -152,6 +153,8 @@ def _setup_distributed() -> tuple[int, int, int]:
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "dflashx" / "torch_extensions"))
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    if lone:  # the group holds that port now: child processes must not inherit it as theirs
+        del os.environ["MASTER_PORT"]
     local = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
         torch.cuda.set_device(local)
