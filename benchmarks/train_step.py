@@ -49,7 +49,7 @@ sys.path.insert(0, str(_HERE.parent))
 from dflashx.dflash.anchors import build_block_batch
 from dflashx.dflash.capture import FeatureCapture, find_decoder_layers
 from dflashx.dflash.config import DFlashConfig, loss_gamma, target_layer_ids
-from dflashx.dflash.fp8 import quantize_linears
+from dflashx.dflash.fp8 import target_to_fp8
 from dflashx.dflash.loss import dflash_loss
 from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.metrics import TargetCost, drafter_flops, visible_pairs
@@ -228,7 +228,7 @@ def run_shape(name: str, shape: dict[str, Any], args, device: str, peaks: dict[s
             layer.compile()  # fuses the norms, RoPE and SwiGLU around the matmuls
         rows.append(_measure("optimized+compile", step.optimized, flops, tokens, peaks["bf16"], args))
     if peaks["fp8"] and not args.no_fp8:
-        swapped = quantize_linears(list(find_decoder_layers(target))[: max(ids) + 1])
+        swapped = target_to_fp8(target, torch.device(device), depth=max(ids) + 1)
         label = "optimized+compile+fp8-target" if args.compile else "optimized+fp8-target"
         row = _measure(label, step.optimized, flops, tokens, peaks["bf16"], args)
         rows.append(row | {"fp8_linears": swapped})

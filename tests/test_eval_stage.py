@@ -30,8 +30,9 @@ def setup(tmp_path_factory):
     return root, path, prompts
 
 
-def _ctx(tmp_path: Path, target: Path, inputs: dict, logs: list | None = None, **eval_cfg):
-    recipe = make_recipe(target={"model": str(target), "precision": "fp32"},
+def _ctx(tmp_path: Path, target: Path, inputs: dict, logs: list | None = None, precision: str = "fp32",
+         **eval_cfg):
+    recipe = make_recipe(target={"model": str(target), "precision": precision},
                          stages={"eval": {"num_prompts": 3, "max_new_tokens": 12} | eval_cfg})
     run_dir = tmp_path / "run"
     run_dir.mkdir(exist_ok=True)
@@ -92,3 +93,16 @@ def test_sampling_eval_reports_without_greedy_agreement(setup, tmp_path):
     assert data["temperature"] == 0.8 and data["greedy_agreement"] is None
     assert "greedy_agreement" not in result.metrics and result.metrics["tau"] >= 1.0
     assert data["trained"]["cycles"] == sum(data["trained"]["accept_length_histogram"])
+
+
+def test_fp8_target_is_evaluated_in_fp8_and_decoding_stays_exact(setup, tmp_path):
+    """`target.precision: fp8`: the target's linears run in FP8 (row-wise scales, so a verify forward
+    over a block gives each token what a one-token step would) and decoding equals its greedy output."""
+    from dflashx.dflash.fp8 import FP8Linear
+
+    root, target, prompts = setup
+    ctx = _ctx(tmp_path, target, {"train.checkpoint": root / "ckpt", "ingest.eval_prompts": prompts}, precision="fp8")
+    loaded, _, _ = eval_stage._load(ctx)
+    assert sum(isinstance(m, FP8Linear) for m in loaded.modules()) == 4 * 7
+    data = json.loads((ctx.out_dir / eval_stage.run(ctx).artifacts["report"].path / "eval.json").read_text())
+    assert data["greedy_agreement"] == 1.0 and data["trained"]["cycles"] > 0

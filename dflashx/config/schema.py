@@ -125,8 +125,8 @@ class TargetSpec(Strict):
     arch: str | None = Field(None, description="Registry key when `model` is not a known id.")
     tokenizer: str | None = Field(None, description="Tokenizer path/id when it differs from `model`.")
     precision: Precision = Field(
-        "bf16", description="Precision the target is loaded in; `fp8`: training runs the tapped layers' "
-        "linears in FP8 (per-tensor scales), evaluation loads bf16.",
+        "bf16", description="Precision the target is loaded in; `fp8`: training and evaluation run its "
+        "decoder layers' linears in FP8 (per-token / per-channel scales), the rest in bf16.",
     )
     chat_template: ChatTemplateSpec = Field(
         default_factory=ChatTemplateSpec, description="Chat-template options."

@@ -188,10 +188,9 @@ def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any, D
     tokenizer = AutoTokenizer.from_pretrained(job.target)
     drafter = build_drafter(job, target.config, tokenizer).to(device)
     if job.precision == "fp8":
-        from dflashx.dflash.fp8 import check_fp8, quantize_linears
+        from dflashx.dflash.fp8 import target_to_fp8
 
-        check_fp8(device)
-        swapped = quantize_linears(find_decoder_layers(target)[: max(drafter.config.target_layer_ids) + 1])
+        swapped = target_to_fp8(target, device, depth=max(drafter.config.target_layer_ids) + 1)
         logging.getLogger(__name__).info("target in FP8: %d linear layers", swapped)
     return target.to(device).eval().requires_grad_(False), tokenizer, drafter
 

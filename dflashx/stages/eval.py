@@ -75,6 +75,10 @@ def _load(ctx: StageContext):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = getattr(torch, _DTYPES[ctx.recipe.target.precision])
     target = AutoModelForCausalLM.from_pretrained(str(resolve_target_path(ctx.recipe.target)), dtype=dtype)
+    if ctx.recipe.target.precision == "fp8":  # as served: every decoder layer's linears in FP8
+        from dflashx.dflash.fp8 import target_to_fp8
+
+        target_to_fp8(target, torch.device(device))
     target = target.to(device).eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_tokenizer_path(ctx.recipe.target)))
     if CHECKPOINT not in ctx.inputs:
