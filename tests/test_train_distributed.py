@@ -14,7 +14,8 @@ import sys
 import pytest
 
 from dflashx.dflash.data import make_loader, load_token_dataset
-from dflashx.dflash.trainer import TrainJob, free_port, run_training
+from dflashx.dflash.distributed import free_port
+from dflashx.dflash.trainer import TrainJob, run_training
 from helpers_dflash import tiny_dataset, tiny_target
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dflashx.dflash.checkpoint import load_drafter
-from dflashx.dflash.trainer import free_port
+from dflashx.dflash.distributed import free_port
 from dflashx.stages import train as train_stage
 from helpers_dflash import tiny_dataset, tiny_target
 from helpers_models import make_recipe, stage_context

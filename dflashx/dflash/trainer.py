@@ -6,8 +6,8 @@ accumulation, AdamW + warm-up cosine, clipping). The global batch is the recipe'
 world size: gradient_accumulation_steps = global_batch / (micro_batch x world).
 
 Entry points:
-  `run_training(job, log=None) -> dict` — one process of the job (rank from the environment;
-  a single process sets MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK itself);
+  `run_training(job, log=None) -> dict` — one process of the job (rank from the environment,
+  or a one-rank group: `dflashx.dflash.distributed`);
   `python -m dflashx.dflash.trainer --stage-dir DIR [--run-dir DIR]` — the same from
   `DIR/train_job.json`, for torchrun / the deepspeed launcher.
 Outputs in the stage folder: `checkpoints/` (atomic DeepSpeed states + `latest`), `checkpoint/`
@@ -22,7 +22,6 @@ import logging
 import math
 import os
 import random
-import socket
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -37,13 +36,13 @@ from dflashx.dflash.anchors import BlockBatch, build_block_batch, sample_anchors
 from dflashx.dflash.capture import FeatureCapture, find_decoder_layers
 from dflashx.dflash.config import DFlashConfig, loss_gamma
 from dflashx.dflash.data import load_token_dataset, make_loader, micro_batches_per_epoch
+from dflashx.dflash.distributed import setup_distributed, teardown_distributed
 from dflashx.dflash.loss import accuracy_per_position, dflash_loss, expected_acceptance_length
 from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.metrics import TargetCost, drafter_flops, peak_memory_bytes, visible_pairs
 from dflashx.dflash.model import DFlashDrafter
 
 JOB_FILE = "train_job.json"
-SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.bfloat16}
 Log = Callable[[dict[str, Any], int], None]
 
@@ -114,51 +113,6 @@ def deepspeed_config(job: TrainJob, world: int, total_steps: int) -> dict[str, A
         "total_num_steps": total_steps, "warmup_num_steps": max(1, math.ceil(job.warmup_ratio * total_steps)),
         "warmup_type": "linear", "warmup_min_ratio": 0.0, "cos_min_ratio": 0.0}}
     return cfg
-
-
-def free_port() -> int:
-    """A free loopback TCP port below the kernel's ephemeral range, so that no outgoing connection
-    can take it between this check and the process group's bind (which may come a minute later,
-    after DeepSpeed builds its ops)."""
-    try:
-        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral = 32768
-    rng = random.Random()  # its own generator: the training RNG state is checkpointed
-    for _ in range(200):
-        port = rng.randint(min(20000, ephemeral // 2), ephemeral - 1)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free TCP port below the ephemeral range for the process group; set MASTER_PORT")
-
-
-def _setup_distributed() -> tuple[int, int, int]:
-    """Rank, world size and local rank; a lone process gets a one-rank group (gloo on CPU)."""
-    import deepspeed
-
-    lone = "MASTER_PORT" not in os.environ  # no launcher: a one-rank group on a free loopback port
-    if lone:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(free_port())
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
-        os.environ.setdefault(key, value)
-    for key, value in SAFE_NCCL_ENV.items():
-        os.environ.setdefault(key, value)
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "dflashx" / "torch_extensions"))
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-    if lone:  # the group holds that port now: child processes must not inherit it as theirs
-        del os.environ["MASTER_PORT"]
-    local = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local)
-    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), local
 
 
 class _TrainModule(nn.Module):
@@ -301,7 +255,7 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     """Train one process's part of the job; rank 0 exports the drafter and returns the metrics."""
     import deepspeed
 
-    rank, world, local = _setup_distributed()
+    rank, world, local = setup_distributed()
     device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
     stage = Path(job.stage_dir)
     (stage / "logs").mkdir(parents=True, exist_ok=True)
@@ -387,17 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     if not job_file.is_file():
         raise SystemExit(f"{job_file}: missing; the train stage writes it before launching")
     run_training(TrainJob.model_validate_json(job_file.read_text()))
-    _teardown_distributed()  # not on error: a barrier with a failed peer would hang until timeout
-
-
-def _teardown_distributed() -> None:
-    """Wait for every rank (rank 0 exports last), then close the process group: a rank that exits
-    with the group still open can abort in its communication threads (SIGABRT) and fail the job."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    teardown_distributed()  # not on error: a barrier with a failed peer would hang until timeout
 
 
 if __name__ == "__main__":

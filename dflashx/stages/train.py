@@ -99,7 +99,7 @@ def launch_command(ctx: StageContext) -> tuple[list[str], int]:
 
 
 def _launch(ctx: StageContext, argv: list[str]) -> None:
-    from dflashx.dflash.trainer import SAFE_NCCL_ENV
+    from dflashx.dflash.distributed import SAFE_NCCL_ENV
 
     env = os.environ | SAFE_NCCL_ENV
     log_file = ctx.out_dir / "logs" / "launcher.log"
