@@ -1,8 +1,8 @@
-"""One drafting cycle of speculative decoding: the context kept as keys/values vs re-fused each cycle.
+"""One drafting cycle of speculative decoding: the context kept as keys/values vs re-projected each cycle.
 
 Each cycle the drafter drafts a block after the context. `cached` is what `SpecDecoder` does: the
 features of the few positions accepted last cycle are fused and projected once
-(`DFlashDrafter.extend_context`), then the block is drafted. `re-fused` projects the whole context
+(`DFlashDrafter.extend_context`), then the block is drafted. `re-projected` projects the whole context
 again every cycle (what dflashx 0.1.0's evaluation did), so its cost grows with the context length.
 
 Usage: python -m benchmarks.draft_context [--hidden 512] [--layers 2] [--contexts 256 1024 4096]
@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from dflashx.dflash.config import DFlashConfig
+from benchmarks.train_step import timed
 from dflashx.dflash.model import DFlashDrafter
 
 RESULT = Path(__file__).resolve().parent / "results" / "draft_context.json"
@@ -39,21 +38,6 @@ def drafter(hidden: int, layers: int, k: int, vocab: int, device: torch.device) 
     return DFlashDrafter(cfg).to(device).eval()
 
 
-def timed(fn, iters: int, device: torch.device) -> float:
-    """Median seconds of `fn()` over `iters` runs after two warm-up runs."""
-    times = []
-    for i in range(iters + 2):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= 2:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=512)
@@ -61,7 +45,7 @@ def main() -> None:
     parser.add_argument("--target-layers", type=int, default=5, help="k: tapped target layers")
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 4096])
-    parser.add_argument("--iters", type=int, default=9)
+    parser.add_argument("--iters", type=int, default=9, help="timed runs (mean, after 2 warm-up runs)")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     d = drafter(args.hidden, args.layers, args.target_layers, args.vocab, device)
@@ -73,15 +57,15 @@ def main() -> None:
             feats = torch.randn(1, t, args.target_layers * args.hidden, device=device)
             earlier = d.extend_context(None, feats[:, : t - ACCEPTED])
             cached = timed(lambda: d.draft_block(d.extend_context(earlier, feats[:, t - ACCEPTED:]), 7, embed, head),
-                           args.iters, device)
-            refused = timed(lambda: d.draft_block(d.extend_context(None, feats), 7, embed, head), args.iters, device)
-            rows.append({"context": t, "cached_ms": cached * 1e3, "refused_ms": refused * 1e3,
-                         "speedup": refused / cached})
+                           2, args.iters)
+            reprojected = timed(lambda: d.draft_block(d.extend_context(None, feats), 7, embed, head), 2, args.iters)
+            rows.append({"context": t, "cached_ms": cached * 1e3, "reprojected_ms": reprojected * 1e3,
+                         "speedup": reprojected / cached})
     print(f"drafter: hidden {args.hidden}, {args.layers} layers, k={args.target_layers}, vocab {args.vocab}, "
           f"block 16, {ACCEPTED} positions join per cycle, {device}")
-    print(f"{'context':>8} {'cached ms':>10} {'re-fused ms':>12} {'speed-up':>9}")
+    print(f"{'context':>8} {'cached ms':>10} {'re-projected ms':>16} {'speed-up':>9}")
     for r in rows:
-        print(f"{r['context']:8d} {r['cached_ms']:10.2f} {r['refused_ms']:12.2f} {r['speedup']:8.2f}x")
+        print(f"{r['context']:8d} {r['cached_ms']:10.2f} {r['reprojected_ms']:16.2f} {r['speedup']:8.2f}x")
     RESULT.parent.mkdir(exist_ok=True)
     RESULT.write_text(json.dumps({"args": vars(args), "device": str(device), "torch": torch.__version__,
                                   "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),

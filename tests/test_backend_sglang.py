@@ -7,7 +7,6 @@ connections and slow replies, permanent 400s, giving up, spreading over replicas
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from dflashx.backends.base import split_think
 from dflashx.backends.servers import ServerError, wait_healthy
 from dflashx.backends.sglang import SGLangBackend, backoff_s
 from dflashx.config.schema import ChatTemplateSpec, GenerateStage
+from dflashx.dflash.distributed import free_port
 
 HERE = Path(__file__).parent
 
@@ -46,12 +46,6 @@ def generate(backend: SGLangBackend, items: list[dict]) -> dict[str, dict]:
     by_id = {r["id"]: r for r in out}
     assert len(by_id) == len(out)
     return by_id
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_request_carries_recipe_settings_and_reasoning_field_is_kept():

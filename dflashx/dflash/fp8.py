@@ -20,6 +20,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from dflashx.dflash.capture import find_decoder_layers
+
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 
 
@@ -91,8 +93,6 @@ def check_fp8(device: torch.device) -> None:
 def target_to_fp8(target: nn.Module, device: torch.device, depth: int | None = None) -> int:
     """`target.precision: fp8`: convert the linear layers of the first `depth` decoder layers (all
     when None) in place, where they are (host memory, before the move to `device`); returns how many."""
-    from dflashx.dflash.capture import find_decoder_layers
-
     check_fp8(device)
     layers = find_decoder_layers(target)
     return quantize_linears(layers if depth is None else layers[:depth])
