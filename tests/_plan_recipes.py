@@ -1,7 +1,7 @@
 """Recipes for the planner tests, built without the recipe loader (the planner takes a `Recipe`).
 
 `seeds_recipe()` is recipes/qwen36_27b.yaml with its hardware profile inlined from
-hardware_profiles/; `tiny_recipe()` likewise for recipes/tiny.yaml. Keyword overrides use
+dflashx/hardware_profiles/; `tiny_recipe()` likewise for recipes/tiny.yaml. Keyword overrides use
 dotted keys with `__` for dots: `seeds_recipe(stages__train__mode="offline")`.
 """
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def profile(name: str) -> dict[str, Any]:
-    return yaml.safe_load((REPO / "hardware_profiles" / f"{name}.yaml").read_text())
+    return yaml.safe_load((REPO / "dflashx" / "hardware_profiles" / f"{name}.yaml").read_text())
 
 
 def _set(data: dict[str, Any], dotted: str, value: Any) -> None:

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 
 from dflashx.dflash.config import DFlashConfig
+from dflashx.dflash.trainer import TrainJob
+from dflashx.resolve import ResolvedRecipe
 from dflashx.tiny.tokenizer import MASK_TOKEN, train_tokenizer
 
 TEXTS = [f"step {i}: add {i} and {i + 3} to get {2 * i + 3}. Then sort {i} {i + 7} {i % 5}." for i in range(60)]
@@ -40,9 +42,26 @@ def load_target(path: Path):
     return model, AutoTokenizer.from_pretrained(path)
 
 
+DRAFTER = {"num_layers": 1, "block_size": 4, "target_layer_ids": [1, 2]}
+
+
+def job_recipe(target_dir: str | Path, drafter: dict[str, Any] | None = None, precision: str = "fp32",
+                hardware: dict[str, Any] | None = None, **train: Any) -> ResolvedRecipe:
+    """A resolved CPU-profile recipe for a local test target (its config.json and tokenizer are read
+    as `dflashx plan` reads them), with `train` as stages.train."""
+    from helpers_models import make_recipe, resolved
+
+    return resolved(make_recipe(target={"model": str(target_dir), "precision": precision}, drafter=DRAFTER | (drafter or {}),
+                                hardware=hardware or {"name": "cpu"}, stages={"train": train}))
+
+
+def train_job(stage_dir: str | Path, dataset: str | Path, target_dir: str | Path, **kw: Any) -> TrainJob:
+    """The TrainJob the train stage would build for `job_recipe(target_dir, **kw)`."""
+    return TrainJob.of(job_recipe(target_dir, **kw), stage_dir, dataset, target_dir)
+
+
 def drafter_config(target, tok, **drafter: Any) -> DFlashConfig:
-    spec = {"num_layers": 1, "block_size": 4, "target_layer_ids": [1, 2]} | drafter
-    return DFlashConfig.from_target(spec, target.config, tok.convert_tokens_to_ids(MASK_TOKEN))
+    return DFlashConfig.from_target(job_recipe(target.name_or_path, drafter).drafter, target.config, MASK_TOKEN)
 
 
 def pattern_rows(n: int, length: int = 40, alphabet: int = 24, prompt: int = 6, seed: int = 0) -> list[dict[str, Any]]:

@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from dflashx.config.schema import Recipe
+from dflashx.resolve import ResolvedRecipe, resolve
 from dflashx.stages.base import StageContext
+from dflashx.targets.facts import facts_for
+from dflashx.targets.registry import lookup
 from dflashx.tiny.tokenizer import train_tokenizer
 
 CORPUS = [
@@ -57,6 +60,14 @@ def make_recipe(sources: list[dict[str, Any]] | None = None, **sections: Any) ->
     return Recipe.model_validate(data)
 
 
+def resolved(recipe: Recipe) -> ResolvedRecipe:
+    """`resolve` with the target's own facts (a local folder's config.json, the registry); a
+    recipe whose target a test never loads (`unused`) is resolved with the tiny target's facts."""
+    if isinstance(recipe, ResolvedRecipe):
+        return recipe
+    return resolve(recipe, facts_for(recipe.target) or lookup("builtin:tiny-qwen3"))
+
+
 def stage_context(
     name: str,
     recipe: Recipe,
@@ -67,7 +78,7 @@ def stage_context(
 ) -> StageContext:
     """A StageContext as the orchestrator builds it (stage folder `run_dir/<name>`)."""
     ctx = StageContext(
-        name=name, recipe=recipe, plan=plan or {}, resolved={}, run_dir=run_dir,
+        name=name, recipe=resolved(recipe), plan=plan or {}, run_dir=run_dir,
         out_dir=run_dir / name, inputs=inputs or {},
     )
     if log is not None:

@@ -109,7 +109,10 @@ def make_run(root: Path, s3: S3Spec | None = None, name: str = "tinyrun") -> Pat
     plan), with one artifact per tier and a superseded stage folder."""
     import yaml
 
+    from dflashx.config.schema import Recipe
+    from dflashx.resolve import resolve
     from dflashx.run.keys import stage_key
+    from dflashx.targets.registry import lookup
     from dflashx.run.rundir import RunDir
     from dflashx.store.manifest import Manifest, atomic_write_json
     from dflashx.track.records import RecordLog
@@ -126,13 +129,17 @@ def make_run(root: Path, s3: S3Spec | None = None, name: str = "tinyrun") -> Pat
     (run / "generate.superseded-abcd1234" / "completions" / "c.jsonl").write_text("old\n" * 100)
     storage = {"root": str(root), "s3": s3.model_dump(mode="json") if s3 else None}
     (run / "recipe.yaml").write_text(yaml.safe_dump({"name": name, "storage": storage}))
+    resolved = resolve(Recipe.model_validate({
+        "name": name, "dataset": {"sources": [{"name": "p", "path": "p.jsonl"}]}, "target": {"model": "builtin:tiny-qwen3"},
+        "hardware": {"name": "cpu"}, "storage": storage, "stages": {"backup": {"enabled": False}}}),
+        lookup("builtin:tiny-qwen3"))
     atomic_write_json(run / "run.json", {"run_id": f"{name}-1", "recipe": name})
     atomic_write_json(run / "plan.json", {"errors": [], "warnings": [], "totals": {}, "stages": [
         {"name": s, "enabled": s != "backup", "commands": [],
          "estimates": {"seconds": 100.0, "gpu_hours": 0.0, "usd": 0.0, "storage_bytes": 1000,
                        "peak_gpu_memory_bytes": 0}}
         for s in ("ingest", "generate", "train", "backup")],
-        "resolved": {"stages": {"backup": {"enabled": False}}}})
+        "resolved": resolved.model_dump(mode="json")})
     log = RecordLog(run, f"{name}-1")
     log.append("run_start", argv=["dflashx", "run", "recipes/tiny.yaml"], stages=["ingest", "train"])
     log.append("stage_start", stage="ingest", stage_key="k1")
@@ -147,5 +154,5 @@ def make_run(root: Path, s3: S3Spec | None = None, name: str = "tinyrun") -> Pat
     manifest.register("generate", "completions", "generate.superseded-abcd1234/completions", "garbage")
     manifest.save()
     for stage, seconds in (("ingest", 12.5), ("train", 80.0)):
-        RunDir(run).mark_success(stage, stage_key(stage, {}, manifest).key, seconds)
+        RunDir(run).mark_success(stage, stage_key(stage, resolved, manifest).key, seconds)
     return run

@@ -13,6 +13,7 @@ from dflashx.cli.main import app
 from dflashx.config.schema import Recipe, S3Spec
 from dflashx.stages.backup import run as backup_stage
 from dflashx.stages.base import StageContext, StageFailed
+from helpers_models import stage_context
 from dflashx.store.manifest import Manifest
 
 pytestmark = pytest.mark.s3
@@ -61,18 +62,16 @@ def _ctx(run: Path, spec: S3Spec | None) -> StageContext:
         "name": "tinyrun", "dataset": {"sources": [{"name": "p", "path": "p.jsonl"}]},
         "target": {"model": "builtin:tiny-qwen3"}, "hardware": {"name": "cpu"},
         "storage": {"s3": spec.model_dump() if spec else None}})
-    return StageContext(name="backup", recipe=recipe, plan={}, resolved={}, run_dir=run,
-                        out_dir=run / "backup")
+    return stage_context("backup", recipe, run)
 
 
-def test_backup_stage_writes_receipt_and_progress(s3_spec: S3Spec, tmp_path: Path) -> None:
+def test_backup_stage_writes_receipt(s3_spec: S3Spec, tmp_path: Path) -> None:
     run = make_run(tmp_path, s3_spec)
     result = backup_stage(_ctx(run, s3_spec))
     receipt = json.loads((run / "backup" / result.artifacts["receipt"].path).read_text())
     assert receipt["ok"] is True and result.metrics["problems"] == 0
     assert result.metrics["bytes_verified"] == receipt["bytes_verified"] > 16384
     assert result.metrics["garbage_bytes"] == 400
-    assert (run / "PROGRESS.md").is_file()
 
 
 def test_backup_stage_needs_s3(tmp_path: Path) -> None:

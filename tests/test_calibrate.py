@@ -27,7 +27,7 @@ def profiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private copy of the cpu profile, searched first, so --write never touches the repository."""
     folder = tmp_path / "profiles"
     folder.mkdir()
-    shutil.copy(REPO / "hardware_profiles/cpu.yaml", folder / "cpu.yaml")
+    shutil.copy(REPO / "dflashx/hardware_profiles/cpu.yaml", folder / "cpu.yaml")
     monkeypatch.setenv("DFLASHX_PROFILES_DIR", str(folder))
     return folder
 
@@ -46,13 +46,14 @@ def _run(root: Path, name: str, tokens_per_s: float | None, mfu: float | None) -
     run = root / name
     run.mkdir(parents=True)
     (run / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json")))
-    plan = make_plan(recipe, target_facts(recipe)).to_json()
+    made = make_plan(recipe, target_facts(recipe))
+    plan = made.to_json()
     atomic_write_json(run / "plan.json", plan)
     log = RecordLog(run, f"{name}-1")
     for stage, metrics in (("generate", {"output_tokens_per_s": tokens_per_s}), ("train", {"mfu": mfu})):
         if None not in metrics.values():
             log.append("stage_end", stage=stage, duration_s=10.0, metrics=metrics)
-            RunDir(run).mark_success(stage, stage_key(stage, plan["resolved"], Manifest.load(run)).key, 10.0)
+            RunDir(run).mark_success(stage, stage_key(stage, made.resolved, Manifest.load(run)).key, 10.0)
     return run
 
 

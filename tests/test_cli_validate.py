@@ -62,7 +62,6 @@ def test_validate_missing_file_exits_2() -> None:
 
 
 def test_validate_plan_errors_exit_1() -> None:
-    pytest.importorskip("dflashx.plan.plan")
     result = runner.invoke(app, ["validate", "recipes/qwen36_27b.yaml", "hardware.serving.tp=3"])
     assert result.exit_code == 1, result.output
     assert "hardware.serving" in result.stderr

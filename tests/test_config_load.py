@@ -120,7 +120,7 @@ def test_profile_search_order(work: Path, monkeypatch: pytest.MonkeyPatch) -> No
     dirs = profile_dirs(recipe.parent)
     assert dirs[0] == project / "hardware_profiles"
     assert dirs[1] == Path.cwd() / "hardware_profiles"
-    assert dirs[-1] == REPO / "hardware_profiles"
+    assert dirs[-1] == REPO / "dflashx" / "hardware_profiles"  # the built-in profiles, last
     assert available_profiles(recipe.parent)["gpu4"] == project / "hardware_profiles" / "gpu4.yaml"
 
 
@@ -210,7 +210,7 @@ def test_repository_recipes_load(name: str, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("DFLASHX_PROFILES_DIR", raising=False)
     monkeypatch.delenv("DFLASHX_S3_ENDPOINT", raising=False)
     loaded = load_recipe(REPO / "recipes" / f"{name}.yaml")
-    assert loaded.files[-1].parent == REPO / "hardware_profiles"
+    assert loaded.files[-1].parent == REPO / "dflashx" / "hardware_profiles"
     assert loaded.recipe.hardware.name == loaded.data["hardware"]["name"]
     if name == "qwen36_27b":
         r = loaded.recipe

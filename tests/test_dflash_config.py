@@ -1,24 +1,14 @@
-"""Layer-id formula, loss gamma, and the DFlash config built from a target and read back."""
+"""The DFlash config built from the resolved drafter and the target, and read back."""
 
 from __future__ import annotations
 
 import pytest
 from transformers import Qwen3Config
 
-from dflashx.dflash.config import DFlashConfig, loss_gamma, target_layer_ids
-
-
-@pytest.mark.parametrize(
-    ("n", "k", "ids"),
-    [(36, 5, [1, 9, 17, 25, 33]), (64, 5, [1, 16, 31, 46, 61]), (28, 1, [14]), (12, 3, [1, 5, 9])],
-)
-def test_target_layer_ids_spread(n, k, ids):
-    assert target_layer_ids(n, k) == ids
-
-
-def test_loss_gamma_paper_values_and_monotone():
-    assert (loss_gamma(16), loss_gamma(10), loss_gamma(8)) == (7.0, 5.0, 4.0)
-    assert loss_gamma(8) < loss_gamma(12) < loss_gamma(16)
+from dflashx.dflash.config import DFlashConfig
+from dflashx.resolve import resolve
+from dflashx.targets.read_config import facts_from_config
+from helpers_models import make_recipe
 
 
 def _target(**kw):
@@ -27,8 +17,17 @@ def _target(**kw):
     return Qwen3Config(**(base | kw))
 
 
+def _config(drafter: dict, target=None, mask_token: str | None = None) -> DFlashConfig:
+    """resolve -> ResolvedDrafter -> DFlashConfig, as the trainer builds it."""
+    target = target if target is not None else _target()
+    cfg = target if isinstance(target, dict) else target.to_dict()
+    recipe = make_recipe(drafter={"mask_token_id": 3} | drafter)
+    resolved = resolve(recipe, facts_from_config(cfg, name="test-target")).drafter
+    return DFlashConfig.from_target(resolved, target, mask_token)
+
+
 def test_from_target_fills_layer_ids_and_shapes():
-    cfg = DFlashConfig.from_target({"num_layers": 2, "block_size": 16, "num_target_layers": 5}, _target(), mask_token_id=7)
+    cfg = _config({"num_layers": 2, "block_size": 16, "num_target_layers": 5, "mask_token_id": 7})
     assert cfg.target_layer_ids == [1, 9, 17, 25, 33]
     assert (cfg.hidden_size, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size) == (64, 2, 16, 96)
     assert cfg.rope_theta == 5e5 and cfg.mask_token_id == 7 and cfg.k == 5
@@ -37,14 +36,14 @@ def test_from_target_fills_layer_ids_and_shapes():
 
 def test_from_target_reads_qwen3_5_nested_text_config():
     outer = {"model_type": "qwen3_5", "text_config": _target(num_hidden_layers=64).to_dict()}
-    cfg = DFlashConfig.from_target({"num_layers": 5, "num_target_layers": 5, "mask_token_id": 9}, outer)
+    cfg = _config({"num_layers": 5, "num_target_layers": 5, "mask_token_id": 9}, outer)
     assert cfg.target_layer_ids == [1, 16, 31, 46, 61] and cfg.num_target_layers == 64
 
 
 def test_hf_dict_layout_and_round_trip():
     spec = {"num_layers": 3, "block_size": 10, "target_layer_ids": [2, 20], "mask_token_id": 3,
             "layer_types": ["sliding_attention", "sliding_attention", "full_attention"], "sliding_window": 64}
-    cfg = DFlashConfig.from_target(spec, _target())
+    cfg = _config(spec)
     hf = cfg.to_hf_dict()
     assert hf["architectures"] == ["DFlashDraftModel"] and hf["model_type"] == "qwen3"
     assert hf["dflash_config"]["target_layer_ids"] == [2, 20] and hf["dflash_config"]["mask_token_id"] == 3
@@ -57,7 +56,7 @@ def test_hf_dict_layout_and_round_trip():
 
 def test_public_checkpoint_config_without_causal_list():
     """A z-lab style config.json: top-level block_size, no causal list, no sliding layers."""
-    hf = DFlashConfig.from_target({"num_layers": 1, "target_layer_ids": [1], "mask_token_id": 3}, _target()).to_hf_dict()
+    hf = _config({"num_layers": 1, "target_layer_ids": [1]}).to_hf_dict()
     del hf["dflash_config"]["causal_layers"], hf["is_causal"]
     assert DFlashConfig.from_hf_dict(hf).causal_layers == [False]
 
@@ -68,15 +67,21 @@ def test_public_checkpoint_config_without_causal_list():
         ({"target_layer_ids": [1, 40]}, "must lie in"),
         ({"layer_types": ["sliding_attention"]}, "sliding_window"),
         ({"mask_token_id": 999}, "outside the vocabulary"),
-        ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8, "num_layers": 2,
-          "causal_layers": [False, True]}, "mixed per-layer causality"),
     ],
 )
 def test_incoherent_configs_are_rejected(spec, message):
     with pytest.raises(ValueError, match=message):
-        DFlashConfig.from_target({"num_layers": 1, "mask_token_id": 3} | spec, _target())
+        _config({"num_layers": 1} | spec)
 
 
-def test_missing_mask_token_names_the_key():
-    with pytest.raises(ValueError, match="drafter.mask_token_id"):
-        DFlashConfig.from_target({"num_layers": 1}, _target())
+def test_mixed_causality_the_engines_cannot_express_is_rejected():
+    cfg = _config({"num_layers": 2, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8})
+    with pytest.raises(ValueError, match="mixed per-layer causality"):
+        DFlashConfig.model_validate(cfg.model_dump() | {"causal_layers": [False, True]})
+
+
+def test_plan_facts_that_differ_from_the_checkpoint_are_refused():
+    resolved = resolve(make_recipe(drafter={"num_layers": 1, "mask_token_id": 3}),
+                       facts_from_config(_target().to_dict(), name="t")).drafter
+    with pytest.raises(ValueError, match="differ from the target's config.json"):
+        DFlashConfig.from_target(resolved, _target(hidden_size=128))

@@ -10,7 +10,7 @@ from torch import nn
 
 from dflashx.dflash.capture import FeatureCapture, find_decoder_layers
 from dflashx.dflash.fp8 import FP8Linear, check_fp8, target_to_fp8
-from helpers_dflash import load_target, tiny_dataset, tiny_target
+from helpers_dflash import load_target, tiny_dataset, tiny_target, train_job
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -62,13 +62,26 @@ def test_check_fp8_accepts_this_cpu():
 
 @pytest.mark.slow
 def test_training_with_an_fp8_target_lowers_the_loss(tmp_path):
-    from dflashx.dflash.trainer import TrainJob, run_training
+    from dflashx.dflash.trainer import run_training
 
     logs: dict[int, float] = {}
-    job = TrainJob(stage_dir=str(tmp_path / "stage"), dataset=str(tiny_dataset(tmp_path / "data", n=16)),
-                   target=str(tiny_target(tmp_path / "target")),
-                   drafter={"num_layers": 1, "block_size": 4, "target_layer_ids": [1, 2]}, precision="fp8",
-                   epochs=1, max_steps=24, lr=1e-2, global_batch=4, micro_batch=2, zero_stage=2, anchors_per_seq=8,
-                   checkpoint_every=100, log_every=8, peak_tflops=0.2)
+    job = train_job(tmp_path / "stage", tiny_dataset(tmp_path / "data", n=16), tiny_target(tmp_path / "target"),
+                    precision="fp8", epochs=1, max_steps=24, lr=1e-2, global_batch=4, micro_batch=2, zero_stage=2,
+                    anchors_per_seq=8, checkpoint_every=100, log_every=8)
     run_training(job, log=lambda m, step: logs.__setitem__(step, m["loss"]))
     assert logs[24] < logs[8]
+
+
+@pytest.mark.slow
+def test_fp8_target_counts_the_same_flops_as_the_plain_one(tmp_path):
+    """FLOPs come from shapes: FP8Linear keeps its weights in buffers, yet the step counts the same."""
+    from dflashx.dflash.trainer import run_training
+
+    data, target = tiny_dataset(tmp_path / "data", n=16), tiny_target(tmp_path / "target")
+    flops: dict[str, list[float]] = {}
+    for precision in ("fp32", "fp8"):
+        job = train_job(tmp_path / precision, data, target, precision=precision, epochs=1, max_steps=4, lr=1e-2,
+                        global_batch=4, micro_batch=2, zero_stage=0, anchors_per_seq=8, checkpoint_every=100,
+                        log_every=2)
+        run_training(job, log=lambda m, step, p=precision: flops.setdefault(p, []).append(m["flops_per_step"]))
+    assert flops["fp8"] == flops["fp32"] and all(f > 0 for f in flops["fp32"])

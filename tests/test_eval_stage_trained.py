@@ -8,12 +8,11 @@ import json
 
 import pytest
 import torch
-from helpers_dflash import load_target, tiny_target
+from helpers_dflash import load_target, tiny_target, train_job
 from helpers_models import make_recipe, stage_context
 
 from dflashx.stages import eval as eval_stage
 
-pytest.importorskip("dflashx.targets.resolve", reason="target resolver (dflashx.targets.resolve) not present yet")
 
 SUBJECTS = ["add 3 and 4", "sort 9 2 5", "count r in carrot", "reverse a b c", "double 21", "halve 64"]
 
@@ -38,19 +37,16 @@ def _greedy_rows(model, tok, prompts: list[dict], new_tokens: int) -> list[dict]
 def test_trained_drafter_beats_the_untrained_baseline(tmp_path):
     from datasets import Dataset
 
-    from dflashx.dflash.trainer import TrainJob, run_training
+    from dflashx.dflash.trainer import run_training
 
     torch.set_num_threads(1)
     target_dir = tiny_target(tmp_path / "target")
     model, tok = load_target(target_dir)
     Dataset.from_list(_greedy_rows(model, tok, _prompts(48), 48)).save_to_disk(str(tmp_path / "data"))
     stage_dir = tmp_path / "train"
-    job = TrainJob(
-        stage_dir=str(stage_dir), dataset=str(tmp_path / "data"), target=str(target_dir),
-        drafter={"num_layers": 1, "block_size": 4, "target_layer_ids": [1, 2]}, precision="fp32",
-        max_steps=150, lr=1e-2, warmup_ratio=0.05, global_batch=8, micro_batch=4, zero_stage=1,
-        anchors_per_seq=32, checkpoint_every=1000, log_every=20, seed=0,
-    )
+    job = train_job(stage_dir, tmp_path / "data", target_dir, max_steps=150, lr=1e-2, warmup_ratio=0.05,
+                    global_batch=8, micro_batch=4, zero_stage=1, anchors_per_seq=32, checkpoint_every=1000,
+                    log_every=20, seed=0)
     run_training(job)
 
     held_out = tmp_path / "eval_prompts.jsonl"

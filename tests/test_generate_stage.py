@@ -89,7 +89,6 @@ def test_rejected_prompts_are_written_with_their_error_and_counted(tmp_path):
 
 
 def test_transformers_backend_through_the_stage(tmp_path):
-    pytest.importorskip("dflashx.targets.resolve", reason="target resolution lands with the targets engineer")
     from helpers_models import tiny_target
 
     target = tiny_target(tmp_path / "target")

@@ -8,11 +8,11 @@ from s3_fixtures import make_run
 from typer.testing import CliRunner
 
 from dflashx.cli.main import app
+from dflashx.run.status import write_progress
 from dflashx.store.backup import backup_run
 from dflashx.store.inventory import build_inventory
 from dflashx.store.local import LocalStore
 from dflashx.store.manifest import Manifest
-from dflashx.store.progress import render_progress
 
 runner = CliRunner()
 
@@ -79,11 +79,11 @@ def test_gc_remote_deletes_remote_copies_of_garbage(tmp_path: Path) -> None:
 
 def test_progress_says_what_comes_next(tmp_path: Path) -> None:
     run = make_run(tmp_path)
-    text = render_progress(run)
+    text = write_progress(run).read_text()
     assert "| train | done | 1.3 min | 1.7 min | loss=1.25, tokens_per_s=900 |" in text
     assert "| generate | pending |" in text and "| backup | skipped-disabled |" in text
     assert "Run the remaining stages (generate, qc, tokenize, eval, export): `dflashx run recipes/tiny.yaml`" in text
     assert f"`dflashx backup {run}`" in text and f"`dflashx gc {run}`" in text
     backup_run(run, LocalStore(tmp_path / "remote"))
-    after = render_progress(run)
+    after = write_progress(run).read_text()
     assert "dflashx backup" not in after and str(tmp_path / "remote/tinyrun/train/checkpoint") in after

@@ -6,15 +6,17 @@ import pytest
 from _plan_recipes import seeds_recipe, tiny_recipe
 
 from dflashx.plan.context import build_context
+from dflashx.resolve import resolve
 from dflashx.plan.estimates.memory import zero_model_state_bytes
 from dflashx.plan.plan import make_plan
+from dflashx.resolve.flops import target_forward_flops
 from dflashx.targets.registry import lookup
 
 QWEN36 = lookup("Qwen/Qwen3.6-27B")
 
 
 def ctx(hardware: str = "rtx_pro_6000_x4", **overrides):
-    return build_context(seeds_recipe(hardware, **overrides), QWEN36)
+    return build_context(resolve(seeds_recipe(hardware, **overrides), QWEN36))
 
 
 def term(terms, key):
@@ -58,7 +60,10 @@ def test_training_flops_follow_the_last_target_layer_and_epochs():
     # the target forward stops at the last captured layer: 5 of 64 layers vs 62
     target_early = term(early.training.terms, "train.flops_per_sample").inputs["target"]
     target_late = term(late.training.terms, "train.flops_per_sample").inputs["target"]
-    assert target_early == pytest.approx(target_late * QWEN36.params_through_layer(5) / QWEN36.params_through_layer(61))
+    length = early.tokens.train_len_mean
+    assert target_early == pytest.approx(target_forward_flops(QWEN36, 5, [length]))
+    assert target_late == pytest.approx(target_forward_flops(QWEN36, 61, [length]))
+    assert target_early < target_late * QWEN36.params_through_layer(5) / QWEN36.params_through_layer(61) * 1.2
     double = ctx(stages__train__epochs=12)
     assert double.training.flops == pytest.approx(2 * late.training.flops)
     assert double.training.steps == 2 * late.training.steps
@@ -103,7 +108,7 @@ def test_training_memory_grows_with_micro_batch_and_shrinks_with_zero():
 
 
 def test_transformers_backend_batches_by_batch_size():
-    c = build_context(tiny_recipe(), lookup("builtin:tiny-qwen3"))
+    c = build_context(resolve(tiny_recipe(), lookup("builtin:tiny-qwen3")))
     assert c.generation.serving.batch == 32 and c.generation.seconds > 0
 
 

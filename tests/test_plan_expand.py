@@ -84,9 +84,7 @@ def test_deepspeed_config_single_gpu_is_valid():
         64, 1, 64)
     assert cfg["bf16"]["enabled"] and cfg["gradient_clipping"] == 1.0
     assert cfg["optimizer"]["type"] == "AdamW" and cfg["optimizer"]["params"]["lr"] == 6e-4
-    sched = cfg["scheduler"]["params"]
-    assert sched["warmup_num_steps"] == pytest.approx(0.04 * sched["total_num_steps"], abs=1)
-    assert sched["total_num_steps"] == -(-902_087 * 6 // 64)
+    assert "scheduler" not in cfg  # built by the trainer from the measured step count
     deepspeed_accepts(cfg)
     assert train["launch"]["command"][:3] == ["deepspeed", "--num_gpus", "1"]
 
@@ -103,8 +101,8 @@ def test_deepspeed_rejects_what_the_batch_rule_rejects():
     r = seeds_recipe("h200_x1", stages__train__micro_batch=3)
     plan = make_plan(r).to_json()
     assert any(e["code"] == "global_batch" for e in plan["errors"])
-    with pytest.raises(AssertionError, match="train_batch_size"):
-        deepspeed_accepts(next(s for s in plan["stages"] if s["name"] == "train")["deepspeed_config"])
+    cfg = next(s for s in plan["stages"] if s["name"] == "train")["deepspeed_config"]
+    assert cfg["train_batch_size"] == 3 * 22 != r.stages.train.global_batch  # what it would run: not the recipe's
 
 
 def test_several_nodes_get_a_hostfile():

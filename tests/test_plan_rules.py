@@ -42,7 +42,6 @@ def test_baseline_has_no_findings():
     ({"drafter__target_layer_ids": [1, 16, 16, 46, 61]}, "target_layers_order", "drafter.target_layer_ids", "error"),
     ({"drafter__target_layer_ids": [1, 16, 31]}, "target_layers_count", "drafter.target_layer_ids", "error"),
     ({"drafter__num_target_layers": 65}, "target_layers_order", "drafter.num_target_layers", "error"),
-    ({"drafter__block_size": 1}, "block_size", "drafter.block_size", "error"),
     ({"drafter__layer_types": ["sliding_attention"] * 5}, "sliding_window_missing", "drafter.sliding_window", "error"),
     ({"drafter__layer_types": ["sliding_attention"] * 5, "drafter__sliding_window": 8},
      "sliding_window_small", "drafter.sliding_window", "error"),
@@ -138,3 +137,10 @@ def test_planning_imports_no_torch():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_a_block_without_a_token_to_draft_is_a_schema_error():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="block_size"):
+        b200(drafter__block_size=1)

@@ -6,6 +6,7 @@ import pytest
 from _plan_recipes import seeds_recipe
 
 from dflashx.plan.context import build_context
+from dflashx.resolve import resolve
 from dflashx.plan.plan import make_plan
 from dflashx.targets.registry import lookup
 
@@ -18,7 +19,7 @@ def stage(plan: dict, name: str) -> dict:
 
 
 def test_token_counts():
-    ctx = build_context(seeds_recipe(), lookup("Qwen/Qwen3.6-27B"))
+    ctx = build_context(resolve(seeds_recipe(), lookup("Qwen/Qwen3.6-27B")))
     t = ctx.tokens
     assert t.samples == 902_087
     assert t.raw_prompts == pytest.approx(914e3, rel=0.001)
@@ -51,8 +52,8 @@ def test_generation_days(hardware, days):
 
 def test_generation_is_memory_bound_and_faster_on_b200():
     facts = lookup("Qwen/Qwen3.6-27B")
-    rtx = build_context(seeds_recipe("rtx_pro_6000_x4"), facts).generation
-    b200 = build_context(seeds_recipe("b200_nvl8"), facts).generation
+    rtx = build_context(resolve(seeds_recipe("rtx_pro_6000_x4"), facts)).generation
+    b200 = build_context(resolve(seeds_recipe("b200_nvl8"), facts)).generation
     for g in (rtx, b200):
         step = next(t for t in g.terms if t.key == "generate.step_seconds")
         assert step.inputs["bound"] == "memory"

@@ -211,7 +211,6 @@ def healthy_line(folder):
 
 
 def test_stage_raises_stage_failed_listing_every_failed_check(seed_dir, healthy_dir, tok_dir, tmp_path):
-    pytest.importorskip("dflashx.targets.resolve", reason="target resolution lands with the targets engineer")
     from dflashx.stages.base import StageFailed
     from dflashx.stages.qc import run
     from helpers_models import make_recipe, stage_context

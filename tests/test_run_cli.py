@@ -49,7 +49,7 @@ def test_failure_exits_1(tmp_path, recipe):
 
 
 def test_plan_errors_refuse_to_run(tmp_path, recipe):
-    result = _run(str(recipe), "drafter.block_size=1", "--run-dir", str(tmp_path / "run"))
+    result = _run(str(recipe), "drafter.target_layer_ids=[1,99]", "--run-dir", str(tmp_path / "run"))
     assert result.exit_code == 1 and "nothing was run" in result.output
     assert not (tmp_path / "run").exists() and not fakes.CALLS
 
@@ -58,9 +58,3 @@ def test_bad_recipe_and_bad_flags_exit_2(tmp_path, recipe):
     assert _run(str(recipe), "stages.train.lrr=1", "--run-dir", str(tmp_path / "run")).exit_code == 2
     bad = _run(str(recipe), "--only", "tokenise", "--run-dir", str(tmp_path / "run"))
     assert bad.exit_code == 2 and "did you mean 'tokenize'" in bad.output
-
-
-def test_unimplemented_stage_exits_1(tmp_path, recipe, monkeypatch):
-    monkeypatch.setattr(orchestrator, "load_stage", fakes.load_without("train"))
-    result = _run(str(recipe), "--run-dir", str(tmp_path / "run"))
-    assert result.exit_code == 1 and "stage train is not implemented yet" in result.output

@@ -15,9 +15,11 @@ from typing import Any
 import yaml
 
 from dflashx.config.schema import Recipe
+from dflashx.resolve import ResolvedRecipe, resolve
 from dflashx.run.graph import select
 from dflashx.run.orchestrator import RunResult, run_pipeline
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
+from dflashx.targets.registry import lookup
 
 REPO = Path(__file__).resolve().parents[1]
 CALLS: Counter[str] = Counter()
@@ -65,12 +67,17 @@ def make_recipe(source: Path, **changes: Any) -> Recipe:
     return Recipe.model_validate(recipe_data(source, **changes))
 
 
+def resolved(recipe: Recipe) -> ResolvedRecipe:
+    """The test recipe resolved on its builtin target's registered facts."""
+    return recipe if isinstance(recipe, ResolvedRecipe) else resolve(recipe, lookup("builtin:tiny-qwen3"))
+
+
 def make_plan(recipe: Recipe) -> dict[str, Any]:
     """A plan JSON in the planner's shape (the planner itself is tested elsewhere)."""
     stages = [{"name": n, "enabled": getattr(recipe.stages, n).enabled, "commands": [],
                "estimates": {"seconds": 1.0, "gpu_hours": 0.0, "usd": 0.25, "storage_bytes": 100,
                              "peak_gpu_memory_bytes": 0}} for n in type(recipe.stages).model_fields]
-    return {"errors": [], "warnings": [], "stages": stages, "totals": {}, "resolved": recipe.model_dump(mode="json")}
+    return {"errors": [], "warnings": [], "stages": stages, "totals": {}, "resolved": resolved(recipe).model_dump(mode="json")}
 
 
 def _lines(folder: Path) -> list[dict[str, Any]]:
@@ -185,5 +192,5 @@ def load_without(missing: str) -> Callable[[str], Callable[[StageContext], Stage
 
 def run(recipe: Recipe, run_dir: Path, lines: list[str] | None = None, **select_args: Any) -> RunResult:
     echo = lines.append if lines is not None else (lambda _line: None)
-    return run_pipeline(recipe, make_plan(recipe), run_dir, select(**select_args), argv=["dflashx", "run", "fake.yaml"],
+    return run_pipeline(resolved(recipe), make_plan(recipe), run_dir, select(**select_args), argv=["dflashx", "run", "fake.yaml"],
                         echo=echo)

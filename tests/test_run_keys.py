@@ -5,10 +5,14 @@ from __future__ import annotations
 import pytest
 import test_run_fakes as fakes
 
+from pydantic import BaseModel
+
 from dflashx.config.schema import STAGE_ORDER
-from dflashx.run.graph import GRAPH
-from dflashx.run.keys import key_material, stage_key
+from dflashx.resolve import ResolvedRecipe
+from dflashx.run.keys import key_material, role, stage_key
+from dflashx.stages.graph import GRAPH
 from dflashx.store.manifest import Manifest
+from helpers_models import resolved as resolve_for_test
 
 
 @pytest.fixture
@@ -17,7 +21,7 @@ def source(tmp_path):
 
 
 def _keys(source, tmp_path, **changes) -> dict[str, str]:
-    resolved = fakes.make_recipe(source, **changes).model_dump(mode="json")
+    resolved = resolve_for_test(fakes.make_recipe(source, **changes))
     manifest = Manifest(tmp_path)
     return {s: stage_key(s, resolved, manifest).key for s in STAGE_ORDER}
 
@@ -31,13 +35,52 @@ def test_every_stage_has_a_graph_entry():
     assert tuple(GRAPH) == STAGE_ORDER
 
 
+def _unmarked(model: type[BaseModel], where: str) -> list[str]:
+    """Fields under `model` with no stage-key marker (descending into OUTPUT sub-models)."""
+    missing = []
+    for name, info in model.model_fields.items():
+        kind, dotted = role(info), f"{where}.{name}"
+        if kind is None:
+            missing.append(dotted)
+        for sub in _models(info.annotation) if kind == "output" else ():
+            missing += _unmarked(sub, dotted)
+    return missing
+
+
+def _models(annotation) -> list[type[BaseModel]]:
+    from typing import get_args
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models(arg)]
+
+
+def test_every_field_a_stage_key_reaches_declares_its_role():
+    """A new field under any stage's key sections must say OUTPUT, OPERATIONAL or PATH."""
+    missing = set()
+    for spec in GRAPH.values():
+        for section in spec.sections:
+            owner: type[BaseModel] = ResolvedRecipe
+            *parents, last = section.split(".")
+            for part in parents:
+                owner = _models(owner.model_fields[part].annotation)[0]
+            info = owner.model_fields[last]
+            subs = _models(info.annotation)
+            if subs and (role(info) in (None, "output") or len(parents) == 0):
+                missing.update(m for sub in subs for m in _unmarked(sub, section))
+            elif not subs and role(info) is None:
+                missing.add(section)
+    assert sorted(missing) == []
+
+
 @pytest.mark.parametrize(("change", "stages"), [
     ({"stages.train.lr": 1e-4}, {"train"}),
     ({"stages.generate.temperature": 0.7}, {"generate"}),
     ({"target.chat_template": {"enable_thinking": False}}, {"generate", "qc", "tokenize", "train", "eval"}),
     ({"drafter.block_size": 16}, {"qc", "tokenize", "train", "eval", "export"}),
     ({"dataset.shuffle_seed": 3}, {"ingest"}),
-    ({"stages.tokenize.max_length": 512}, {"tokenize"}),
+    # train's max_length is resolved from tokenize.max_length when unset (and its dataset changes anyway)
+    ({"stages.tokenize.max_length": 512}, {"tokenize", "train"}),
     ({"stages.export.dtype": "fp32"}, {"export"}),
 ])
 def test_config_changes_touch_only_their_stages(source, tmp_path, change, stages):
@@ -61,8 +104,8 @@ def test_disabling_a_stage_keeps_its_key(source, tmp_path):
 
 
 def test_local_paths_are_keyed_by_content(source, tmp_path):
-    material = key_material("ingest", fakes.make_recipe(source).model_dump(mode="json"), {})
-    path_value = material["config"]["dataset.sources"][0]["path"]
+    material = key_material("ingest", resolve_for_test(fakes.make_recipe(source)), {})
+    path_value = material["config"]["dataset"]["sources"][0]["path"]
     assert set(path_value) == {"fingerprint"}
     copy = tmp_path / "copy.jsonl"
     copy.write_bytes(source.read_bytes())
@@ -72,7 +115,7 @@ def test_local_paths_are_keyed_by_content(source, tmp_path):
 
 
 def test_inputs_enter_the_key(source, tmp_path):
-    resolved = fakes.make_recipe(source).model_dump(mode="json")
+    resolved = resolve_for_test(fakes.make_recipe(source))
     manifest = Manifest(tmp_path)
     missing = stage_key("generate", resolved, manifest)
     assert missing.missing == ["ingest.prompts"] and missing.inputs == {}
@@ -94,7 +137,7 @@ def _planned_keys(*overrides: str) -> dict[str, str]:
     from dflashx.plan.plan import make_plan
 
     loaded = load_recipe(fakes.REPO / "recipes" / "qwen36_27b.yaml", overrides)
-    resolved = make_plan(loaded.recipe, target_facts(loaded.recipe)).to_json()["resolved"]
+    resolved = make_plan(loaded.recipe, target_facts(loaded.recipe)).resolved
     return {s: stage_key(s, resolved, Manifest(fakes.REPO / "no-such-run")).key for s in STAGE_ORDER}
 
 

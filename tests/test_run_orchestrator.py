@@ -129,14 +129,6 @@ def test_crash_saves_traceback(tmp_path, source, monkeypatch):
     assert "eval" not in fakes.CALLS
 
 
-def test_unimplemented_stage_stops_with_message(tmp_path, source, monkeypatch):
-    monkeypatch.setattr(orchestrator, "load_stage", fakes.load_without("qc"))
-    result = fakes.run(fakes.make_recipe(source), tmp_path / "run")
-    assert not result.ok
-    assert result.outcomes[-1].state == "not-implemented"
-    assert result.outcomes[-1].message.startswith("stage qc is not implemented yet")
-
-
 def test_import_error_inside_a_stage_is_a_crash(tmp_path, source, monkeypatch):
     def load(name):
         raise ModuleNotFoundError("No module named 'sglang'", name="sglang")

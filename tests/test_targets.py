@@ -81,6 +81,6 @@ def test_lookup_aliases_and_unknown():
 @pytest.mark.parametrize("variant", ["tiny-qwen3", "tiny-qwen3_5"])
 def test_builtin_tiny_facts_equal_the_tiny_builder(variant):
     """The registry copies dflashx/tiny/build.py's exact configs; this keeps the copy honest."""
-    build = pytest.importorskip("dflashx.tiny.build")
+    from dflashx.tiny import build
     cfg = {**build.model_config(variant), "mask_token_id": build.MASK_TOKEN_ID}
     assert facts_from_config(cfg, name=f"builtin:{variant}") == BUILTIN[f"builtin:{variant}"]

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from dflashx.dflash.checkpoint import latest_tag, load_drafter
-from dflashx.dflash.trainer import TrainJob, deepspeed_config, run_training
-from helpers_dflash import tiny_dataset, tiny_target
+from dflashx.dflash.trainer import TrainJob, run_training
+from helpers_dflash import tiny_dataset, tiny_target, train_job
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +29,9 @@ def paths(tmp_path_factory):
 
 def _job(paths, stage_dir, **kw) -> TrainJob:
     target, data = paths
-    base = dict(stage_dir=str(stage_dir), dataset=str(data), target=str(target),
-                drafter={"num_layers": 1, "block_size": 4, "target_layer_ids": [1, 2]}, precision="fp32",
-                epochs=1, max_steps=8, lr=1e-2, global_batch=4, micro_batch=2, zero_stage=2, anchors_per_seq=8,
-                checkpoint_every=2, log_every=1, peak_tflops=0.2)
-    return TrainJob(**(base | kw))
+    base = dict(epochs=1, max_steps=8, lr=1e-2, global_batch=4, micro_batch=2, zero_stage=2, anchors_per_seq=8,
+                checkpoint_every=2, log_every=1)
+    return train_job(stage_dir, data, target, **(base | kw))
 
 
 def _collect(into: dict[int, dict], kill_at: int | None = None):
@@ -81,14 +79,27 @@ def test_killed_run_resumes_with_identical_losses(paths, tmp_path):
     assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
-def test_deepspeed_config_keeps_the_global_batch_for_any_world(paths, tmp_path):
-    job = _job(paths, tmp_path, global_batch=8, micro_batch=2, deepspeed_config={"zero_optimization": {"stage": 1}})
-    one, four = deepspeed_config(job, 1, 100), deepspeed_config(job, 4, 100)
-    assert (one["gradient_accumulation_steps"], four["gradient_accumulation_steps"]) == (4, 1)
-    assert one["train_batch_size"] == four["train_batch_size"] == 8
-    assert one["zero_optimization"]["stage"] == 1 and one["scheduler"]["params"]["warmup_num_steps"] == 4
-    with pytest.raises(ValueError, match="global_batch=8 is not a multiple"):
-        deepspeed_config(job, 3, 100)
+def test_the_engine_is_built_with_the_plans_deepspeed_config(paths, tmp_path, monkeypatch):
+    """The config `dflashx plan` prints (plan.json) is the one the real engine is built with."""
+    import deepspeed
+
+    from dflashx.plan.plan import make_plan
+    from helpers_dflash import job_recipe
+
+    seen: list[dict] = []
+    real = deepspeed.initialize
+
+    def spy(*args, **kwargs):  # the real engine, with the config it was given recorded
+        seen.append(json.loads(json.dumps(kwargs["config"])))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(deepspeed, "initialize", spy)
+    kw = dict(max_steps=2, global_batch=4, micro_batch=2, zero_stage=1, anchors_per_seq=8, log_every=1)
+    run_training(_job(paths, tmp_path, **kw))
+    recipe = job_recipe(paths[0], **(dict(epochs=1, lr=1e-2, checkpoint_every=2) | kw))
+    planned = next(s for s in make_plan(recipe, recipe.target.facts).to_json()["stages"] if s["name"] == "train")
+    assert seen == [planned["deepspeed_config"]]
+    assert seen[0]["gradient_accumulation_steps"] == 2 and seen[0]["zero_optimization"]["stage"] == 1
 
 
 def test_offline_features_train_like_online(paths, tmp_path):
@@ -111,9 +122,9 @@ def test_init_from_continues_a_checkpoint_folder(paths, tmp_path):
     start = build_drafter(_job(paths, tmp_path, drafter={"num_layers": 2, "block_size": 4, "target_layer_ids": [0, 3]}),
                           model.config, tok)
     save_drafter(start, tmp_path / "public")
-    cont = build_drafter(_job(paths, tmp_path, init_from=str(tmp_path / "public")), model.config, tok)
+    cont = build_drafter(_job(paths, tmp_path, drafter={"init_from": str(tmp_path / "public")}), model.config, tok)
     assert cont.config.num_layers == 2 and cont.config.target_layer_ids == [0, 3]
     assert all(torch.equal(a, b) for a, b in zip(start.state_dict().values(), cont.state_dict().values()))
     other = model.config.to_dict() | {"hidden_size": 32, "head_dim": 8}
     with pytest.raises(ValueError, match="trained for another target"):
-        build_drafter(_job(paths, tmp_path, init_from=str(tmp_path / "public")), other, tok)
+        build_drafter(_job(paths, tmp_path, drafter={"init_from": str(tmp_path / "public")}), other, tok)

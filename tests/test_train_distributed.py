@@ -16,15 +16,15 @@ import pytest
 from dflashx.dflash.data import make_loader, load_token_dataset
 from dflashx.dflash.distributed import free_port
 from dflashx.dflash.trainer import TrainJob, run_training
-from helpers_dflash import tiny_dataset, tiny_target
+from helpers_dflash import tiny_dataset, tiny_target, train_job
+
+TWO_PROCESSES = {"name": "cpu-2-processes", "gpus_per_node": 2}  # a CPU profile: one training process per "slot"
 
 
 def _job(root, stage, **kw) -> TrainJob:
-    base = dict(stage_dir=str(root / stage), dataset=str(root / "data"), target=str(root / "target"),
-                drafter={"num_layers": 1, "block_size": 4, "target_layer_ids": [1, 2]}, precision="fp32",
-                epochs=1, max_steps=4, lr=1e-2, global_batch=4, micro_batch=1, zero_stage=2, anchors_per_seq=8,
-                checkpoint_every=2, log_every=1, peak_tflops=0.2)
-    return TrainJob(**(base | kw))
+    base = dict(epochs=1, max_steps=4, lr=1e-2, global_batch=4, micro_batch=1, zero_stage=2, anchors_per_seq=8,
+                checkpoint_every=2, log_every=1)
+    return train_job(root / stage, root / "data", root / "target", **(base | kw))
 
 
 def _losses(stage_dir) -> dict[int, float]:
@@ -69,7 +69,7 @@ def test_two_ranks_match_one_rank_and_resume(tmp_path):
 
     two = tmp_path / "two"
     two.mkdir()
-    _job(tmp_path, "two").save()
+    _job(tmp_path, "two", hardware=TWO_PROCESSES).save()
     _torchrun(two)
     losses = _losses(two)
     assert sorted(losses) == [1, 2, 3, 4]

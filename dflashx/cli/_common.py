@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -42,17 +41,18 @@ def load_or_exit(recipe: Path, overrides: Sequence[str] | None = ()) -> LoadedRe
 
 
 def target_facts(recipe: Recipe) -> TargetFacts | None:
-    """Facts for the planner: a local target's config.json, else the registry (model, then arch)."""
-    from dflashx.targets.read_config import ConfigFactsError, facts_from_config
-    from dflashx.targets.registry import lookup
+    """`dflashx.targets.facts.facts_for`, an unreadable config.json becoming exit 2."""
+    from dflashx.targets.facts import facts_for
+    from dflashx.targets.read_config import ConfigFactsError
 
-    config = Path(recipe.target.model) / "config.json"
-    if config.is_file():
-        try:
-            return facts_from_config(json.loads(config.read_text(encoding="utf-8")), name=recipe.target.model)
-        except (ConfigFactsError, json.JSONDecodeError) as exc:
-            if recipe.target.arch and lookup(recipe.target.arch):
-                return lookup(recipe.target.arch)
-            typer.echo(f"{config}: {exc} (target.model)", err=True)
-            raise typer.Exit(RecipeError.exit_code) from None
-    return lookup(recipe.target.model) or (lookup(recipe.target.arch) if recipe.target.arch else None)
+    try:
+        return facts_for(recipe.target)
+    except ConfigFactsError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(RecipeError.exit_code) from None
+
+
+def format_finding(finding: dict) -> str:
+    """One plan finding as `dflashx plan`, `validate` and `run` print it: severity, code, key, fix."""
+    line = f"{finding['severity']} [{finding['code']}] {finding['key']}: {finding['message']}"
+    return line + (f"\n    fix: {finding['fix']}" if finding.get("fix") else "")

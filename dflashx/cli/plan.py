@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dflashx.cli._common import OverridesArg, RecipeArg, load_or_exit, target_facts
+from dflashx.cli._common import OverridesArg, RecipeArg, format_finding, load_or_exit, target_facts
 from dflashx.plan.explain import human_bytes, human_count, human_seconds
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Plan only (planning never runs anything).")]
@@ -72,9 +72,7 @@ def render(plan: dict[str, Any], title: str, explain: bool) -> None:
                 console.print(f"      inputs: {_inputs(term['inputs'])}", highlight=False, markup=False)
     for kind, style in (("warnings", "yellow"), ("errors", "red")):
         for f in plan[kind]:
-            console.print(f"[{style}]{kind[:-1]}[/{style}] " + escape(f"[{f['code']}] {f['key']}: {f['message']}"),
-                          highlight=False)
-            console.print(f"    fix: {f['fix']}", highlight=False, markup=False)
+            console.print(f"[{style}]{escape(format_finding(f))}[/{style}]", highlight=False)
     verdict = f"{len(plan['errors'])} error(s), {len(plan['warnings'])} warning(s)"
     console.print(("[red]" if plan["errors"] else "[green]") + verdict)
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from dflashx.cli._common import OverridesArg, RecipeArg, load_or_exit, target_facts
+from dflashx.cli._common import OverridesArg, RecipeArg, format_finding, load_or_exit, target_facts
 
 
 def command(
@@ -32,18 +32,17 @@ def command(
     except ValueError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(2) from None
-    plan = make_plan(loaded.recipe, target_facts(loaded.recipe)).to_json()
-    for finding in plan.get("warnings", []):
-        typer.echo(f"warning [{finding.get('key')}]: {finding.get('message')} (fix: {finding.get('fix')})", err=True)
-    if plan.get("errors"):
-        for finding in plan["errors"]:
-            typer.echo(f"error [{finding.get('key')}]: {finding.get('message')} (fix: {finding.get('fix')})", err=True)
+    made = make_plan(loaded.recipe, target_facts(loaded.recipe))
+    plan = made.to_json()
+    for finding in (*plan["warnings"], *plan["errors"]):
+        typer.echo(format_finding(finding), err=True)
+    if made.resolved is None or plan["errors"]:
         typer.echo(f"{recipe}: the plan has {len(plan['errors'])} error(s); nothing was run", err=True)
         raise typer.Exit(1)
-    target = run_dir or default_run_dir(loaded.recipe)
+    target = run_dir or default_run_dir(made.resolved)
     typer.echo(f"run dir: {target}")
     try:
-        result = run_pipeline(loaded.recipe, plan, target, selection, argv=sys.argv, echo=typer.echo)
+        result = run_pipeline(made.resolved, plan, target, selection, argv=sys.argv, echo=typer.echo)
     except RunDirBusy as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None

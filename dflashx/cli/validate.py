@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 import typer
 
-from dflashx.cli._common import OverridesArg, RecipeArg, load_or_exit, target_facts
+from dflashx.cli._common import OverridesArg, RecipeArg, format_finding, load_or_exit, target_facts
 from dflashx.config.load import LoadedRecipe
 from dflashx.config.schema import STAGE_ORDER
+from dflashx.plan.plan import make_plan
 
 
 def summary(loaded: LoadedRecipe) -> list[str]:
@@ -31,35 +31,16 @@ def summary(loaded: LoadedRecipe) -> list[str]:
     ]
 
 
-def _plan_findings(loaded: LoadedRecipe) -> dict[str, Any] | None:
-    """The planner's errors and warnings, or None while dflashx.plan.plan is not built."""
-    try:
-        from dflashx.plan.plan import make_plan
-    except ModuleNotFoundError as exc:
-        if exc.name in ("dflashx.plan", "dflashx.plan.plan"):
-            return None
-        raise
-    return make_plan(loaded.recipe, target_facts(loaded.recipe)).to_json()
-
-
-def _finding(kind: str, f: dict[str, Any]) -> str:
-    line = f"{kind} [{f.get('code')}] {f.get('key') or ''}: {f.get('message')}"
-    return line + (f"\n    fix: {f['fix']}" if f.get("fix") else "")
-
-
 def command(recipe: RecipeArg, overrides: OverridesArg = None) -> None:
     loaded = load_or_exit(recipe, overrides)
     typer.echo(f"recipe {recipe}: {loaded.recipe.name}")
     typer.echo("\n".join(summary(loaded)))
-    plan = _plan_findings(loaded)
-    if plan is None:
-        typer.echo("schema OK (planner rules skipped: dflashx.plan is not available)")
-        return
-    for w in plan.get("warnings", []):
-        typer.echo(_finding("warning", w))
-    errors = plan.get("errors", [])
+    plan = make_plan(loaded.recipe, target_facts(loaded.recipe)).to_json()
+    for w in plan["warnings"]:
+        typer.echo(format_finding(w))
+    errors = plan["errors"]
     for e in errors:
-        typer.echo(_finding("error", e), err=True)
+        typer.echo(format_finding(e), err=True)
     if errors:
         typer.echo(f"FAILED: {len(errors)} planner error(s)", err=True)
         raise typer.Exit(1)

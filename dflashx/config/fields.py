@@ -32,3 +32,17 @@ class Strict(BaseModel):
     """Base for every recipe section: unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+# One table per precision fact: bytes per element, and the torch dtype name it computes in (FP8
+# weights compute in bf16). Planner estimates and the torch-side loaders read these, nothing else.
+PRECISION_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+TORCH_DTYPE: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
+
+# --------------------------------------------------------------------------- stage-key roles
+# Every field a stage key can reach says what it is to that key, as a marker on the field itself
+# (`json_schema_extra`): OUTPUT changes the stage's output (hashed), OPERATIONAL does not (how fast,
+# where, how often: left out), PATH is a local path hashed by the content it points to.
+STAGE_KEY = "stage_key"
+OUTPUT = {STAGE_KEY: "output"}
+OPERATIONAL = {STAGE_KEY: "operational"}
+PATH = {STAGE_KEY: "path"}

@@ -34,8 +34,11 @@ from dflashx.config.errors import (
 )
 from dflashx.config.schema import STAGE_ORDER, HardwareProfile, Recipe
 
-PROFILES_ENV = "DFLASHX_PROFILES_DIR"
-REPO_PROFILES = Path(__file__).resolve().parents[2] / "hardware_profiles"
+PROFILES_ENV = "DFLASHX_PROFILES_DIR"  # user profile folders (os.pathsep-separated), searched first
+# The built-in profiles: package data (dflashx/hardware_profiles/*.yaml, shipped in the wheel), so
+# they are found the same way from a checkout, an editable install or `pip install dflashx`.
+BUILTIN_PROFILES = Path(__file__).resolve().parents[1] / "hardware_profiles"
+REPO_PROFILES = BUILTIN_PROFILES  # the old name, from when the profiles sat at the repository's top
 CALIBRATION_SUFFIX = ".calibration.yaml"
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C parser keeps line marks too
 SECRETS_HINT = (
@@ -82,11 +85,14 @@ def _override_origin(text: str) -> Origin:
 
 
 def profile_dirs(recipe_dir: Path | None = None) -> list[Path]:
-    """Folders searched for `NAME.yaml`, first match wins (see docs/design.md)."""
+    """Folders searched for `NAME.yaml`, first match wins (see docs/hardware.md): each folder of
+    `$DFLASHX_PROFILES_DIR`, the recipe's `../hardware_profiles`, `./hardware_profiles`, then the
+    built-in profiles inside the package. User folders come first, so a user's `NAME.yaml`
+    shadows the built-in profile of that name. Duplicates (after resolving) are listed once."""
     dirs = [Path(p) for p in os.environ.get(PROFILES_ENV, "").split(os.pathsep) if p]
     if recipe_dir is not None:
         dirs.append(recipe_dir.parent / "hardware_profiles")
-    dirs += [Path.cwd() / "hardware_profiles", REPO_PROFILES]
+    dirs += [Path.cwd() / "hardware_profiles", BUILTIN_PROFILES]
     unique: dict[Path, None] = {}
     for d in dirs:
         unique.setdefault(d.resolve(), None)
@@ -94,7 +100,8 @@ def profile_dirs(recipe_dir: Path | None = None) -> list[Path]:
 
 
 def available_profiles(recipe_dir: Path | None = None) -> dict[str, Path]:
-    """Profile name -> file, over the search folders in order."""
+    """Profile name -> file over `profile_dirs` in order (the first folder holding a name wins);
+    `NAME.calibration.yaml` files are not profiles and are skipped."""
     found: dict[str, Path] = {}
     for d in profile_dirs(recipe_dir):
         for f in sorted(d.glob("*.yaml")) if d.is_dir() else []:

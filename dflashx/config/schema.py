@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from dflashx.config.fields import ByteSize, Precision, Strict, parse_size
+from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, ByteSize, Precision, Strict, parse_size
 from dflashx.config.stages import (  # the stage models are part of the schema
     STAGE_ORDER, StageBase, IngestStage, GenerateStage, QCThresholds, QCStage, TokenizeStage, TrainStage, EvalStage, ExportStage, BackupStage, Stages,
 )
@@ -59,22 +59,22 @@ __all__ = [
 class SourceSpec(Strict):
     """One prompt source: a local JSONL/Parquet file or a `datasets` hub id."""
 
-    name: str = Field(description="Short name used in records and per-source counts.")
-    path: str | None = Field(None, description="Local .jsonl/.json/.parquet file or folder.")
-    hf_id: str | None = Field(None, description="`datasets` id (needs network).")
-    hf_config: str | None = Field(None, description="`datasets` configuration name.")
-    split: str = Field("train", description="`datasets` split.")
+    name: str = Field(description="Short name used in records and per-source counts.", json_schema_extra=OUTPUT)
+    path: str | None = Field(None, description="Local .jsonl/.json/.parquet file or folder.", json_schema_extra=PATH)
+    hf_id: str | None = Field(None, description="`datasets` id (needs network).", json_schema_extra=OUTPUT)
+    hf_config: str | None = Field(None, description="`datasets` configuration name.", json_schema_extra=OUTPUT)
+    split: str = Field("train", description="`datasets` split.", json_schema_extra=OUTPUT)
     format: Literal["auto", "messages", "sharegpt", "alpaca", "function_calling", "prompt"] = Field(
-        "auto", description="Record layout; `auto` recognises it from the fields."
+        "auto", description="Record layout; `auto` recognises it from the fields.", json_schema_extra=OUTPUT
     )
     fields: dict[str, str] = Field(
         default_factory=dict,
-        description="Field mapping for this source, e.g. {prompt: question, system: system_prompt}.",
+        description="Field mapping for this source, e.g. {prompt: question, system: system_prompt}.", json_schema_extra=OUTPUT
     )
-    system_prompt: str | None = Field(None, description="System prompt added when a sample has none.")
-    cap: int | None = Field(None, ge=1, description="Keep at most this many prompts (after shuffle).")
+    system_prompt: str | None = Field(None, description="System prompt added when a sample has none.", json_schema_extra=OUTPUT)
+    cap: int | None = Field(None, ge=1, description="Keep at most this many prompts (after shuffle).", json_schema_extra=OUTPUT)
     expected_count: int | None = Field(
-        None, ge=0, description="Raw prompt count, for planning before the data is on disk."
+        None, ge=0, description="Raw prompt count, for planning before the data is on disk.", json_schema_extra=OPERATIONAL
     )
 
     @model_validator(mode="after")
@@ -99,14 +99,14 @@ class DatasetStats(Strict):
 
 
 class DatasetSpec(Strict):
-    sources: list[SourceSpec] = Field(min_length=1, description="Prompt sources, read in this order.")
-    dedupe: bool = Field(True, description="Drop prompts seen before (same content, across all sources).")
+    sources: list[SourceSpec] = Field(min_length=1, description="Prompt sources, read in this order.", json_schema_extra=OUTPUT)
+    dedupe: bool = Field(True, description="Drop prompts seen before (same content, across all sources).", json_schema_extra=OUTPUT)
     shuffle_seed: int = Field(
-        0, description="Seed of the prompt order (and so of caps and the eval holdout)."
+        0, description="Seed of the prompt order (and so of caps and the eval holdout).", json_schema_extra=OUTPUT
     )
-    eval_holdout: int = Field(0, ge=0, description="Prompts held out of training for evaluation.")
+    eval_holdout: int = Field(0, ge=0, description="Prompts held out of training for evaluation.", json_schema_extra=OUTPUT)
     stats: DatasetStats = Field(
-        default_factory=DatasetStats, description="Planning figures used before the data exists."
+        default_factory=DatasetStats, description="Planning figures used before the data exists.", json_schema_extra=OPERATIONAL
     )
 
 
@@ -115,23 +115,23 @@ class DatasetSpec(Strict):
 
 class ChatTemplateSpec(Strict):
     enable_thinking: bool = Field(
-        True, description="Chat-template flag for thinking targets; keep it on to train on reasoning."
+        True, description="Chat-template flag for thinking targets; keep it on to train on reasoning.", json_schema_extra=OUTPUT
     )
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra chat-template kwargs.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra chat-template kwargs.", json_schema_extra=OUTPUT)
 
 
 class TargetSpec(Strict):
-    model: str = Field(description="HF id, local folder, or `builtin:tiny-qwen3` / `builtin:tiny-qwen3_5`.")
-    arch: str | None = Field(None, description="Registry key when `model` is not a known id.")
-    tokenizer: str | None = Field(None, description="Tokenizer path/id when it differs from `model`.")
+    model: str = Field(description="HF id, local folder, or `builtin:tiny-qwen3` / `builtin:tiny-qwen3_5`.", json_schema_extra=PATH)
+    arch: str | None = Field(None, description="Registry key when `model` is not a known id.", json_schema_extra=OPERATIONAL)
+    tokenizer: str | None = Field(None, description="Tokenizer path/id when it differs from `model`.", json_schema_extra=PATH)
     precision: Precision = Field(
         "bf16", description="Precision the target is loaded in; `fp8`: training and evaluation run its "
-        "decoder layers' linears in FP8 (per-token / per-channel scales), the rest in bf16.",
+        "decoder layers' linears in FP8 (per-token / per-channel scales), the rest in bf16.", json_schema_extra=OUTPUT
     )
     chat_template: ChatTemplateSpec = Field(
-        default_factory=ChatTemplateSpec, description="Chat-template options."
+        default_factory=ChatTemplateSpec, description="Chat-template options.", json_schema_extra=OUTPUT
     )
-    mtp: bool = Field(False, description="Serve with the target's MTP head (NEXTN speculative decoding).")
+    mtp: bool = Field(False, description="Serve with the target's MTP head (NEXTN speculative decoding).", json_schema_extra=OPERATIONAL)
 
 
 # --------------------------------------------------------------------------- drafter
@@ -140,21 +140,21 @@ class TargetSpec(Strict):
 class DrafterSpec(Strict):
     """DFlash block-diffusion drafter (arXiv 2602.06036)."""
 
-    num_layers: int = Field(5, ge=1, description="Transformer layers of the drafter.")
-    block_size: int = Field(16, description="Anchor + (B-1) mask tokens; must be >= 2.")
-    num_target_layers: int = Field(5, ge=1, description="k target layers fused by `fc`.")
+    num_layers: int = Field(5, ge=1, description="Transformer layers of the drafter.", json_schema_extra=OUTPUT)
+    block_size: int = Field(16, ge=2, description="Anchor + (B-1) mask tokens (at least 2: one to draft).", json_schema_extra=OUTPUT)
+    num_target_layers: int = Field(5, ge=1, description="k target layers fused by `fc`.", json_schema_extra=OUTPUT)
     target_layer_ids: list[int] | None = Field(
-        None, description="Explicit target layer ids; default spreads k over the target."
+        None, description="Explicit target layer ids; default spreads k over the target.", json_schema_extra=OUTPUT
     )
-    mask_token_id: int | None = Field(None, description="Unused embedding row; default from the target.")
+    mask_token_id: int | None = Field(None, description="Unused embedding row; default from the target.", json_schema_extra=OUTPUT)
     layer_types: list[Literal["full_attention", "sliding_attention"]] | None = Field(
-        None, description="Attention type per drafter layer; default: all full attention."
+        None, description="Attention type per drafter layer; default: all full attention.", json_schema_extra=OUTPUT
     )
     sliding_window: int | None = Field(
-        None, ge=1, description="Window of `sliding_attention` layers, tokens."
+        None, ge=1, description="Window of `sliding_attention` layers, tokens.", json_schema_extra=OUTPUT
     )
-    intermediate_size: int | None = Field(None, ge=1, description="Default: the target's FFN size.")
-    init_from: str | None = Field(None, description="Folder of a DFlash checkpoint to continue training.")
+    intermediate_size: int | None = Field(None, ge=1, description="Default: the target's FFN size.", json_schema_extra=OUTPUT)
+    init_from: str | None = Field(None, description="Folder of a DFlash checkpoint to continue training.", json_schema_extra=PATH)
 
 
 # --------------------------------------------------------------------------- hardware
@@ -237,17 +237,17 @@ class TrackingSpec(Strict):
 class S3Spec(Strict):
     """Where backups go. Credentials never live here: they come from the environment or a profile."""
 
-    bucket: str = Field(description="Bucket name.")
-    prefix: str = Field("", description="Key prefix for runs, e.g. `runs/`.")
-    endpoint_url: str | None = Field(None, description="S3-compatible endpoint; default: AWS.")
-    region: str | None = Field(None, description="Region; default: from the environment or AWS profile.")
-    path_style: bool = Field(False, description="Path-style addressing (many S3-compatible stores need it).")
-    aws_profile: str | None = Field(None, description="Named profile in ~/.aws (optional).")
+    bucket: str = Field(description="Bucket name.", json_schema_extra=OUTPUT)
+    prefix: str = Field("", description="Key prefix for runs, e.g. `runs/`.", json_schema_extra=OUTPUT)
+    endpoint_url: str | None = Field(None, description="S3-compatible endpoint; default: AWS.", json_schema_extra=OUTPUT)
+    region: str | None = Field(None, description="Region; default: from the environment or AWS profile.", json_schema_extra=OUTPUT)
+    path_style: bool = Field(False, description="Path-style addressing (many S3-compatible stores need it).", json_schema_extra=OPERATIONAL)
+    aws_profile: str | None = Field(None, description="Named profile in ~/.aws (optional).", json_schema_extra=OPERATIONAL)
     part_size: ByteSize = Field(
         64 * 2**20, ge=5 * 2**20,
-        description="Multipart upload part size (resumable); files smaller than this go in one PUT.",
+        description="Multipart upload part size (resumable); files smaller than this go in one PUT.", json_schema_extra=OPERATIONAL
     )
-    max_concurrency: int = Field(8, ge=1, le=64, description="Parts of one file uploaded at the same time.")
+    max_concurrency: int = Field(8, ge=1, le=64, description="Parts of one file uploaded at the same time.", json_schema_extra=OPERATIONAL)
 
 
 Tier = Literal["irreplaceable", "replaceable", "garbage"]

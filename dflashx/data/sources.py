@@ -2,7 +2,7 @@
 
 Local files: `.jsonl` (one object per line), `.json` (a JSON array, or JSON lines), `.parquet`
 (read in record batches with pyarrow), or a folder of those. `builtin:` paths resolve through
-`dflashx.tiny.resolve_builtin`. `hf_id` sources stream through `datasets.load_dataset` (needs a
+`dflashx.targets.resolve.builtin_file`. `hf_id` sources stream through `datasets.load_dataset` (needs a
 network or a warm `datasets` cache). A line that is not JSON is yielded as a `RawRecord` with
 `error` set, so the caller counts it as malformed with its line number instead of stopping.
 """
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from dflashx.config.schema import SourceSpec
+from dflashx.targets.resolve import builtin_file, is_builtin
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -33,10 +34,8 @@ class RawRecord:
 def source_files(spec: SourceSpec) -> list[Path]:
     """The local files a `path` source reads, in a stable order."""
     assert spec.path is not None
-    if spec.path.startswith("builtin:"):
-        from dflashx.tiny import resolve_builtin
-
-        return [Path(resolve_builtin(spec.path))]
+    if is_builtin(spec.path):
+        return [builtin_file(spec.path)]
     path = Path(spec.path)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())

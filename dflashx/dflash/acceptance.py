@@ -10,12 +10,12 @@ summaries: dict[str, dict], path)` (PNG, matplotlib Agg).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dflashx.dflash.spec_decode import DecodeResult
+from dflashx.store.atomic import atomic_path
 
 
 def summarize(results: Sequence[DecodeResult], block_size: int) -> dict[str, Any]:
@@ -64,8 +64,7 @@ def plot_acceptance(summaries: dict[str, dict[str, Any]], path: str | Path) -> P
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
     return path

@@ -5,9 +5,9 @@ Exported layout (what the z-lab `dflash` package and SGLang load): a folder with
 names (`layers.N.self_attn.q_proj.weight`, ..., `norm.weight`, `fc.weight`, `hidden_norm.weight`);
 the target's embedding and LM head are not in it.
 
-Training checkpoints: `engine.save_checkpoint` writes into a temporary tag, which is renamed to
-`step-XXXXXXXX` once every rank is done; then `latest` is replaced atomically. A kill at any
-moment leaves the previous checkpoint and pointer intact.
+Training checkpoints: `engine.save_checkpoint` writes into a temporary tag, which is put in place
+as `step-XXXXXXXX` once every rank is done; then `latest` is replaced atomically (both through
+`dflashx.store.atomic`). A kill at any moment leaves the previous checkpoint and pointer intact.
 
 Public API: `save_drafter(drafter, out_dir, dtype=None)`, `load_drafter(path, device, dtype)`,
 `load_weights_into(drafter, path)` (continue from a public checkpoint), `save_training_state(
@@ -18,7 +18,6 @@ engine, ckpt_dir, step, client_state, rank_state)`, `latest_tag(ckpt_dir)`,
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from dflashx.dflash.config import DFlashConfig
 from dflashx.dflash.model import DFlashDrafter
+from dflashx.store.atomic import atomic_dir, atomic_write_text, replace_dir
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -35,27 +35,16 @@ LATEST = "latest"
 KEEP_CHECKPOINTS = 2
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write config.json + model.safetensors into `out_dir` (replaced atomically as a folder)."""
     out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     hf = drafter.config.to_hf_dict()
     if dtype is not None:
         hf["torch_dtype"] = str(dtype).removeprefix("torch.")
-    (tmp / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
     state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in drafter.state_dict().items()}
-    save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+    with atomic_dir(out_dir) as tmp:
+        (tmp / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
+        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
     return out_dir
 
 
@@ -119,9 +108,8 @@ def save_training_state(
     if dist.is_initialized():
         dist.barrier()
     if rank == 0:
-        shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
-        os.replace(ckpt_dir / tmp_tag, ckpt_dir / tag)
-        _atomic_write_text(ckpt_dir / LATEST, tag)
+        replace_dir(ckpt_dir / tmp_tag, ckpt_dir / tag)
+        atomic_write_text(ckpt_dir / LATEST, tag)
         old = sorted(p for p in ckpt_dir.glob("step-*") if p.is_dir())[:-KEEP_CHECKPOINTS]
         for p in old:
             shutil.rmtree(p, ignore_errors=True)

@@ -3,13 +3,11 @@ config.json form.
 
 Public API (stable; used by training, speculative decoding, eval and export):
 
-- `target_layer_ids(num_target_layers, k) -> list[int]` — the layer spread of the DFlash paper and
-  the z-lab reference: k == 1 -> [N // 2], else round(1 + i * (N - 4) / (k - 1)) for i < k.
-  Layer id l means the *output of decoder layer l* (HF `hidden_states[l + 1]`).
-- `loss_gamma(block_size) -> float` — the slot-decay constant (7 for B=16, 5 for 10, 4 for 8).
-- `DFlashConfig.from_target(drafter, target_config, mask_token_id=None)` — from the resolved recipe's
-  `drafter` dict and the target's HF config (dict or `PretrainedConfig`; qwen3_5's nested
-  `text_config` is read).
+- `DFlashConfig.from_target(drafter, target_config)` — from the resolved recipe's drafter
+  (`ResolvedDrafter`: layer ids, mask token, shapes, all decided by `dflashx.resolve`) and the
+  target's HF config (dict or `PretrainedConfig`; qwen3_5's nested `text_config` is read) for the
+  RoPE and norm settings; the shapes the drafter shares with the target are checked against it.
+  Layer ids and γ come from `dflashx.resolve.formulas` (one function each, shared with the plan).
 - `DFlashConfig.to_hf_dict()` / `DFlashConfig.from_hf_dict(d)` — the exported config.json, in the
   layout the z-lab `dflash` package and SGLang `--speculative-algorithm DFLASH` read
   (`architectures: ["DFlashDraftModel"]`, `block_size`, `num_target_layers`,
@@ -28,29 +26,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dflashx.resolve.flops import DrafterDims
+from dflashx.resolve.formulas import spread_layer_ids
+from dflashx.resolve.model import ResolvedDrafter
+
 LayerType = Literal["full_attention", "sliding_attention"]
 ARCHITECTURE = "DFlashDraftModel"
-_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
 
-def target_layer_ids(num_target_layers: int, k: int) -> list[int]:
-    """Spread k tapped layers over a target of N decoder layers (DFlash paper, z-lab code)."""
-    if k < 1 or num_target_layers < 1:
-        raise ValueError(f"need k >= 1 and N >= 1, got k={k}, N={num_target_layers}")
-    if k == 1:
-        return [num_target_layers // 2]
-    span = num_target_layers - 4
-    return [round(1 + i * span / (k - 1)) for i in range(k)]
-
-
-def loss_gamma(block_size: int) -> float:
-    """Slot-decay gamma: the paper's 7/5/4 for B = 16/10/8, linear in B between and beyond."""
-    if block_size in _GAMMA:
-        return _GAMMA[block_size]
-    return max(1.0, 4.0 + (block_size - 8) * 3.0 / 8.0)
-
-
-def _text_config(target_config: Any) -> dict[str, Any]:
+def text_config(target_config: Any) -> dict[str, Any]:
     cfg = target_config if isinstance(target_config, dict) else target_config.to_dict()
     return dict(cfg.get("text_config") or cfg)
 
@@ -118,46 +102,44 @@ class DFlashConfig(BaseModel):
         """Number of tapped target layers (the width of `fc` is k * hidden_size)."""
         return len(self.target_layer_ids)
 
-    @classmethod
-    def from_target(
-        cls, drafter: dict[str, Any], target_config: Any, mask_token_id: int | None = None
-    ) -> "DFlashConfig":
-        """Build from the resolved recipe's `drafter` section and the target's HF config.
+    @property
+    def dims(self) -> DrafterDims:
+        """The shapes the FLOP model counts (`dflashx.resolve.flops`)."""
+        return DrafterDims(self.num_layers, self.hidden_size, self.num_attention_heads, self.num_key_value_heads,
+                           self.head_dim, self.intermediate_size, self.vocab_size, self.k)
 
-        `target_layer_ids` / `mask_token_id` come from the plan when filled in, else from the
-        layer formula and `mask_token_id` (e.g. the tokenizer's `<|mask|>` id).
+    @classmethod
+    def from_target(cls, drafter: ResolvedDrafter, target_config: Any, mask_token: str | None = None) -> "DFlashConfig":
+        """Build from the resolved drafter and the target's HF config (RoPE, norms, positions).
+
+        The shapes the resolved drafter took from the plan's target facts must be the checkpoint's.
         """
-        t = _text_config(target_config)
-        n_target = int(t["num_hidden_layers"])
-        n_layers = int(drafter.get("num_layers", 5))
-        ids = drafter.get("target_layer_ids") or target_layer_ids(n_target, int(drafter.get("num_target_layers", 5)))
-        mask_id = drafter.get("mask_token_id", mask_token_id)
-        if mask_id is None:
-            mask_id = mask_token_id
-        if mask_id is None:
-            raise ValueError("drafter.mask_token_id is unset and the target offers none; set it in the recipe")
-        types = list(drafter.get("layer_types") or ["full_attention"] * n_layers)
-        theta, scaling = _rope(t)
+        t = text_config(target_config)
         heads = int(t["num_attention_heads"])
+        actual = {"hidden_size": int(t["hidden_size"]), "num_attention_heads": heads,
+                  "num_key_value_heads": int(t.get("num_key_value_heads") or heads),
+                  "head_dim": int(t.get("head_dim") or t["hidden_size"] // heads), "vocab_size": int(t["vocab_size"])}
+        planned = {k: getattr(drafter, k) for k in actual}
+        if planned != actual:
+            raise ValueError(f"the plan's target facts {planned} differ from the target's config.json {actual}; "
+                             "point target.model at the checkpoint the plan describes (or fix target.arch)")
+        theta, scaling = _rope(t)
         return cls(
-            num_layers=n_layers,
-            block_size=int(drafter.get("block_size", 16)),
-            hidden_size=int(t["hidden_size"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(t.get("num_key_value_heads") or heads),
-            head_dim=int(t.get("head_dim") or t["hidden_size"] // heads),
-            intermediate_size=int(drafter.get("intermediate_size") or t["intermediate_size"]),
+            num_layers=drafter.num_layers,
+            block_size=drafter.block_size,
+            **actual,
+            intermediate_size=drafter.intermediate_size,
             rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             rope_scaling=scaling,
-            vocab_size=int(t["vocab_size"]),
             max_position_embeddings=int(t.get("max_position_embeddings", 32768)),
-            target_layer_ids=[int(i) for i in ids],
-            num_target_layers=n_target,
-            mask_token_id=int(mask_id),
-            layer_types=types,
-            causal_layers=list(drafter.get("causal_layers") or [x == "sliding_attention" for x in types]),
-            sliding_window=drafter.get("sliding_window"),
+            target_layer_ids=list(drafter.target_layer_ids),
+            num_target_layers=int(t["num_hidden_layers"]),
+            mask_token_id=drafter.mask_token_id,
+            mask_token=mask_token,
+            layer_types=list(drafter.layer_types),
+            causal_layers=[x == "sliding_attention" for x in drafter.layer_types],
+            sliding_window=drafter.sliding_window,
             attention_bias=bool(t.get("attention_bias", False)),
         )
 
@@ -215,7 +197,7 @@ class DFlashConfig(BaseModel):
         else:
             causal = [t == "sliding_attention" for t in types]
         n_target = int(d["num_target_layers"])
-        ids = dflash.get("target_layer_ids") or d.get("target_layer_ids") or target_layer_ids(n_target, n)
+        ids = dflash.get("target_layer_ids") or d.get("target_layer_ids") or spread_layer_ids(n_target, n)
         mask_id = dflash.get("mask_token_id", d.get("mask_token_id"))
         if mask_id is None:
             raise ValueError("config.json has no dflash_config.mask_token_id")

@@ -12,7 +12,6 @@ Public API: `write_features(capture, ds, folder, rank, world, pad_id, max_length
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from dflashx.dflash.capture import FeatureCapture
+from dflashx.store.atomic import atomic_path, atomic_write_text
 
 
 def _barrier() -> None:
@@ -45,11 +45,9 @@ def write_features(
                 ids = ds[i]["input_ids"][: max_length or None]
                 feats = capture.capture(torch.tensor([ids], device=device))
                 tensors[str(i)] = feats[0].cpu().contiguous()
-            path = folder / f"shard-r{rank}-{n:05d}.safetensors"
-            tmp = path.with_name(f".{path.name}.tmp")
-            save_file(tensors, str(tmp))
-            os.replace(tmp, path)
-        done.write_text(str(len(mine)))
+            with atomic_path(folder / f"shard-r{rank}-{n:05d}.safetensors") as tmp:
+                save_file(tensors, str(tmp))
+        atomic_write_text(done, str(len(mine)))
     _barrier()
 
 

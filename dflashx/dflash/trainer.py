@@ -20,7 +20,6 @@ import argparse
 import json
 import logging
 import math
-import os
 import random
 import time
 from pathlib import Path
@@ -31,88 +30,69 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
+from dflashx.config.fields import TORCH_DTYPE
 from dflashx.dflash import checkpoint as ckpt
 from dflashx.dflash.anchors import BlockBatch, build_block_batch, sample_anchors
-from dflashx.dflash.capture import FeatureCapture, find_decoder_layers
-from dflashx.dflash.config import DFlashConfig, loss_gamma
+from dflashx.dflash.capture import FeatureCapture
+from dflashx.dflash.config import DFlashConfig, text_config
 from dflashx.dflash.data import load_token_dataset, make_loader, micro_batches_per_epoch
 from dflashx.dflash.distributed import setup_distributed, teardown_distributed
 from dflashx.dflash.loss import accuracy_per_position, dflash_loss, expected_acceptance_length
 from dflashx.dflash.masks import DraftMask
-from dflashx.dflash.metrics import TargetCost, drafter_flops, peak_memory_bytes, visible_pairs
+from dflashx.dflash.metrics import peak_memory_bytes, step_flops
 from dflashx.dflash.model import DFlashDrafter
+from dflashx.resolve.formulas import warmup_cosine, warmup_steps
+from dflashx.resolve.model import ResolvedDrafter, ResolvedRecipe, ResolvedTarget, ResolvedTrainStage
+from dflashx.store.atomic import atomic_write_text
 
 JOB_FILE = "train_job.json"
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.bfloat16}
+LM_HEAD_CHUNK = 4096  # block tokens per chunk of the fused LM-head cross-entropy
 Log = Callable[[dict[str, Any], int], None]
 
 
-class TrainJob(BaseModel):
-    """Everything one training process needs; written as JSON for launched processes."""
+def torch_dtype(precision: str) -> torch.dtype:
+    return getattr(torch, TORCH_DTYPE[precision])
 
-    model_config = ConfigDict(extra="forbid")
+
+class TrainJob(BaseModel):
+    """Everything one training process needs: where things are, and the resolved recipe's
+    target, drafter and train sections as they are (written as JSON for launched processes)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     stage_dir: str
     dataset: str
-    target: str
-    drafter: dict[str, Any]
-    init_from: str | None = None
-    mode: str = "online"
-    offline_dir: str | None = None
-    precision: str = "bf16"
-    epochs: float = 6
-    max_steps: int | None = None
-    lr: float = 6e-4
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.04
-    grad_clip: float = 1.0
-    global_batch: int = 64
-    micro_batch: int = 1
-    zero_stage: int = 2
-    anchors_per_seq: int = 512
-    loss_gamma: float | None = None
-    max_length: int | None = None
-    checkpoint_every: int = 500
-    log_every: int = 10
-    seed: int = 0
-    peak_tflops: float = 1.0
-    deepspeed_config: dict[str, Any] | None = None
-    lm_head_chunk: int = 4096
+    target_path: str  # the folder (or hub id) the target loads from
+    target: ResolvedTarget
+    drafter: ResolvedDrafter
+    train: ResolvedTrainStage
+
+    @classmethod
+    def of(cls, recipe: ResolvedRecipe, stage_dir: str | Path, dataset: str | Path, target_path: str | Path) -> "TrainJob":
+        return cls(stage_dir=str(stage_dir), dataset=str(dataset), target_path=str(target_path),
+                   target=recipe.target, drafter=recipe.drafter, train=recipe.stages.train)
 
     def save(self) -> Path:
         path = Path(self.stage_dir) / JOB_FILE
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(self.model_dump_json(indent=2))
-        os.replace(tmp, path)
+        atomic_write_text(path, self.model_dump_json(indent=2))
         return path
 
 
-def deepspeed_config(job: TrainJob, world: int, total_steps: int) -> dict[str, Any]:
-    """The plan's DeepSpeed config (or one built from the job) fitted to this world and data."""
-    if job.global_batch % (job.micro_batch * world):
+def check_world(train: ResolvedTrainStage, world: int) -> None:
+    """The process group must be the world the plan resolved the batch arithmetic for."""
+    if world != train.world_size:
         raise ValueError(
-            f"stages.train.global_batch={job.global_batch} is not a multiple of micro_batch x GPUs "
-            f"({job.micro_batch} x {world}); pick a global batch divisible by {job.micro_batch * world}"
+            f"{world} training processes, but the plan resolved stages.train for {train.world_size} "
+            f"(micro_batch {train.micro_batch} x grad_accum {train.grad_accum}); launch "
+            f"{train.world_size} processes, or re-plan with the hardware profile of this machine"
         )
-    cfg = json.loads(json.dumps(job.deepspeed_config or {}))
-    cfg.update(
-        train_batch_size=job.global_batch,
-        train_micro_batch_size_per_gpu=job.micro_batch,
-        gradient_accumulation_steps=job.global_batch // (job.micro_batch * world),
-        gradient_clipping=job.grad_clip,
-        steps_per_print=10**9,
-        wall_clock_breakdown=False,
-    )
-    cfg.setdefault("zero_optimization", {}).setdefault("stage", job.zero_stage)
-    cfg["bf16"] = {"enabled": job.precision in ("bf16", "fp8")}
-    cfg.pop("fp16", None)
-    cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})
-    cfg["optimizer"]["params"] = {"betas": [0.9, 0.95], "eps": 1e-8} | cfg["optimizer"].get("params", {}) | {
-        "lr": job.lr, "weight_decay": job.weight_decay, "torch_adam": True}
-    cfg["scheduler"] = {"type": "WarmupCosineLR", "params": {
-        "total_num_steps": total_steps, "warmup_num_steps": max(1, math.ceil(job.warmup_ratio * total_steps)),
-        "warmup_type": "linear", "warmup_min_ratio": 0.0, "cos_min_ratio": 0.0}}
-    return cfg
+
+
+def lr_schedule(train: ResolvedTrainStage, total_steps: int) -> Callable[[torch.optim.Optimizer], Any]:
+    """The learning-rate schedule DeepSpeed steps: warm-up then cosine over the measured steps."""
+    warmup = warmup_steps(total_steps, train.warmup_ratio)
+    return lambda optimizer: torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine(step, total_steps, warmup))
 
 
 class _TrainModule(nn.Module):
@@ -125,7 +105,8 @@ class _TrainModule(nn.Module):
     def forward(self, block_embeds, features, batch, context_positions, mask, lm_head_weight):
         d = self.drafter
         hidden = d(block_embeds, d.fuse(features), batch.block_positions, context_positions, mask)
-        out = dflash_loss(hidden, lm_head_weight.to(hidden.dtype), batch.labels, batch.weights, d.config.block_size, self.chunk)
+        out = dflash_loss(hidden, lm_head_weight.to(hidden.dtype), batch.labels, batch.weights, d.config.block_size,
+                          self.chunk)
         return out.loss, out.correct, out.count
 
 
@@ -138,10 +119,10 @@ def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any, D
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target = AutoModelForCausalLM.from_pretrained(job.target, dtype=_DTYPES[job.precision])
-    tokenizer = AutoTokenizer.from_pretrained(job.target)
+    target = AutoModelForCausalLM.from_pretrained(job.target_path, dtype=torch_dtype(job.target.load_precision))
+    tokenizer = AutoTokenizer.from_pretrained(job.target_path)
     drafter = build_drafter(job, target.config, tokenizer).to(device)
-    if job.precision == "fp8":
+    if job.target.load_precision == "fp8":
         from dflashx.dflash.fp8 import target_to_fp8
 
         swapped = target_to_fp8(target, device, depth=max(drafter.config.target_layer_ids) + 1)
@@ -150,25 +131,23 @@ def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any, D
 
 
 def build_drafter(job: TrainJob, target_config: Any, tokenizer: Any) -> DFlashDrafter:
-    """A fresh drafter from the job's drafter spec (the mask token falls back to the tokenizer's
-    `<|mask|>`), or the checkpoint `init_from` names, checked against the target."""
-    from dflashx.tiny.tokenizer import MASK_TOKEN
-
-    mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN) if MASK_TOKEN in tokenizer.get_vocab() else None
-    fresh = DFlashConfig.from_target(job.drafter, target_config, mask_id)
-    if job.init_from:
-        drafter = ckpt.load_drafter(job.init_from)
-        have, want = drafter.config, fresh
-        if (have.hidden_size, have.vocab_size, have.num_target_layers) != (want.hidden_size, want.vocab_size, want.num_target_layers):
+    """A fresh drafter from the resolved drafter, or the checkpoint `drafter.init_from` names,
+    checked against the target. The mask token's text is recorded when the tokenizer has one."""
+    if job.drafter.init_from:
+        drafter = ckpt.load_drafter(job.drafter.init_from)
+        t, have = text_config(target_config), drafter.config
+        want = (int(t["hidden_size"]), int(t["vocab_size"]), int(t["num_hidden_layers"]))
+        if (have.hidden_size, have.vocab_size, have.num_target_layers) != want:
             raise ValueError(
-                f"{job.init_from}: drafter.init_from was trained for another target (hidden, vocab, layers "
-                f"{have.hidden_size, have.vocab_size, have.num_target_layers} vs the target's "
-                f"{want.hidden_size, want.vocab_size, want.num_target_layers}); remove drafter.init_from or change target"
+                f"{job.drafter.init_from}: drafter.init_from was trained for another target (hidden, vocab, layers "
+                f"{have.hidden_size, have.vocab_size, have.num_target_layers} vs the target's {want}); "
+                "remove drafter.init_from or change target"
             )
         return drafter
-    if mask_id is not None and fresh.mask_token_id == mask_id:
-        fresh = fresh.model_copy(update={"mask_token": MASK_TOKEN})
-    torch.manual_seed(job.seed)
+    mask = job.drafter.mask_token_id
+    fresh = DFlashConfig.from_target(job.drafter, target_config,
+                                     tokenizer.convert_ids_to_tokens(mask) if mask < len(tokenizer) else None)
+    torch.manual_seed(job.train.seed)
     return DFlashDrafter(fresh)
 
 
@@ -187,8 +166,9 @@ class _Window:
     """Sums of loss, slot accuracy, tokens and FLOPs over the micro steps since the last log;
     `read` all-reduces them over the ranks."""
 
-    def __init__(self, block_size: int, peak_tflops: float, world: int):
-        self.block_size, self.peak_tflops, self.world = block_size, peak_tflops, world
+    def __init__(self, block_size: int, peak_flops: float, world: int, micro_per_step: int):
+        self.block_size, self.peak_flops, self.world = block_size, peak_flops, world
+        self.micro_per_step = micro_per_step
         self.reset()
 
     def reset(self) -> None:
@@ -214,39 +194,38 @@ class _Window:
         loss, correct, count = float(packed[0]), packed[1 : 1 + b], packed[1 + b : 1 + 2 * b]
         n, tokens, flops = packed[1 + 2 * b :].tolist()
         acc = accuracy_per_position(correct, count)
-        tflops = flops / elapsed / 1e12
+        steps = max(n, 1) / self.micro_per_step
         self.reset()
         return {"loss": loss / max(n, 1), "lr": lr, "accuracy": acc, "acceptance_length": expected_acceptance_length(acc),
-                "tokens_per_s": tokens / elapsed, "tflops": tflops, "mfu": tflops / (self.peak_tflops * self.world),
-                "memory_bytes": peak_memory_bytes()}
+                "tokens_per_s": tokens / elapsed, "flops_per_step": flops / steps, "tflops": flops / elapsed / 1e12,
+                "mfu": flops / elapsed / (self.peak_flops * self.world), "memory_bytes": peak_memory_bytes()}
 
 
 def _trim_metrics(path: Path, step: int) -> None:
     """Drop lines logged after the checkpoint a resumed run starts from (they will be redone)."""
     if path.exists():
         keep = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(f"{line}\n" for line in keep))
-        os.replace(tmp, path)
+        atomic_write_text(path, "".join(f"{line}\n" for line in keep))
 
 
-def _blocks(batch: dict[str, torch.Tensor], lengths: list[int], job: TrainJob, cfg: DFlashConfig, gamma: float,
+def _blocks(batch: dict[str, torch.Tensor], lengths: list[int], train: ResolvedTrainStage, cfg: DFlashConfig,
             epoch: int) -> BlockBatch:
     """This epoch's anchors for each row of the micro batch, laid out as blocks."""
-    anchors = [sample_anchors(batch["loss_mask"][i, :n], job.anchors_per_seq, job.seed, epoch, int(batch["index"][i]))
+    anchors = [sample_anchors(batch["loss_mask"][i, :n], train.anchors_per_seq, train.seed, epoch, int(batch["index"][i]))
                for i, n in enumerate(lengths)]
-    return build_block_batch(batch["input_ids"], batch["loss_mask"], anchors, cfg.block_size, cfg.mask_token_id, gamma)
+    return build_block_batch(batch["input_ids"], batch["loss_mask"], anchors, cfg.block_size, cfg.mask_token_id,
+                             train.loss_gamma)
 
 
 def _feature_source(job: TrainJob, capture: FeatureCapture, ds: Any, rank: int, world: int, pad_id: int,
                     device: torch.device) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
     """Online: run the target's tapped layers per batch. Offline: write shards once, then read."""
-    if job.mode != "offline":
+    if job.train.mode != "offline":
         return lambda batch: capture.capture(batch["input_ids"].to(device), batch["attention_mask"].to(device))
     from dflashx.dflash.offline import OfflineFeatures, write_features
 
-    folder = Path(job.offline_dir or Path(job.stage_dir) / "features")
-    write_features(capture, ds, folder, rank, world, pad_id, job.max_length, device)
+    folder = Path(job.stage_dir) / "features"
+    write_features(capture, ds, folder, rank, world, pad_id, job.train.max_length, device)
     store = OfflineFeatures(folder)
     return lambda batch: store.batch(batch["index"].tolist(), batch["input_ids"].shape[1]).to(device)
 
@@ -256,6 +235,8 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     import deepspeed
 
     rank, world, local = setup_distributed()
+    train = job.train
+    check_world(train, world)
     device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
     stage = Path(job.stage_dir)
     (stage / "logs").mkdir(parents=True, exist_ok=True)
@@ -263,21 +244,18 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     cfg = drafter.config
     capture = FeatureCapture(target, cfg.target_layer_ids)
     embed, lm_head_w = target.get_input_embeddings(), target.get_output_embeddings().weight
-    text_cfg = target.config.to_dict().get("text_config") or target.config.to_dict()
-    target_cost = TargetCost.of(find_decoder_layers(target), max(cfg.target_layer_ids), text_cfg)
-    gamma = job.loss_gamma or loss_gamma(cfg.block_size)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     ds = load_token_dataset(job.dataset)
-    per_epoch = micro_batches_per_epoch(len(ds), job.micro_batch, world)
-    accum = job.global_batch // (job.micro_batch * world)
+    per_epoch = micro_batches_per_epoch(len(ds), train.micro_batch, world)
+    accum = train.grad_accum
     if per_epoch < accum:
-        raise ValueError(f"{job.dataset}: {len(ds)} rows cannot fill one global batch of {job.global_batch}")
+        raise ValueError(f"{job.dataset}: {len(ds)} rows cannot fill one global batch of {train.global_batch}")
     steps_per_epoch = per_epoch // accum
-    total = job.max_steps or max(1, math.ceil(job.epochs * steps_per_epoch))
-    ds_cfg = deepspeed_config(job, world, total)
-    engine, _, _, _ = deepspeed.initialize(model=_TrainModule(drafter, job.lm_head_chunk), config=ds_cfg,
-                                           model_parameters=[p for p in drafter.parameters() if p.requires_grad])
+    total = train.max_steps or max(1, math.ceil(train.epochs * steps_per_epoch))
+    engine, _, _, _ = deepspeed.initialize(model=_TrainModule(drafter, LM_HEAD_CHUNK), config=train.deepspeed_config,
+                                           model_parameters=[p for p in drafter.parameters() if p.requires_grad],
+                                           lr_scheduler=lr_schedule(train, total))
     drafter.restore_rope()
 
     g = 0  # micro batches consumed (per rank)
@@ -287,7 +265,7 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
         g = int(client["micro"])
         _restore_rank_state(rank_state)
     step = g // accum
-    window = _Window(cfg.block_size, job.peak_tflops, world)
+    window = _Window(cfg.block_size, train.peak_flops, world, accum)
     metrics_file = stage / "logs" / "metrics.jsonl"
     if rank == 0:
         _trim_metrics(metrics_file, step)
@@ -297,10 +275,10 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     features_of = _feature_source(job, capture, ds, rank, world, pad_id, device)
     while step < total:
         epoch, offset = divmod(g, epoch_micro)
-        loader = make_loader(ds, job.micro_batch, rank, world, job.seed, epoch, offset, pad_id, job.max_length)
+        loader = make_loader(ds, train.micro_batch, rank, world, train.seed, epoch, offset, pad_id, train.max_length)
         for batch in loader:
             lengths = batch["attention_mask"].sum(1).tolist()
-            blocks = _blocks(batch, lengths, job, cfg, gamma, epoch).to(device)
+            blocks = _blocks(batch, lengths, train, cfg, epoch).to(device)
             width = batch["input_ids"].shape[1]
             positions = torch.arange(width, device=device).expand(len(lengths), -1)
             mask = DraftMask(blocks.anchors, width, cfg.block_size)
@@ -308,16 +286,13 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
             engine.backward(loss)
             engine.step()
             g += 1
-            flops = target_cost.flops(lengths) + drafter_flops(
-                cfg, blocks.block_ids.numel(), positions.numel(), visible_pairs(blocks.anchors, cfg.block_size),
-                int((blocks.weights > 0).sum()))
-            window.add(loss, correct, count, sum(lengths), flops)
+            window.add(loss, correct, count, sum(lengths), step_flops(job.target.facts, cfg, lengths, blocks))
             if g % accum:
                 continue
             step += 1
-            if step % job.checkpoint_every == 0 or step == total:
+            if step % train.checkpoint_every == 0 or step == total:
                 ckpt.save_training_state(engine, stage / "checkpoints", step, {"micro": g, "step": step}, _rank_state(g))
-            if step % job.log_every == 0 or step == total:
+            if step % train.log_every == 0 or step == total:
                 last = window.read(engine.get_lr()[0]) | {"step": step, "epoch": epoch}
                 if rank == 0:
                     with metrics_file.open("a") as f:
@@ -327,7 +302,7 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
             if step >= total or g % epoch_micro == 0:
                 break
     if rank == 0:
-        ckpt.save_drafter(drafter, stage / "checkpoint", dtype=_DTYPES[job.precision])
+        ckpt.save_drafter(drafter, stage / "checkpoint", dtype=torch_dtype(train.precision))
     return last
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dflashx.config.schema import Recipe
-from dflashx.plan.derive import Derived, derive
 from dflashx.plan.estimates.cost import gpu_hours, usd
 from dflashx.plan.estimates.generation import Generation, estimate_generation
 from dflashx.plan.estimates.host import eval_seconds, host_seconds
@@ -19,14 +17,13 @@ from dflashx.plan.estimates.storage import Storage, estimate_storage
 from dflashx.plan.estimates.tokens import Tokens, count_tokens
 from dflashx.plan.estimates.training import Training, estimate_training
 from dflashx.plan.explain import Term
+from dflashx.resolve.model import ResolvedRecipe
 from dflashx.targets.registry import TargetFacts
 
 
 @dataclass(frozen=True)
 class PlanContext:
-    recipe: Recipe
-    facts: TargetFacts
-    derived: Derived
+    recipe: ResolvedRecipe
     tokens: Tokens
     generation: Generation
     training: Training
@@ -34,6 +31,10 @@ class PlanContext:
     memory: dict[str, StageMemory]  # stage -> peak per-GPU memory
     seconds: dict[str, float]  # stage -> wall time
     time_terms: tuple[Term, ...]  # how the host-bound and eval times were derived
+
+    @property
+    def facts(self) -> TargetFacts:
+        return self.recipe.target.facts
 
     @property
     def terms(self) -> list[Term]:
@@ -44,15 +45,15 @@ class PlanContext:
         ]
 
 
-def build_context(recipe: Recipe, facts: TargetFacts) -> PlanContext:
-    derived = derive(recipe, facts)
-    tokens = count_tokens(recipe, derived.max_length)
+def build_context(recipe: ResolvedRecipe) -> PlanContext:
+    facts = recipe.target.facts
+    tokens = count_tokens(recipe, recipe.stages.train.max_length)
     gen = estimate_generation(recipe, facts, tokens)
-    train = estimate_training(recipe, facts, tokens, derived)
-    storage = estimate_storage(recipe, facts, tokens, train, derived)
+    train = estimate_training(recipe, tokens)
+    storage = estimate_storage(recipe, tokens, train)
     memory = {
         "generate": serving_memory(recipe, facts, tokens, gen.serving),
-        "train": training_memory(recipe, facts, tokens, train, derived),
+        "train": training_memory(recipe, tokens, train),
         "eval": eval_memory(recipe, facts, train),
     }
     time_terms = {
@@ -61,7 +62,7 @@ def build_context(recipe: Recipe, facts: TargetFacts) -> PlanContext:
     }
     seconds = {stage: t.value for stage, t in time_terms.items()}
     seconds.update(generate=gen.seconds, train=train.seconds)
-    return PlanContext(recipe, facts, derived, tokens, gen, train, storage, memory, seconds,
+    return PlanContext(recipe, tokens, gen, train, storage, memory, seconds,
                        tuple(time_terms.values()))
 
 

@@ -19,11 +19,12 @@ from dflashx.plan.context import (
     stage_estimates,
     totals,
 )
-from dflashx.plan.expand.deepspeed import deepspeed_config, launch
+from dflashx.plan.expand.deepspeed import launch
 from dflashx.plan.expand.sglang import expand_sglang
 from dflashx.plan.explain import Term
 from dflashx.plan.findings import Finding, error
 from dflashx.plan.rules import check
+from dflashx.resolve import ResolvedRecipe, ResolveError, resolve
 from dflashx.targets.registry import REGISTRY, TargetFacts, lookup
 
 
@@ -45,7 +46,7 @@ class Plan:
     findings: list[Finding]
     stages: list[StagePlan]
     totals: dict[str, float]
-    resolved: dict[str, Any]
+    resolved: ResolvedRecipe | None  # None when the target is unknown or a value cannot be resolved
     terms: list[Term] = field(default_factory=list)
 
     @property
@@ -62,7 +63,7 @@ class Plan:
             "warnings": [f.to_json() for f in self.warnings],
             "stages": [s.to_json() for s in self.stages],
             "totals": self.totals,
-            "resolved": self.resolved,
+            "resolved": self.resolved.model_dump(mode="json") if self.resolved is not None else None,
         }
         if explain:
             out["explain"] = [t.to_json() for t in self.terms]
@@ -79,47 +80,38 @@ def _stage_plans(ctx: PlanContext) -> list[StagePlan]:
     sglang = expand_sglang(recipe, ctx.facts, ctx.generation.serving)
     by_name["generate"].commands = sglang.commands
     by_name["generate"].extra = sglang.to_json()
-    run = launch(recipe, ctx.derived)
+    run = launch(recipe)
     by_name["train"].commands = [run["shell"]]
-    by_name["train"].extra = {"deepspeed_config": deepspeed_config(recipe, ctx.derived, ctx.training.steps),
-                              "launch": run}
+    by_name["train"].extra = {"deepspeed_config": recipe.stages.train.deepspeed_config, "launch": run}
     return plans
 
 
-def _resolved(ctx: PlanContext) -> dict[str, Any]:
-    data = ctx.recipe.model_dump(mode="json")
-    d = ctx.derived
-    data["drafter"].update(target_layer_ids=d.target_layer_ids, mask_token_id=d.mask_token_id)
-    data["stages"]["train"].update(micro_batch=d.micro_batch, zero_stage=d.zero_stage, grad_accum=d.grad_accum,
-                                   loss_gamma=d.loss_gamma, max_length=d.max_length)
-    data["target"]["facts"] = {
-        **ctx.facts.model_dump(mode="json"),
-        "total_params": ctx.facts.total_params,
-        "kv_bytes_per_token_bf16": ctx.facts.kv_bytes_per_token(2),
-        "recurrent_state_bytes": ctx.facts.recurrent_state_bytes,
-    }
-    data["hardware"]["num_gpus"] = ctx.recipe.hardware.num_gpus
-    return data
-
-
-def _unknown_target(recipe: Recipe) -> Plan:
-    known = ", ".join(sorted(REGISTRY))
-    finding = error("unknown_target", "target.model",
-                    f"no facts for target {recipe.target.model!r}: not a registered model, builtin or local folder "
-                    "with config.json", f"set target.arch to a known architecture ({known}) or point target.model "
-                    "at a folder with config.json")
+def _unresolved(recipe: Recipe, finding: Finding) -> Plan:
+    """A plan that stops at resolution: one error finding, zero estimates, nothing resolved."""
     stages = [StagePlan(n, getattr(recipe.stages, n).enabled) for n in STAGE_ORDER]
-    return Plan([finding], stages, totals({s.name: s.estimates for s in stages}), recipe.model_dump(mode="json"))
+    return Plan([finding], stages, totals({s.name: s.estimates for s in stages}), None)
+
+
+def _unknown_target(recipe: Recipe) -> Finding:
+    known = ", ".join(sorted(REGISTRY))
+    return error("unknown_target", "target.model",
+                 f"no facts for target {recipe.target.model!r}: not a registered model, builtin or local folder "
+                 "with config.json", f"set target.arch to a known architecture ({known}) or point target.model "
+                 "at a folder with config.json")
 
 
 def make_plan(recipe: Recipe, facts: TargetFacts | None = None) -> Plan:
     """Plan a validated recipe. `facts` come from the caller (a local config.json); else the registry."""
     facts = facts or lookup(recipe.target.model) or (lookup(recipe.target.arch) if recipe.target.arch else None)
     if facts is None:
-        return _unknown_target(recipe)
-    ctx = build_context(recipe, facts)
+        return _unresolved(recipe, _unknown_target(recipe))
+    try:
+        resolved = resolve(recipe, facts)
+    except ResolveError as e:
+        return _unresolved(recipe, error(e.code, e.key, e.message, e.fix))
+    ctx = build_context(resolved)
     stages = _stage_plans(ctx)
-    return Plan(check(ctx), stages, totals({s.name: s.estimates for s in stages}), _resolved(ctx), ctx.terms)
+    return Plan(check(ctx), stages, totals({s.name: s.estimates for s in stages}), resolved, ctx.terms)
 
 
 __all__ = ["Plan", "StagePlan", "make_plan"]

@@ -13,6 +13,7 @@ from dflashx.plan.context import PlanContext, stage_estimates, totals
 from dflashx.plan.expand.sglang import context_length
 from dflashx.plan.explain import human_bytes
 from dflashx.plan.findings import Finding, error, warning
+from dflashx.resolve.formulas import spread_layer_ids
 
 Rule = Callable[[PlanContext], Iterable[Finding]]
 
@@ -77,9 +78,10 @@ def fp8_supported(ctx: PlanContext) -> Iterable[Finding]:
 
 
 def target_layer_ids_valid(ctx: PlanContext) -> Iterable[Finding]:
-    ids, n = ctx.derived.target_layer_ids, ctx.facts.num_layers
+    ids, n = ctx.recipe.drafter.target_layer_ids, ctx.facts.num_layers
     k = ctx.recipe.drafter.num_target_layers
-    key = "drafter.target_layer_ids" if ctx.recipe.drafter.target_layer_ids else "drafter.num_target_layers"
+    spread = ids == spread_layer_ids(n, k)  # resolved from num_target_layers, not given as ids
+    key = "drafter.num_target_layers" if spread else "drafter.target_layer_ids"
     if len(ids) != k:
         yield error("target_layers_count", key, f"{len(ids)} target layer ids given but num_target_layers is {k}",
                     "make drafter.num_target_layers equal the number of drafter.target_layer_ids")
@@ -91,13 +93,6 @@ def target_layer_ids_valid(ctx: PlanContext) -> Iterable[Finding]:
     if any(b <= a for a, b in pairwise(ids)):
         yield error("target_layers_order", key, f"target layer ids {ids} are not strictly increasing",
                     "list distinct ids in increasing order, or drop drafter.target_layer_ids to spread them")
-
-
-def block_size_valid(ctx: PlanContext) -> Iterable[Finding]:
-    b = ctx.recipe.drafter.block_size
-    if b < 2:
-        yield error("block_size", "drafter.block_size", f"block size {b} leaves no token to draft",
-                    "set drafter.block_size >= 2 (DFlash uses 16)")
 
 
 def sliding_window_coherent(ctx: PlanContext) -> Iterable[Finding]:
@@ -123,12 +118,8 @@ def sliding_window_coherent(ctx: PlanContext) -> Iterable[Finding]:
 
 
 def mask_token_known(ctx: PlanContext) -> Iterable[Finding]:
-    mask = ctx.derived.mask_token_id
-    if mask is None:
-        yield error("mask_token_unknown", "drafter.mask_token_id",
-                    f"no mask token id: the recipe leaves it null and {ctx.facts.name} has none registered",
-                    "set drafter.mask_token_id to an unused token id of the target's vocabulary")
-    elif not 0 <= mask < ctx.facts.vocab_size:
+    mask = ctx.recipe.drafter.mask_token_id
+    if not 0 <= mask < ctx.facts.vocab_size:
         yield error("mask_token_range", "drafter.mask_token_id",
                     f"mask token id {mask} is outside the vocabulary (0..{ctx.facts.vocab_size - 1})",
                     "use an unused token id below the target's vocab_size")
@@ -139,7 +130,7 @@ def offline_within_storage(ctx: PlanContext) -> Iterable[Finding]:
     hidden = ctx.storage.offline_hidden_states
     if ctx.recipe.stages.train.mode == "offline" and limit is not None and hidden > limit:
         yield error("offline_over_budget", "stages.train.mode",
-                    f"offline hidden states need {human_bytes(hidden)} ({len(ctx.derived.target_layer_ids)} layers "
+                    f"offline hidden states need {human_bytes(hidden)} ({len(ctx.recipe.drafter.target_layer_ids)} layers "
                     f"x hidden {ctx.facts.hidden_size} x {ctx.tokens.train_tokens_per_epoch:.3g} tokens, bf16), "
                     f"over budget.max_storage_bytes {human_bytes(limit)}",
                     "set stages.train.mode=online (hidden states are recomputed each step, nothing stored)")
@@ -214,7 +205,8 @@ def mtp_available(ctx: PlanContext) -> Iterable[Finding]:
 
 
 def batch_divides(ctx: PlanContext) -> Iterable[Finding]:
-    d, gb = ctx.derived, ctx.recipe.stages.train.global_batch
+    d = ctx.recipe.stages.train
+    gb = d.global_batch
     per_step = d.micro_batch * d.world_size
     if gb % per_step:
         yield error("global_batch", "stages.train.global_batch",
@@ -231,7 +223,7 @@ def dataset_sized(ctx: PlanContext) -> Iterable[Finding]:
 
 
 RULES: tuple[Rule, ...] = (
-    tp_dp_matches_gpus, serving_fits, training_fits, fp8_supported, target_layer_ids_valid, block_size_valid,
+    tp_dp_matches_gpus, serving_fits, training_fits, fp8_supported, target_layer_ids_valid,
     sliding_window_coherent, mask_token_known, offline_within_storage, within_budget, thinking_on,
     generate_backend_fits, servers_local, mtp_available, batch_divides, dataset_sized,
 )

@@ -1,30 +1,36 @@
-"""Stage keys: sha256 over the recipe keys that decide a stage's output and its inputs' sha256.
+"""Stage keys: sha256 over the recipe values that decide a stage's output and its inputs' sha256.
 
 The material hashed (canonical JSON, sorted keys) is
     {"version": KEY_VERSION, "stage": name,
-     "config": {dotted section: value from the plan's `resolved` recipe, minus `ignore` keys and
-                the stage's `enabled` switch; local paths replaced by their content fingerprint},
+     "config": {dotted section: its value in the resolved recipe, keeping only the fields whose
+                stage-key marker says OUTPUT and replacing PATH fields by what they point to
+                (a content fingerprint, or a builtin's build identity)},
      "inputs": {"<stage>.<artifact>": sha256 from the manifest}}
-so changing `stages.train.lr` changes only train's key; eval and export follow when the new
-checkpoint's sha256 differs. Hardware never enters a key.
+The sections come from `dflashx.stages.graph.GRAPH`; the markers are on the schema fields
+(`dflashx.config.fields`). So changing `stages.train.lr` changes only train's key; eval and export
+follow when the new checkpoint's sha256 differs. Hardware never enters a key.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflashx.run.graph import GRAPH
-from dflashx.store.hashing import fingerprint
-from dflashx.tiny import BUILTIN_PREFIX, builtin_identity
-from dflashx.store.manifest import Manifest
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
-KEY_VERSION = 1
-_MISSING = object()
+from dflashx.config.fields import STAGE_KEY
+from dflashx.resolve.model import ResolvedRecipe
+from dflashx.stages.graph import GRAPH
+from dflashx.store.hashing import fingerprint
+from dflashx.store.manifest import Manifest
+from dflashx.targets.resolve import builtin_identity, is_builtin
+
+KEY_VERSION = 2
+_DROP = object()
 
 
 @dataclass
@@ -34,64 +40,48 @@ class StageKey:
     missing: list[str] = field(default_factory=list)  # required inputs absent from the manifest
 
 
-def _get(data: Any, parts: list[str]) -> Any:
-    for part in parts:
-        if not isinstance(data, dict) or part not in data:
-            return _MISSING
-        data = data[part]
-    return data
+def role(info: FieldInfo) -> str | None:
+    """A field's stage-key marker: output, operational or path (None when it has none)."""
+    extra = info.json_schema_extra
+    return extra.get(STAGE_KEY) if isinstance(extra, dict) else None  # type: ignore[return-value]
 
 
-def _apply(data: Any, parts: list[str], change: Any) -> None:
-    """Call `change(container, key)` on the item at `parts` (a part ending in `[]` maps over a list)."""
-    if not parts or not isinstance(data, dict):
-        return
-    head, rest = parts[0], parts[1:]
-    if head.endswith("[]"):
-        for item in data.get(head[:-2]) or []:
-            _apply(item, rest, change)
-    elif not rest:
-        if head in data:
-            change(data, head)
-    else:
-        _apply(data.get(head), rest, change)
+def _path_identity(value: Any) -> Any:
+    if isinstance(value, str) and is_builtin(value):
+        return {"builtin": builtin_identity(value)}
+    if isinstance(value, str) and Path(value).exists():
+        return {"fingerprint": fingerprint(value)}
+    return value
 
 
-def _drop(container: dict[str, Any], key: str) -> None:
-    del container[key]
+def _view(value: Any, kind: str | None) -> Any:
+    """What of `value` enters a key, given its field's role."""
+    if kind == "operational":
+        return _DROP
+    if kind == "path":
+        return _path_identity(value)
+    if isinstance(value, BaseModel):
+        fields = type(value).model_fields
+        kept = {name: _view(getattr(value, name), role(info)) for name, info in fields.items()}
+        return {name: v for name, v in kept.items() if v is not _DROP}
+    if isinstance(value, list):
+        return [_view(item, None) for item in value]
+    return value
 
 
-def _fingerprint_path(container: dict[str, Any], key: str) -> None:
-    value = container[key]
-    if isinstance(value, str) and value.startswith(BUILTIN_PREFIX):
-        container[key] = {"builtin": builtin_identity(value)}
-    elif isinstance(value, str) and Path(value).exists():
-        container[key] = {"fingerprint": fingerprint(value)}
+def _section(recipe: ResolvedRecipe, dotted: str) -> Any:
+    *parents, last = dotted.split(".")
+    owner: Any = recipe
+    for part in parents:
+        owner = getattr(owner, part)
+    if owner is None:
+        return None
+    return _view(getattr(owner, last), role(type(owner).model_fields[last]))
 
 
-def _relative(section: str, dotted: str) -> list[str] | None:
-    """`dotted` as parts under the root key `section` (None when it is not under it)."""
-    if dotted == section:
-        return [section]
-    for sep, head in ((f"{section}[].", f"{section}[]"), (f"{section}.", section)):
-        if dotted.startswith(sep):
-            return [head, *dotted[len(sep):].split(".")]
-    return None
-
-
-def key_material(stage: str, resolved: dict[str, Any], inputs: dict[str, str | None]) -> dict[str, Any]:
+def key_material(stage: str, recipe: ResolvedRecipe, inputs: dict[str, str | None]) -> dict[str, Any]:
     """What a stage's key hashes (see the module docstring)."""
-    spec = GRAPH[stage]
-    config: dict[str, Any] = {}
-    for section in spec.sections:
-        value = _get(resolved, section.split("."))
-        config[section] = None if value is _MISSING else copy.deepcopy(value)
-    for section in spec.sections:
-        for dotted, change in [*((d, _drop) for d in (*spec.ignore, f"stages.{stage}.enabled")),
-                               *((d, _fingerprint_path) for d in spec.paths)]:
-            parts = _relative(section, dotted)
-            if parts:
-                _apply(config, parts, change)
+    config = {section: _section(recipe, section) for section in GRAPH[stage].sections}
     return {"version": KEY_VERSION, "stage": stage, "config": config, "inputs": dict(sorted(inputs.items()))}
 
 
@@ -105,8 +95,8 @@ def stage_inputs(stage: str, manifest: Manifest) -> tuple[dict[str, str | None],
     return present, [n for n in spec.inputs if n not in live]
 
 
-def stage_key(stage: str, resolved: dict[str, Any], manifest: Manifest) -> StageKey:
-    """The stage's key now, from the plan's resolved recipe and the manifest."""
+def stage_key(stage: str, recipe: ResolvedRecipe, manifest: Manifest) -> StageKey:
+    """The stage's key now, from the resolved recipe and the manifest."""
     inputs, missing = stage_inputs(stage, manifest)
-    material = json.dumps(key_material(stage, resolved, inputs), sort_keys=True, separators=(",", ":"), default=str)
+    material = json.dumps(key_material(stage, recipe, inputs), sort_keys=True, separators=(",", ":"), default=str)
     return StageKey(hashlib.sha256(material.encode()).hexdigest(), inputs, missing)

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflashx.config.schema import Recipe
 from dflashx.run.graph import Selection
 from dflashx.run.keys import StageKey, stage_key
+from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.rundir import RunDir
 from dflashx.stages.base import StageContext, StageFailed, StageResult, load_stage
 from dflashx.store.manifest import (
@@ -32,7 +32,7 @@ from dflashx.store.manifest import (
     atomic_write_text,
     utc_now,
 )
-from dflashx.store.progress import write_progress
+from dflashx.run.status import write_progress
 from dflashx.track.provenance import stage_provenance
 from dflashx.track.records import RecordLog
 from dflashx.track.redact import RedactingFilter, redact, redact_argv, redact_text
@@ -45,7 +45,7 @@ OK_STATES = ("done", "skipped", "disabled")
 @dataclass
 class StageOutcome:
     name: str
-    state: str  # done | skipped | disabled | failed | not-implemented
+    state: str  # done | skipped | disabled | failed
     stage_key: str | None = None
     message: str | None = None
     duration_s: float | None = None
@@ -104,11 +104,11 @@ def _stage_log(path: Path) -> Iterator[None]:
 class Orchestrator:
     """One `dflashx run` invocation over one run directory (holds its lock while running)."""
 
-    def __init__(self, recipe: Recipe, plan: dict[str, Any], run_dir: Path, argv: Sequence[str],
+    def __init__(self, recipe: ResolvedRecipe, plan: dict[str, Any], run_dir: Path, argv: Sequence[str],
                  echo: Echo = print):
         self.recipe = recipe
         self.plan = plan
-        self.resolved: dict[str, Any] = plan.get("resolved") or recipe.model_dump(mode="json")
+        self.resolved: dict[str, Any] = recipe.model_dump(mode="json")  # for provenance and W&B
         self.rundir = RunDir(Path(run_dir).resolve())
         self.argv = list(argv)
         self.echo = echo
@@ -152,7 +152,7 @@ class Orchestrator:
             self.echo(f"- {name}: disabled (stages.{name}.enabled=false)")
             return StageOutcome(name, "disabled")
         manifest = Manifest.load(self.rundir.path)
-        key = stage_key(name, self.resolved, manifest)
+        key = stage_key(name, self.recipe, manifest)
         if key.missing:
             message = (f"stage {name} needs {', '.join(key.missing)}, which no finished stage has produced: "
                        f"run (or enable) {', '.join(sorted({m.split('.')[0] for m in key.missing}))} first")
@@ -165,12 +165,6 @@ class Orchestrator:
             return StageOutcome(name, "skipped", key.key)
         try:
             fn = load_stage(name)
-        except ModuleNotFoundError as e:
-            if e.name != f"dflashx.stages.{name}":
-                return self._crashed(name, key.key, e)
-            message = f"stage {name} is not implemented yet (no module dflashx.stages.{name}); stopping here"
-            self.echo(f"! {message}")
-            return StageOutcome(name, "not-implemented", key.key, message)
         except Exception as e:  # noqa: BLE001 - a stage module that fails to import is a crash
             return self._crashed(name, key.key, e)
         self._set_aside(name, key.key, manifest, forced=force)
@@ -200,10 +194,11 @@ class Orchestrator:
         manifest = Manifest.load(self.rundir.path)
         inputs = {n: self.rundir.path / manifest.entries[n].path for n in key.inputs}
         stage_plan = plan_stage(self.plan, name)
-        ctx = StageContext(name=name, recipe=self.recipe, plan=stage_plan, resolved=self.resolved,
-                           run_dir=self.rundir.path, out_dir=out_dir, inputs=inputs)
+        ctx = StageContext(name=name, recipe=self.recipe, plan=stage_plan, run_dir=self.rundir.path,
+                           out_dir=out_dir, inputs=inputs)
         self.echo(f"> {name}: running (key {key.key[:12]})")
         self.records.append("stage_start", stage=name, stage_key=key.key, pid=os.getpid(), host=socket.gethostname())
+        self._write_progress()
         attempt = _Attempt(name, key, stage_plan.get("estimates") or {})
         config = {"recipe": self.resolved, "plan": stage_plan.get("estimates", {}), "stage_key": key.key}
         try:
@@ -278,12 +273,12 @@ class Orchestrator:
         return StageOutcome(name, "failed", key, redact_text(message))
 
 
-def run_pipeline(recipe: Recipe, plan: dict[str, Any], run_dir: Path, selection: Selection,
+def run_pipeline(recipe: ResolvedRecipe, plan: dict[str, Any], run_dir: Path, selection: Selection,
                  argv: Sequence[str] = (), echo: Echo = print) -> RunResult:
     """Run the selected stages of `recipe` in `run_dir` (see the module docstring)."""
     return Orchestrator(recipe, plan, run_dir, argv, echo).run(selection)
 
 
-def default_run_dir(recipe: Recipe) -> Path:
+def default_run_dir(recipe: ResolvedRecipe) -> Path:
     """`<storage.root>/<recipe.name>`."""
     return Path(recipe.storage.root) / recipe.name

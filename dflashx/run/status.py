@@ -3,6 +3,7 @@
 States: done (its `_SUCCESS` key is the current key), stale (finished with another key: it re-runs
 next time), running (started, and a `dflashx run` holds the run lock), interrupted (started, no
 run holds the lock: the process died; re-run to resume), failed, pending, skipped-disabled.
+`write_progress(run_dir)` renders them into PROGRESS.md (`dflashx.report.progress`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from dflashx.config.schema import STAGE_ORDER
+from dflashx.report import progress
+from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.keys import stage_key
 from dflashx.run.rundir import RunDir
 from dflashx.store.manifest import ArtifactEntry, Manifest
@@ -46,7 +49,7 @@ def run_status(run_dir: str | Path) -> list[StageStatus]:
     plan = rundir.plan()
     if plan is None:
         raise NotARunDir(f"{run_dir}: no plan.json here; is this a dflashx run directory (made by `dflashx run`)?")
-    resolved = plan.get("resolved") or {}
+    resolved = ResolvedRecipe.model_validate(plan["resolved"])
     manifest = Manifest.load(rundir.path)
     last: dict[str, dict[str, Any]] = {}
     ended: dict[str, dict[str, Any]] = {}
@@ -63,7 +66,7 @@ def run_status(run_dir: str | Path) -> list[StageStatus]:
         event = last.get(name, {})
         success = rundir.success(name)
         current = stage_key(name, resolved, manifest).key
-        if not (resolved.get("stages", {}).get(name, {}).get("enabled", True)):
+        if not getattr(resolved.stages, name).enabled:
             row.state = "skipped-disabled"
         elif success:
             row.stage_key = success.get("stage_key")
@@ -82,3 +85,11 @@ def run_status(run_dir: str | Path) -> list[StageStatus]:
             row.stage_key = current
         rows.append(row)
     return rows
+
+
+def write_progress(run_dir: str | Path) -> Path:
+    """Regenerate `<run_dir>/PROGRESS.md` from the stage states, plan and run id; returns its path."""
+    rundir = RunDir(Path(run_dir))
+    rows = run_status(rundir.path)
+    run_id = (rundir.info() or {}).get("run_id", rundir.path.name)
+    return progress.write_progress(rundir.path, rows, rundir.plan() or {}, run_id)

@@ -1,7 +1,8 @@
 """Stage `backup`: copy the run to the recipe's S3 bucket and verify every copy.
 
 The same function as `dflashx backup RUN_DIR` (`dflashx.store.backup.backup_run`). Writes the
-receipt `backup.json` and rewrites PROGRESS.md; fails (StageFailed) unless every file verified.
+receipt `backup.json` (the orchestrator rewrites PROGRESS.md as each stage starts, so the copy
+holds the run's state up to this stage); fails (StageFailed) unless every file verified.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from dflashx.store.backup import backup_run
 from dflashx.store.base import StoreError
 from dflashx.store.inventory import BACKUP_DIR
 from dflashx.store.manifest import atomic_write_json
-from dflashx.store.progress import write_progress
 from dflashx.store.s3 import S3Store
 
 
@@ -22,8 +22,7 @@ def run(ctx: StageContext) -> StageResult:
                           "recipe; set it, or set stages.backup.enabled=false")
     store = S3Store(spec, ctx.run_dir / BACKUP_DIR / "uploads")
     try:
-        report = backup_run(ctx.run_dir, store, include_replaceable=ctx.config.include_replaceable,
-                            before_run_files=write_progress)
+        report = backup_run(ctx.run_dir, store, include_replaceable=ctx.config.include_replaceable)
     except StoreError as exc:
         raise StageFailed(str(exc)) from exc
     ctx.out_dir.mkdir(parents=True, exist_ok=True)

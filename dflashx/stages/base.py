@@ -1,7 +1,7 @@
 """The contract every stage implements.
 
 A stage is one function `run(ctx: StageContext) -> StageResult` in `dflashx/stages/<name>.py`.
-It reads its resolved config from `ctx.config` and its inputs from `ctx.inputs` (the outputs of
+It reads its resolved config from `ctx.config` (its section of the `ResolvedRecipe` in `ctx.recipe`) and its inputs from `ctx.inputs` (the outputs of
 earlier stages, keyed "<stage>.<artifact>"), writes only inside `ctx.out_dir`, and returns the
 artifacts it produced (paths relative to `ctx.out_dir`) and its measured metrics. The orchestrator
 (`dflashx.run`) owns everything around it: the run directory, stage keys, `_SUCCESS` markers,
@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from dflashx.config.schema import Recipe, STAGE_ORDER
+from dflashx.config.schema import STAGE_ORDER
+from dflashx.resolve.model import ResolvedRecipe
 
 
 class StageFailed(RuntimeError):
@@ -43,9 +44,8 @@ class Artifact:
 @dataclass
 class StageContext:
     name: str
-    recipe: Recipe  # validated, hardware resolved
-    plan: dict[str, Any]  # the planner's JSON for this stage (commands, estimates)
-    resolved: dict[str, Any]  # the plan's `resolved` recipe (derived values filled in)
+    recipe: ResolvedRecipe  # every derived value filled in; stages never re-default a recipe value
+    plan: dict[str, Any]  # the planner's JSON for this stage (commands, estimates, servers)
     run_dir: Path
     out_dir: Path  # this stage's folder; persists across resumes until _SUCCESS
     inputs: dict[str, Path] = field(default_factory=dict)  # "<stage>.<artifact>" -> absolute path

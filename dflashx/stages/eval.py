@@ -11,18 +11,18 @@ greedy output, so `greedy_agreement` (share of prompts whose two outputs are ide
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
+from dflashx.config.fields import TORCH_DTYPE
 from dflashx.data.jsonl import iter_numbered
 from dflashx.stages.base import Artifact, StageContext, StageResult
+from dflashx.stages.graph import GRAPH
+from dflashx.store.atomic import atomic_write_json
 
-CHECKPOINT = "train.checkpoint"
-PROMPTS = "ingest.eval_prompts"
+CHECKPOINT = GRAPH["eval"].inputs[0]
+PROMPTS = GRAPH["eval"].optional_inputs[0]
 UNTRAINED_SEED = 0
-_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
 
 
 def _prompts_file(ctx: StageContext) -> Path:
@@ -73,9 +73,10 @@ def _load(ctx: StageContext):
     from dflashx.targets.resolve import resolve_target_path, resolve_tokenizer_path
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = getattr(torch, _DTYPES[ctx.recipe.target.precision])
-    target = AutoModelForCausalLM.from_pretrained(str(resolve_target_path(ctx.recipe.target)), dtype=dtype)
-    if ctx.recipe.target.precision == "fp8":  # as served: every decoder layer's linears in FP8
+    precision = ctx.recipe.target.load_precision
+    target = AutoModelForCausalLM.from_pretrained(str(resolve_target_path(ctx.recipe.target)),
+                                                  dtype=getattr(torch, TORCH_DTYPE[precision]))
+    if precision == "fp8":  # as served: every decoder layer's linears in FP8
         from dflashx.dflash.fp8 import target_to_fp8
 
         target_to_fp8(target, torch.device(device))
@@ -159,9 +160,7 @@ def run(ctx: StageContext) -> StageResult:
     report.mkdir(parents=True, exist_ok=True)
     target, tokenizer, drafter = _load(ctx)
     result = evaluate(ctx, target, tokenizer, drafter)
-    tmp = report / ".eval.json.tmp"
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, report / "eval.json")
+    atomic_write_json(report / "eval.json", result)
     plot_acceptance({"trained": result["trained"], "untrained": result["untrained"]}, report / "acceptance.png")
     t, u = result["trained"], result["untrained"]
     metrics = {

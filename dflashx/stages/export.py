@@ -11,15 +11,16 @@ accepts it to continue training.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
+from dflashx.config.fields import TORCH_DTYPE
 from dflashx.stages.base import Artifact, StageContext, StageResult
+from dflashx.stages.graph import input_name
+from dflashx.store.atomic import atomic_write_text
 
-CHECKPOINT = "train.checkpoint"
+CHECKPOINT = input_name("export")
 OUT = "drafter"
-_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 README = """# {name}: DFlash drafter
 
@@ -55,17 +56,6 @@ draft = DFlashDraftModel.from_pretrained("{path}", dtype="auto")
 """
 
 
-def _export_dtype(name: str) -> Any:
-    import torch
-
-    if name not in _DTYPES:
-        raise ValueError(
-            f"stages.export.dtype={name!r} cannot be exported: DFlash serving loads bf16, fp16 or fp32 "
-            "drafter weights; set stages.export.dtype to bf16"
-        )
-    return getattr(torch, _DTYPES[name])
-
-
 def write_readme(ctx: StageContext, drafter_dir: Path, config: Any, dtype: str) -> Path:
     text = README.format(
         name=ctx.recipe.name, target=ctx.recipe.target.model, block_size=config.block_size,
@@ -74,9 +64,7 @@ def write_readme(ctx: StageContext, drafter_dir: Path, config: Any, dtype: str) 
         mask_token_id=config.mask_token_id, dtype=dtype, path=str(drafter_dir),
     )
     path = drafter_dir / "README.md"
-    tmp = drafter_dir / ".README.md.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
     return path
 
 
@@ -85,7 +73,9 @@ def run(ctx: StageContext) -> StageResult:
 
     if CHECKPOINT not in ctx.inputs:
         raise ValueError(f"export stage needs input `{CHECKPOINT}` (the train stage's drafter); enable stages.train")
-    dtype = _export_dtype(ctx.config.dtype)
+    import torch
+
+    dtype = getattr(torch, TORCH_DTYPE[ctx.config.dtype])
     drafter = load_drafter(ctx.inputs[CHECKPOINT])
     out = ctx.out_dir / OUT
     save_drafter(drafter, out, dtype=dtype)

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressC
 
 from dflashx.backends.base import Backend
 from dflashx.data.jsonl import ShardWriter, count_records, iter_shards
+from dflashx.stages.graph import input_name
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 
 LOG_EVERY_S = 30.0
@@ -97,7 +98,7 @@ def _progress() -> Progress:
 
 def run(ctx: StageContext) -> StageResult:
     cfg = ctx.config
-    prompts_dir = ctx.inputs["ingest.prompts"]
+    prompts_dir = ctx.inputs[input_name("generate")]
     total = count_records(prompts_dir)
     with ShardWriter(ctx.out_dir / "completions", cfg.shard_size, cfg.flush_every) as writer:
         todo = (p for p in iter_shards(prompts_dir) if p["id"] not in writer.ids)

@@ -21,25 +21,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dflashx.resolve.deepspeed import RUN_DIR
 from dflashx.stages.base import Artifact, StageContext, StageResult
+from dflashx.stages.graph import input_name
 
 if TYPE_CHECKING:
     from dflashx.dflash.trainer import TrainJob
 
-INPUT = "tokenize.dataset"
-
-
-def _section(resolved: dict[str, Any], *keys: str) -> dict[str, Any]:
-    out: Any = resolved
-    for key in keys:
-        out = (out or {}).get(key) if isinstance(out, dict) else None
-    return dict(out or {})
-
-
-def _target_path(ctx: StageContext) -> str:
-    from dflashx.targets.resolve import resolve_target_path
-
-    return str(resolve_target_path(ctx.recipe.target))
+INPUT = input_name("train")
 
 
 def _absolute(path: str) -> str:
@@ -48,54 +37,25 @@ def _absolute(path: str) -> str:
 
 
 def build_job(ctx: StageContext) -> "TrainJob":
-    """The `TrainJob` of this stage from the recipe, the plan's resolved values and the inputs."""
+    """The `TrainJob` of this stage: the resolved recipe's sections and where the inputs are."""
     from dflashx.dflash.trainer import TrainJob
+    from dflashx.targets.resolve import resolve_target_path
 
     if INPUT not in ctx.inputs:
         raise ValueError(f"train stage needs input `{INPUT}` (the tokenize stage's dataset); enable stages.tokenize")
-    recipe, hw = ctx.recipe, ctx.recipe.hardware
-    train = ctx.config.model_dump() | {k: v for k, v in _section(ctx.resolved, "stages", "train").items() if v is not None}
-    drafter = recipe.drafter.model_dump() | {k: v for k, v in _section(ctx.resolved, "drafter").items() if v is not None}
-    on_gpu = hw.gpu is not None
-    return TrainJob(
-        stage_dir=str(ctx.out_dir.resolve()),
-        dataset=str(Path(ctx.inputs[INPUT]).resolve()),
-        target=_absolute(_target_path(ctx)),
-        drafter=drafter,
-        init_from=_absolute(drafter["init_from"]) if drafter.get("init_from") else None,
-        mode=train["mode"],
-        precision=recipe.target.precision if on_gpu else "fp32",
-        epochs=train["epochs"],
-        max_steps=train.get("max_steps"),
-        lr=train["lr"],
-        weight_decay=train["weight_decay"],
-        warmup_ratio=train["warmup_ratio"],
-        grad_clip=train["grad_clip"],
-        global_batch=train["global_batch"],
-        micro_batch=train.get("micro_batch") or hw.training.micro_batch,
-        zero_stage=train.get("zero_stage") if train.get("zero_stage") is not None else hw.training.zero_stage,
-        anchors_per_seq=train["anchors_per_seq"],
-        loss_gamma=train.get("loss_gamma"),
-        max_length=train.get("max_length") or recipe.stages.tokenize.max_length,
-        checkpoint_every=train["checkpoint_every"],
-        log_every=train["log_every"],
-        seed=train["seed"],
-        peak_tflops=hw.gpu.bf16_tflops if on_gpu else hw.cpu_tflops,
-        deepspeed_config=ctx.plan.get("deepspeed_config"),
-    )
+    recipe = ctx.recipe
+    init_from = recipe.drafter.init_from
+    if init_from:
+        recipe = recipe.model_copy(update={"drafter": recipe.drafter.model_copy(update={"init_from": _absolute(init_from)})})
+    return TrainJob.of(recipe, ctx.out_dir.resolve(), Path(ctx.inputs[INPUT]).resolve(),
+                       _absolute(str(resolve_target_path(recipe.target))))
 
 
 def launch_command(ctx: StageContext) -> tuple[list[str], int]:
-    """The planner's launch argv with `{run_dir}` filled in, and its world size."""
-    launch = ctx.plan.get("launch") or {}
-    world = int(launch.get("world_size") or max(ctx.recipe.hardware.num_gpus, 1))
-    argv = [a.replace("{run_dir}", str(ctx.run_dir)) for a in launch.get("command") or []]
-    if not argv:
-        argv = ["torchrun", "--standalone", "--nproc_per_node", str(world), "-m", "dflashx.stages.train",
-                "--run-dir", str(ctx.run_dir)]
-    if "--stage-dir" not in argv:
-        argv += ["--stage-dir", str(ctx.out_dir)]
-    return argv, world
+    """The resolved launch argv with `{run_dir}` and the stage folder filled in, and its world size."""
+    train = ctx.recipe.stages.train
+    argv = [a.replace(RUN_DIR, str(ctx.run_dir)) for a in train.launch]
+    return [*argv, "--stage-dir", str(ctx.out_dir)], train.world_size
 
 
 def _launch(ctx: StageContext, argv: list[str]) -> None:

@@ -4,6 +4,7 @@ A store holds objects under string keys ("<run>/<stage>/<file>", always "/"-sepa
 each object's sha256 next to it (S3 object metadata, or a sidecar file for the local backend).
 Every transfer is checked: `put` verifies the stored copy against the local file's sha256 and
 `get` verifies the downloaded file before it replaces the destination (see `verify`).
+`dflashx.store.stores.open_store` picks the backend of a run.
 """
 
 from __future__ import annotations
@@ -13,12 +14,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from dflashx.store.atomic import atomic_path
 from dflashx.store.hashing import sha256_file
-
-if TYPE_CHECKING:
-    from dflashx.config.schema import S3Spec
 
 CHUNK = 8 * 2**20  # bytes read per step when hashing
 
@@ -140,29 +138,12 @@ class Store(ABC):
         info = self.stat(key)
         if info is None:
             raise StoreError(f"{self.uri(key)} does not exist")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.part")
-        try:
+        with atomic_path(dest) as tmp:  # a mismatch raises: the temporary file goes, dest stays
             self._download(key, tmp)
             actual = sha256_file(tmp)
             if info.sha256 is not None and actual != info.sha256:
                 raise ChecksumMismatch(
                     f"downloaded {self.uri(key)} hashes to {actual}, its metadata says {info.sha256}"
                 )
-            tmp.replace(dest)
-        finally:
-            tmp.unlink(missing_ok=True)
         return info
 
-
-def open_store(s3: S3Spec | None, state_dir: Path, to: str | None = None) -> Store | None:
-    """The remote of a run: the folder `to` when given, else the recipe's S3 bucket, else None."""
-    if to is not None:
-        from dflashx.store.local import LocalStore
-
-        return LocalStore(to)
-    if s3 is None:
-        return None
-    from dflashx.store.s3 import S3Store
-
-    return S3Store(s3, state_dir)

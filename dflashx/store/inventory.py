@@ -17,9 +17,10 @@ from pathlib import Path
 import yaml
 
 from dflashx.config.schema import StorageSpec
-from dflashx.store.base import Store, open_store
+from dflashx.store.base import Store
 from dflashx.store.hashing import sha256_file
 from dflashx.store.manifest import ArtifactEntry, Manifest
+from dflashx.store.stores import open_store
 
 BACKUP_DIR = ".backup"
 RUN_FILES = "run"  # pseudo-artifact name for unregistered files

@@ -1,16 +1,16 @@
 """Local filesystem backend: a folder (another disk, an NFS mount) that mirrors the S3 layout.
 
 Object `key` is the file `<root>/<key>`; its sha256 is kept in `<root>/.sha256/<key>` so `stat`
-never has to read the object. Writes go to a temporary file that is renamed into place.
+never has to read the object. Object and sidecar are written atomically (`dflashx.store.atomic`).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from dflashx.store.atomic import atomic_copy, atomic_write_text
 from dflashx.store.base import ObjectInfo, Progress, Store, StoreError, file_chunks
 
 _META = ".sha256"
@@ -59,21 +59,10 @@ class LocalStore(Store):
 
     def _upload(self, src: Path, key: str, sha256: str, progress: Progress | None) -> None:
         dest = self._path(key)
-        _atomic_copy(src, dest)
-        meta = self._meta(key)
-        meta.parent.mkdir(parents=True, exist_ok=True)
-        tmp = meta.with_name(f".{meta.name}.tmp")
-        tmp.write_text(sha256 + "\n")
-        os.replace(tmp, meta)
+        atomic_copy(src, dest)
+        atomic_write_text(self._meta(key), sha256 + "\n")
         if progress is not None:
             progress(dest.stat().st_size)
 
     def _download(self, key: str, dest: Path) -> None:
-        _atomic_copy(self._path(key), dest)
-
-
-def _atomic_copy(src: Path, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dest)
+        shutil.copyfile(self._path(key), dest)  # `get` gives a temporary file and renames it

@@ -1,6 +1,6 @@
 """The run's manifest: every artifact of a run with its size, sha256, producer, inputs and tier.
 
-File: `<run_dir>/manifest.json`, written atomically (tmp file + `os.replace`)::
+File: `<run_dir>/manifest.json`, written atomically (`dflashx.store.atomic`)::
 
     {"version": 1,
      "artifacts": {"<stage>.<artifact>": ArtifactEntry, ...}}
@@ -34,12 +34,12 @@ import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from dflashx.store.atomic import atomic_write_json, atomic_write_text  # noqa: F401 - also imported from here
 from dflashx.store.hashing import digest_path
-from dflashx.store.atomic import atomic_open
 
 Tier = Literal["irreplaceable", "replaceable", "garbage"]
 MANIFEST_FILE = "manifest.json"
@@ -48,16 +48,6 @@ VERSION = 1
 
 def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write a whole file atomically: a tmp file in the same folder, fsync, then `os.replace`."""
-    with atomic_open(path) as f:
-        f.write(text)
-
-
-def atomic_write_json(path: str | os.PathLike[str], data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 class _Model(BaseModel):

@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from dflashx.store.atomic import atomic_write_json
 from dflashx.store.base import Progress
 
 log = logging.getLogger(__name__)
@@ -66,10 +66,7 @@ def state_path(state_dir: Path, bucket: str, key: str) -> Path:
 
 
 def _save_state(path: Path, state: UploadState) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=1))
-    os.replace(tmp, path)
+    atomic_write_json(path, asdict(state))
 
 
 def _load_state(path: Path) -> UploadState | None:

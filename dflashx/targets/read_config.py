@@ -77,3 +77,17 @@ def facts_from_config(config: dict[str, Any], name: str | None = None) -> Target
         linear_value_head_dim=int(cfg.get("linear_value_head_dim") or 0),
         linear_conv_kernel_dim=int(cfg.get("linear_conv_kernel_dim") or 0),
     )
+
+
+MASK_TOKEN_NAMES = ("<|mask|>", "<mask>", "[MASK]")
+
+
+def mask_token_from_tokenizer(tokenizer_json: dict[str, Any] | None, tokenizer_config: dict[str, Any] | None) -> int | None:
+    """The id of a dedicated mask token (`<|mask|>`, `<mask>`, `[MASK]`) among a tokenizer's added
+    tokens (tokenizer.json `added_tokens`, tokenizer_config.json `added_tokens_decoder`), or None."""
+    found: dict[str, int] = {}
+    for token in (tokenizer_json or {}).get("added_tokens") or []:
+        found.setdefault(str(token.get("content")), int(token["id"]))
+    for token_id, token in ((tokenizer_config or {}).get("added_tokens_decoder") or {}).items():
+        found.setdefault(str(token.get("content")), int(token_id))
+    return next((found[name] for name in MASK_TOKEN_NAMES if name in found), None)

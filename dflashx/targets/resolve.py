@@ -55,3 +55,21 @@ def resolve_tokenizer_path(target: TargetSpec) -> Path:
     if target.tokenizer:
         return _resolve(target.tokenizer, "target.tokenizer", tokenizer_only=True)
     return _resolve(target.model, "target.model", tokenizer_only=True)
+
+
+def is_builtin(value: str) -> bool:
+    return value.startswith(BUILTIN_PREFIX)
+
+
+def builtin_identity(value: str) -> str:
+    """What a `builtin:` value stands for (name, size, build key), cheaply and without building it."""
+    from dflashx.tiny import builtin_identity as identity
+
+    return identity(value)
+
+
+def builtin_file(value: str) -> Path:
+    """A `builtin:` data file (e.g. `builtin:tiny-prompts`), written on first use."""
+    from dflashx.tiny import resolve_builtin
+
+    return resolve_builtin(value)

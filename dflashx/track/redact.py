@@ -2,9 +2,10 @@
 records, W&B config, command lines and log lines.
 
 Two rules, applied together by `redact`:
-- by name: a mapping key or `NAME=value` whose name looks like a credential (its last word is
-  key/token/secret/password/..., it contains secret/password/credential anywhere, or it starts
-  with AWS_); `mask_token_id`, `max_tokens` or `tokenizer` are not credentials.
+- by name: a string under a mapping key, or `NAME=value`, whose name looks like a credential (its
+  last word is key/token/secret/password/..., it contains secret/password/credential anywhere, or
+  it starts with AWS_); `mask_token_id`, `max_tokens` or `tokenizer` are not credentials, and
+  numbers never are (`output_bytes_per_token: 4.0` stays readable in plan.json).
 - by value: strings that look like AWS access key ids, GitHub/HF/OpenAI-style tokens, URL
   passwords, long hex (>= 32, e.g. W&B keys) or long mixed base64 (>= 32, e.g. AWS secret keys),
   and the literal values of credential-named environment variables wherever they appear.
@@ -77,7 +78,7 @@ def redact(obj: Any, secrets: Iterable[str] | None = None) -> Any:
     """A copy of `obj` (dicts, lists, strings, scalars) with every secret replaced by REDACTED."""
     secrets = known_secrets() if secrets is None else list(secrets)
     if isinstance(obj, Mapping):
-        return {k: (REDACTED if is_secret_name(str(k)) and v not in (None, "") and not isinstance(v, (Mapping, bool))
+        return {k: (REDACTED if is_secret_name(str(k)) and isinstance(v, str) and v
                     else redact(v, secrets)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [redact(v, secrets) for v in obj]

@@ -42,3 +42,11 @@ def factor(profile: HardwareProfile, key: str, default: float) -> tuple[float, b
     if key in profile.calibrated:
         return profile.calibrated[key], True
     return default, False
+
+
+KV_BYTES = {"bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}  # SGLang --kv-cache-dtype, bytes per element
+
+
+def activation_bytes(dtype: str) -> int:
+    """Bytes of one activation element: fp32 stays fp32, everything else computes in 16 bits."""
+    return 4 if dtype == "fp32" else 2

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflashx.config.schema import Recipe
-from dflashx.plan.derive import BYTES, KV_BYTES, activation_bytes
-from dflashx.plan.estimates.device import CALIBRATED_SERVING, device_of, factor
+from dflashx.config.fields import PRECISION_BYTES as BYTES
+from dflashx.plan.estimates.device import KV_BYTES, activation_bytes, CALIBRATED_SERVING, device_of, factor
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.explain import Term, term
 from dflashx.targets.registry import TargetFacts

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dflashx.config.fields import PRECISION_BYTES as BYTES
 from dflashx.config.schema import Recipe
-from dflashx.plan.derive import BYTES, Derived, activation_bytes
+from dflashx.plan.estimates.device import activation_bytes
 from dflashx.plan.estimates.generation import Serving
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.estimates.training import Training
 from dflashx.plan.explain import Term, term
+from dflashx.resolve.model import ResolvedRecipe
 from dflashx.targets.registry import TargetFacts
 
 
@@ -60,7 +62,8 @@ def serving_memory(recipe: Recipe, facts: TargetFacts, tokens: Tokens, s: Servin
     return StageMemory(total, parts, term("generate.peak_memory", total, "bytes", formula, **parts))
 
 
-def training_memory(recipe: Recipe, facts: TargetFacts, tokens: Tokens, tr: Training, d: Derived) -> StageMemory:
+def training_memory(recipe: ResolvedRecipe, tokens: Tokens, tr: Training) -> StageMemory:
+    facts, d = recipe.target.facts, recipe.stages.train
     online = recipe.stages.train.mode == "online"
     target = facts.total_params * BYTES[recipe.target.precision] if online else 0.0
     states = zero_model_state_bytes(tr.drafter.trainable, d.zero_stage, d.world_size, tr.drafter.layer_params)
@@ -68,7 +71,7 @@ def training_memory(recipe: Recipe, facts: TargetFacts, tokens: Tokens, tr: Trai
     length = min(tokens.train_len_mean, d.max_length)
     drafter_act = 34 / 2 * act_bytes * facts.hidden_size * tr.drafter_tokens_per_sample * tr.drafter.num_layers
     logits = 4 * facts.vocab_size * tr.drafter_tokens_per_sample
-    captured = len(d.target_layer_ids) * length * facts.hidden_size * act_bytes
+    captured = len(recipe.drafter.target_layer_ids) * length * facts.hidden_size * act_bytes
     activations = d.micro_batch * (drafter_act + logits + captured)
     parts = {"target_weights": target, "drafter_model_states": states, "activations": activations}
     total = sum(parts.values())

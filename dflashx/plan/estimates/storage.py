@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dflashx.config.schema import Recipe
-from dflashx.plan.derive import BYTES, Derived
+from dflashx.config.fields import PRECISION_BYTES as BYTES
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.estimates.training import Training
 from dflashx.plan.explain import Term, term
-from dflashx.targets.registry import TargetFacts
+from dflashx.resolve.model import ResolvedRecipe
 
 JSON_OVERHEAD_BYTES = 512  # keys, usage, ids of one completion record
 ARROW_BYTES_PER_TOKEN = 5  # int32 input_ids + int8 loss mask
@@ -32,11 +31,12 @@ class Storage:
         return sum(self.by_artifact.values())
 
 
-def estimate_storage(recipe: Recipe, facts: TargetFacts, tokens: Tokens, tr: Training, d: Derived) -> Storage:
+def estimate_storage(recipe: ResolvedRecipe, tokens: Tokens, tr: Training) -> Storage:
+    facts, layers = recipe.target.facts, len(recipe.drafter.target_layer_ids)
     stats, train = recipe.dataset.stats, recipe.stages.train
     params = tr.drafter.trainable
     train_tokens = tokens.train_tokens_per_epoch
-    hidden = train_tokens * len(d.target_layer_ids) * facts.hidden_size * 2
+    hidden = train_tokens * layers * facts.hidden_size * 2
     n_ckpt = math.ceil(tr.steps / train.checkpoint_every)
     sizes = {
         "ingest.prompts": tokens.raw_prompts * stats.prompt_bytes_mean,
@@ -54,7 +54,7 @@ def estimate_storage(recipe: Recipe, facts: TargetFacts, tokens: Tokens, tr: Tra
     sizes = {k: v for k, v in sizes.items() if k.split(".")[0] in enabled}
     terms = (
         term("storage.offline_hidden_states", hidden, "bytes", "train tokens x k target layers x hidden x 2 (bf16)",
-             train_tokens=train_tokens, layers=len(d.target_layer_ids), hidden=facts.hidden_size,
+             train_tokens=train_tokens, layers=layers, hidden=facts.hidden_size,
              written=train.mode == "offline"),
         term("storage.checkpoints", n_ckpt * 2 * params + 14 * params, "bytes",
              "checkpoints x 2 bytes x drafter params (bf16 weights) + 14 x params (latest optimizer state)",

@@ -1,0 +1,47 @@
+"""The train stage's DeepSpeed config and launch command: built once, at resolve time.
+
+The config is the one the engine is built with, byte for byte (the trainer passes it unchanged;
+a test compares them). The learning-rate schedule is not in it: its length depends on the
+tokenized dataset, so the trainer builds it from the measured step count
+(`dflashx.resolve.formulas.warmup_cosine`, linear warm-up over `warmup_ratio`, cosine to 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dflashx.config.schema import HardwareProfile, TrainStage
+
+TRAIN_MODULE = "dflashx.stages.train"  # `python -m dflashx.stages.train --run-dir DIR` runs one rank
+RUN_DIR = "{run_dir}"  # placeholder the train stage fills in
+ADAM_BETAS = (0.9, 0.95)
+QUIET_STEPS = 10**9  # DeepSpeed's own step printing: off (dflashx logs its own metrics)
+
+
+def deepspeed_config(train: TrainStage, micro_batch: int, grad_accum: int, zero_stage: int, world_size: int,
+                     bf16: bool) -> dict[str, Any]:
+    """ZeRO stage, bf16 or fp32, batch arithmetic, clipping, AdamW (torch's implementation)."""
+    return {
+        "train_batch_size": micro_batch * grad_accum * world_size,
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "gradient_clipping": train.grad_clip,
+        "zero_optimization": {"stage": zero_stage, "overlap_comm": world_size > 1, "contiguous_gradients": True},
+        "bf16": {"enabled": bf16},
+        "optimizer": {"type": "AdamW", "params": {"lr": train.lr, "betas": list(ADAM_BETAS), "eps": 1e-8,
+                                                  "weight_decay": train.weight_decay, "torch_adam": True}},
+        "steps_per_print": QUIET_STEPS,
+        "wall_clock_breakdown": False,
+    }
+
+
+def launch_argv(hw: HardwareProfile, world_size: int) -> list[str]:
+    """`deepspeed` over the profile's GPUs (a hostfile for several nodes), `torchrun` otherwise."""
+    worker = ["--module", TRAIN_MODULE, "--run-dir", RUN_DIR]
+    if hw.gpu is None:
+        return ["torchrun", "--standalone", "--nproc_per_node", str(world_size), "-m", TRAIN_MODULE,
+                "--run-dir", RUN_DIR]
+    if hw.nodes > 1:
+        return ["deepspeed", "--hostfile", f"{RUN_DIR}/train/hostfile", "--num_nodes", str(hw.nodes),
+                "--num_gpus", str(hw.gpus_per_node), *worker]
+    return ["deepspeed", "--num_gpus", str(hw.gpus_per_node), *worker]

@@ -1,0 +1,56 @@
+"""The DFlash formulas every part of dflashx shares: one function each, pure arithmetic.
+
+- `spread_layer_ids(N, k)`: the target layers the drafter taps (DFlash paper, arXiv 2602.06036,
+  and the z-lab reference `build_target_layer_ids`): k == 1 -> [N // 2]; else
+  round(1 + i * (N - 4) / (k - 1)) for i < k, with Python's round (half to even) as the reference
+  uses it. Where 1..N-3 holds fewer than k layers (tiny targets) the spread widens to 0..N-1.
+  Layer id l means the output of decoder layer l (HF `hidden_states[l + 1]`).
+- `loss_gamma(B)`: the slot-decay constant, the paper's 7 / 5 / 4 for B = 16 / 10 / 8, linear
+  between those points and along the end slopes beyond them, at least 1.
+- `warmup_cosine(step, total, warmup)`: the learning-rate factor of the trainer's schedule.
+"""
+
+from __future__ import annotations
+
+import math
+
+_GAMMA_POINTS = ((8, 4.0), (10, 5.0), (16, 7.0))
+
+
+def spread_layer_ids(num_layers: int, k: int) -> list[int]:
+    """k target layer ids spread over a target of `num_layers` decoder layers (see module doc).
+
+    k > N gives repeated ids, which the plan's layer rule rejects with its fix.
+    """
+    if k < 1 or num_layers < 1:
+        raise ValueError(f"need k >= 1 and N >= 1 layers, got k={k}, N={num_layers}")
+    if k == 1:
+        return [num_layers // 2]
+    lo, hi = 1, num_layers - 3
+    if hi - lo + 1 < k:
+        lo, hi = 0, num_layers - 1
+    return [round(lo + i * (hi - lo) / (k - 1)) for i in range(k)]
+
+
+def loss_gamma(block_size: int) -> float:
+    """Piecewise-linear through (8, 4), (10, 5), (16, 7), extended with the end slopes; at least 1."""
+    (b0, g0), (b1, g1), (b2, g2) = _GAMMA_POINTS
+    if block_size <= b1:
+        value = g0 + (block_size - b0) * (g1 - g0) / (b1 - b0)
+    else:
+        value = g1 + (block_size - b1) * (g2 - g1) / (b2 - b1)
+    return round(max(value, 1.0), 4)
+
+
+def warmup_steps(total_steps: int, warmup_ratio: float) -> int:
+    """Optimizer steps of linear warm-up: ceil(ratio x total), at least 1."""
+    return max(1, math.ceil(warmup_ratio * total_steps))
+
+
+def warmup_cosine(step: int, total_steps: int, warmup: int) -> float:
+    """Learning-rate factor before optimizer step `step` (0-based): linear warm-up to 1 over
+    `warmup` steps, then cosine decay to 0 at `total_steps`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    span = max(total_steps - warmup, 1)
+    return 0.5 * (1.0 + math.cos(math.pi * min(step - warmup, span) / span))

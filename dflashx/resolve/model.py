@@ -1,0 +1,86 @@
+"""`ResolvedRecipe`: the recipe with every derived value filled in, typed and frozen.
+
+It has the recipe's shape (it is a `Recipe`), and the sections that hold derived values are
+subclasses of their schema sections in which those values are required: the drafter's tapped
+layers, mask token and shapes, the train stage's batch arithmetic, γ, length, precisions and its
+DeepSpeed config and launch command, the target's facts. `dflashx.resolve.resolve` is the one
+function that builds it; `plan.json` stores it (`resolved`); every stage reads it through
+`StageContext.recipe`. Each new field carries its stage-key role like the schema's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from dflashx.config.fields import OPERATIONAL, OUTPUT, Precision
+from dflashx.config.schema import DrafterSpec, Recipe, Stages, TargetSpec, TrainStage
+from dflashx.resolve.flops import DrafterDims
+from dflashx.targets.registry import TargetFacts
+
+_FROZEN = ConfigDict(frozen=True)
+
+
+class ResolvedTarget(TargetSpec):
+    model_config = _FROZEN
+
+    facts: TargetFacts = Field(description="Architecture facts of the target.", json_schema_extra=OPERATIONAL)
+    load_precision: Precision = Field(
+        description="Precision the target is loaded in on this hardware (fp32 on a CPU profile for bf16/fp16).",
+        json_schema_extra=OPERATIONAL)
+
+
+class ResolvedDrafter(DrafterSpec):
+    model_config = _FROZEN
+
+    target_layer_ids: list[int] = Field(description="Tapped target layers.", json_schema_extra=OUTPUT)
+    mask_token_id: int = Field(description="Embedding row of the mask token.", json_schema_extra=OUTPUT)
+    layer_types: list[Literal["full_attention", "sliding_attention"]] = Field(
+        description="Attention type per drafter layer.", json_schema_extra=OUTPUT)
+    intermediate_size: int = Field(ge=1, description="FFN width.", json_schema_extra=OUTPUT)
+    hidden_size: int = Field(ge=1, description="The target's hidden size.", json_schema_extra=OUTPUT)
+    num_attention_heads: int = Field(ge=1, description="The target's query heads.", json_schema_extra=OUTPUT)
+    num_key_value_heads: int = Field(ge=1, description="The target's key/value heads.", json_schema_extra=OUTPUT)
+    head_dim: int = Field(ge=1, description="The target's head width.", json_schema_extra=OUTPUT)
+    vocab_size: int = Field(ge=1, description="The target's vocabulary (shared embedding and head).",
+                            json_schema_extra=OUTPUT)
+
+    @property
+    def dims(self) -> DrafterDims:
+        return DrafterDims(self.num_layers, self.hidden_size, self.num_attention_heads, self.num_key_value_heads,
+                           self.head_dim, self.intermediate_size, self.vocab_size, len(self.target_layer_ids))
+
+
+class ResolvedTrainStage(TrainStage):
+    model_config = _FROZEN
+
+    micro_batch: int = Field(ge=1, description="Sequences per rank per micro step.", json_schema_extra=OPERATIONAL)
+    zero_stage: Literal[0, 1, 2] = Field(description="DeepSpeed ZeRO stage.", json_schema_extra=OPERATIONAL)
+    loss_gamma: float = Field(gt=0, description="Slot decay γ.", json_schema_extra=OUTPUT)
+    max_length: int = Field(ge=8, description="Tokens per training sequence.", json_schema_extra=OUTPUT)
+    world_size: int = Field(ge=1, description="Training processes (one per GPU).", json_schema_extra=OPERATIONAL)
+    grad_accum: int = Field(ge=1, description="Micro steps per optimizer step.", json_schema_extra=OPERATIONAL)
+    precision: Literal["bf16", "fp32"] = Field(
+        description="Drafter compute and weight precision (bf16 on GPUs, fp32 on a CPU profile or an fp32 target).",
+        json_schema_extra=OPERATIONAL)
+    peak_flops: float = Field(gt=0, description="Dense peak FLOP/s of one device (MFU's denominator).",
+                              json_schema_extra=OPERATIONAL)
+    deepspeed_config: dict[str, Any] = Field(description="The DeepSpeed config the engine is built with.",
+                                             json_schema_extra=OPERATIONAL)
+    launch: list[str] = Field(description="argv of the training launch ({run_dir} filled in by the stage).",
+                              json_schema_extra=OPERATIONAL)
+
+
+class ResolvedStages(Stages):
+    model_config = _FROZEN
+
+    train: ResolvedTrainStage = Field(description="DFlash drafter training, resolved.", json_schema_extra=OUTPUT)
+
+
+class ResolvedRecipe(Recipe):
+    model_config = _FROZEN
+
+    target: ResolvedTarget = Field(description="The target, with its facts.")
+    drafter: ResolvedDrafter = Field(description="The drafter, every shape decided.")
+    stages: ResolvedStages = Field(description="Each stage's parameters, train's derived values filled in.")

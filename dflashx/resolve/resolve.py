@@ -1,0 +1,103 @@
+"""`resolve(recipe, facts) -> ResolvedRecipe`: every derived value, computed once (pure).
+
+What it fills in, and from what:
+  drafter      target_layer_ids (spread over the target's layers unless given), mask_token_id
+               (the recipe's, else the target's), layer_types (all full attention unless given),
+               the shapes the drafter shares with the target (hidden, heads, head_dim, vocab) and
+               its FFN width (the target's unless given);
+  train        micro_batch and zero_stage (the recipe's, else the profile's), world_size (one
+               process per GPU; `gpus_per_node` processes on a CPU profile, at least 1),
+               grad_accum = ceil(global_batch / (micro_batch x world)), loss_gamma, max_length
+               (tokenize.max_length unless given), precision (bf16 on GPUs unless the target is
+               fp32), peak FLOP/s, the DeepSpeed config and the launch argv;
+  target       facts, load_precision (fp32 on a CPU profile for a bf16/fp16 target).
+Inconsistent values (layer ids out of range, a batch that does not divide) are resolved as
+given and reported by the plan's rules; only a value that cannot be decided at all raises
+`ResolveError` (it names the key and the fix).
+"""
+
+from __future__ import annotations
+
+import math
+
+from dflashx.config.schema import DrafterSpec, HardwareProfile, Recipe, TargetSpec, TrainStage
+from dflashx.resolve.deepspeed import deepspeed_config, launch_argv
+from dflashx.resolve.formulas import loss_gamma, spread_layer_ids
+from dflashx.resolve.model import ResolvedDrafter, ResolvedRecipe, ResolvedStages, ResolvedTarget, ResolvedTrainStage
+from dflashx.targets.registry import TargetFacts
+
+
+class ResolveError(ValueError):
+    """A derived value that cannot be decided; `key` is the recipe key to set."""
+
+    def __init__(self, code: str, key: str, message: str, fix: str):
+        super().__init__(f"{key}: {message}; {fix}")
+        self.code, self.key, self.message, self.fix = code, key, message, fix
+
+
+def world_size(hw: HardwareProfile) -> int:
+    """Training processes: one per GPU; on a CPU profile `gpus_per_node` x nodes processes, at least 1."""
+    return max(hw.num_gpus, 1)
+
+
+def _drafter(recipe: Recipe, facts: TargetFacts) -> ResolvedDrafter:
+    d = recipe.drafter
+    mask = d.mask_token_id if d.mask_token_id is not None else facts.mask_token_id
+    if mask is None:
+        raise ResolveError("mask_token_unknown", "drafter.mask_token_id",
+                           f"no mask token id: the recipe leaves it null and {facts.name} offers none "
+                           "(no registered id, no `<|mask|>` token in its tokenizer)",
+                           "set drafter.mask_token_id to an unused token id of the target's vocabulary")
+    ids = list(d.target_layer_ids) if d.target_layer_ids else spread_layer_ids(facts.num_layers, d.num_target_layers)
+    return ResolvedDrafter(**{
+        **d.model_dump(include=set(DrafterSpec.model_fields)),
+        "target_layer_ids": ids,
+        "mask_token_id": mask,
+        "layer_types": list(d.layer_types) if d.layer_types else ["full_attention"] * d.num_layers,
+        "intermediate_size": d.intermediate_size or facts.intermediate_size,
+        "hidden_size": facts.hidden_size,
+        "num_attention_heads": facts.num_attention_heads,
+        "num_key_value_heads": facts.num_kv_heads,
+        "head_dim": facts.head_dim,
+        "vocab_size": facts.vocab_size,
+    })
+
+
+def _train(recipe: Recipe, block_size: int) -> ResolvedTrainStage:
+    train, hw = recipe.stages.train, recipe.hardware
+    micro = train.micro_batch or hw.training.micro_batch
+    zero = train.zero_stage if train.zero_stage is not None else hw.training.zero_stage
+    if zero > 2:
+        raise ResolveError("zero_stage", "hardware.training.zero_stage", f"ZeRO stage {zero}: the trainer runs ZeRO 0, 1 or 2",
+                           "set stages.train.zero_stage (or the profile's training.zero_stage) to 0, 1 or 2")
+    world = world_size(hw)
+    accum = max(1, math.ceil(train.global_batch / (micro * world)))
+    bf16 = hw.gpu is not None and recipe.target.precision != "fp32"
+    peak = hw.gpu.bf16_tflops * 1e12 if hw.gpu is not None else hw.cpu_tflops * 1e12
+    return ResolvedTrainStage(**{
+        **train.model_dump(include=set(TrainStage.model_fields)),
+        "micro_batch": micro,
+        "zero_stage": zero,
+        "loss_gamma": train.loss_gamma or loss_gamma(block_size),
+        "max_length": train.max_length or recipe.stages.tokenize.max_length,
+        "world_size": world,
+        "grad_accum": accum,
+        "precision": "bf16" if bf16 else "fp32",
+        "peak_flops": peak,
+        "deepspeed_config": deepspeed_config(train, micro, accum, zero, world, bf16),
+        "launch": launch_argv(hw, world),
+    })
+
+
+def _target(recipe: Recipe, facts: TargetFacts) -> ResolvedTarget:
+    t = recipe.target
+    on_cpu = recipe.hardware.gpu is None
+    load = "fp32" if on_cpu and t.precision in ("bf16", "fp16") else t.precision
+    return ResolvedTarget(**t.model_dump(include=set(TargetSpec.model_fields)), facts=facts, load_precision=load)
+
+
+def resolve(recipe: Recipe, facts: TargetFacts) -> ResolvedRecipe:
+    """The recipe with every derived value filled in (see the module docstring)."""
+    drafter = _drafter(recipe, facts)
+    stages = ResolvedStages(**{**dict(recipe.stages), "train": _train(recipe, drafter.block_size)})
+    return ResolvedRecipe(**{**dict(recipe), "target": _target(recipe, facts), "drafter": drafter, "stages": stages})

@@ -1,0 +1,50 @@
+"""The target facts a recipe plans with: a local folder's config.json (mask token from its
+tokenizer files), else the registry (`target.model`, then `target.arch`). Reads files, no torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dflashx.config.schema import TargetSpec
+from dflashx.targets.read_config import ConfigFactsError, facts_from_config, mask_token_from_tokenizer
+from dflashx.targets.registry import TargetFacts, lookup
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def _with_mask_token(facts: TargetFacts, target: TargetSpec) -> TargetFacts:
+    """Facts whose mask token comes from the target's tokenizer when the registry has none."""
+    if facts.mask_token_id is not None:
+        return facts
+    for folder in (Path(p) for p in (target.tokenizer, target.model) if p):
+        mask = mask_token_from_tokenizer(_read_json(folder / "tokenizer.json"),
+                                         _read_json(folder / "tokenizer_config.json"))
+        if mask is not None:
+            return facts.model_copy(update={"mask_token_id": mask})
+    return facts
+
+
+def _registry(target: TargetSpec) -> TargetFacts | None:
+    return lookup(target.model) or (lookup(target.arch) if target.arch else None)
+
+
+def facts_for(target: TargetSpec) -> TargetFacts | None:
+    """Facts for `target`, or None when it is unknown. Raises `ConfigFactsError` (naming the file)
+    when a local config.json is unreadable and `target.arch` names no known architecture."""
+    config = Path(target.model) / "config.json"
+    if not config.is_file():
+        return _registry(target)
+    try:
+        facts = facts_from_config(json.loads(config.read_text(encoding="utf-8")), name=target.model)
+    except (ConfigFactsError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        known = _registry(target) if target.arch else None
+        if known is None:
+            raise ConfigFactsError(f"{config}: {exc} (target.model)") from exc
+        return known
+    return _with_mask_token(facts, target)
