@@ -47,13 +47,17 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
 from dflashx.dflash.anchors import build_block_batch
-from dflashx.dflash.capture import FeatureCapture, find_decoder_layers
-from dflashx.dflash.config import DFlashConfig, loss_gamma, target_layer_ids
+from dflashx.config.schema import Recipe
+from dflashx.dflash.capture import FeatureCapture
+from dflashx.dflash.config import DFlashConfig
 from dflashx.dflash.fp8 import target_to_fp8
 from dflashx.dflash.loss import dflash_loss
 from dflashx.dflash.masks import DraftMask
-from dflashx.dflash.metrics import TargetCost, drafter_flops, visible_pairs
+from dflashx.dflash.metrics import step_flops
 from dflashx.dflash.model import DFlashDrafter
+from dflashx.resolve import ResolvedRecipe, resolve
+from dflashx.resolve.formulas import spread_layer_ids
+from dflashx.targets.read_config import facts_from_config
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_step.json"
 _LINEAR = {"linear_conv_kernel_dim": 4, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
@@ -126,17 +130,18 @@ def matmul_peak(device: str, n: int, fp8: bool) -> float | None:
 class Step:
     """One training step's tensors and the two ways of running it."""
 
-    def __init__(self, target: nn.Module, drafter: DFlashDrafter, seq: int, anchors: int, device: str, seed: int = 0):
+    def __init__(self, target: nn.Module, drafter: DFlashDrafter, recipe: ResolvedRecipe, seq: int, anchors: int,
+                 device: str, seed: int = 0):
         cfg = drafter.config
         g = torch.Generator().manual_seed(seed)
-        self.target, self.drafter, self.cfg = target, drafter, cfg
+        self.target, self.drafter, self.cfg, self.facts = target, drafter, cfg, recipe.target.facts
         self.input_ids = torch.randint(0, cfg.vocab_size - 2, (1, seq), generator=g)
         loss_mask = torch.ones(1, seq, dtype=torch.long)
         loss_mask[:, : seq // 8] = 0  # a prompt without loss
         valid = torch.nonzero(loss_mask[0, :-1].bool() & loss_mask[0, 1:].bool()).flatten()
         picked = valid[torch.randperm(len(valid), generator=g)[:anchors]].sort().values
         self.batch = build_block_batch(self.input_ids, loss_mask, [picked], cfg.block_size, cfg.mask_token_id,
-                                       loss_gamma(cfg.block_size)).to(device)
+                                       recipe.stages.train.loss_gamma).to(device)
         self.input_ids = self.input_ids.to(device)
         self.capture = FeatureCapture(target, cfg.target_layer_ids)
         self.embed = target.get_input_embeddings()
@@ -145,12 +150,8 @@ class Step:
         self.opt = torch.optim.AdamW(drafter.parameters(), lr=1e-5, fused=device == "cuda")
 
     def useful_flops(self) -> float:
-        cfg, seq = self.cfg, self.input_ids.shape[1]
-        layers = find_decoder_layers(self.target)
-        cost = TargetCost.of(layers, max(cfg.target_layer_ids), self.target.config.to_dict())
-        pairs = visible_pairs(self.batch.anchors, cfg.block_size)
-        supervised = int((self.batch.weights > 0).sum())
-        return cost.flops([seq]) + drafter_flops(cfg, self.batch.block_ids.numel(), seq, pairs, supervised)
+        """The one FLOP model (dflashx.resolve.flops), as the trainer and the planner count."""
+        return step_flops(self.facts, self.cfg, [self.input_ids.shape[1]], self.batch)
 
     def _train(self, features: torch.Tensor, mask: DraftMask, full_logits: bool) -> torch.Tensor:
         d, b = self.drafter, self.batch
@@ -215,11 +216,15 @@ def run_shape(name: str, shape: dict[str, Any], args, device: str, peaks: dict[s
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(0)
     target = build_target(shape, args.target_layers, device, dtype)
-    ids = target_layer_ids(args.target_layers, 5)
-    spec = {"num_layers": args.drafter_layers, "block_size": args.block, "target_layer_ids": ids}
+    ids = spread_layer_ids(args.target_layers, 5)
+    recipe = resolve(Recipe.model_validate({
+        "name": name, "dataset": {"sources": [{"name": "random", "path": "unused.jsonl"}]},
+        "target": {"model": name}, "hardware": {"name": "benchmark"},
+        "drafter": {"num_layers": args.drafter_layers, "block_size": args.block, "target_layer_ids": ids,
+                    "mask_token_id": shape["mask_token_id"]}}), facts_from_config(target.config.to_dict(), name=name))
     with torch.device(device):
-        drafter = DFlashDrafter(DFlashConfig.from_target(spec, target.config, shape["mask_token_id"])).to(dtype)
-    step = Step(target, drafter, args.seq, args.anchors, device)
+        drafter = DFlashDrafter(DFlashConfig.from_target(recipe.drafter, target.config)).to(dtype)
+    step = Step(target, drafter, recipe, args.seq, args.anchors, device)
     flops, tokens = step.useful_flops(), args.seq
     rows = [_measure("optimized", step.optimized, flops, tokens, peaks["bf16"], args),
             _measure("naive", step.naive, flops, tokens, peaks["bf16"], args)]

@@ -63,6 +63,11 @@ def test_tiny_recipe_runs_every_stage_and_backs_up(tmp_path: Path, s3_spec: S3Sp
     assert report["greedy_agreement"] == 1.0
     exported = json.loads((run_dir / "export" / "drafter" / "config.json").read_text())
     assert exported["architectures"] == ["DFlashDraftModel"] and exported["block_size"] == 8
+    resolved = json.loads((run_dir / "plan.json").read_text())["resolved"]  # one value, read from both ends
+    assert exported["dflash_config"]["target_layer_ids"] == resolved["drafter"]["target_layer_ids"] == [1, 3]
+    assert exported["dflash_config"]["mask_token_id"] == resolved["drafter"]["mask_token_id"]
+    job = json.loads((run_dir / "train" / "train_job.json").read_text())
+    assert job["train"]["loss_gamma"] == resolved["stages"]["train"]["loss_gamma"] == 4.0
 
     # every artifact is in the manifest with its checksum, and every copy verified remotely
     manifest = Manifest.load(run_dir)

@@ -8,7 +8,7 @@ from s3_fixtures import make_run
 from typer.testing import CliRunner
 
 from dflashx.cli.main import app
-from dflashx.run.status import write_progress
+from dflashx.report.progress import write_progress
 from dflashx.store.backup import backup_run
 from dflashx.store.inventory import build_inventory
 from dflashx.store.local import LocalStore

@@ -23,7 +23,7 @@ def command(
     from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
 
     from dflashx.report.fmt import human_bytes
-    from dflashx.run.status import write_progress
+    from dflashx.report.progress import write_progress
     from dflashx.store.backup import SAFE, backup_run
     from dflashx.store.base import StoreError
     from dflashx.store.inventory import run_remote

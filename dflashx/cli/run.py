@@ -20,6 +20,7 @@ def command(
     force: Annotated[list[str] | None, typer.Option("--force", help="Re-run this stage even if done (repeatable).")] = None,
 ) -> None:
     from dflashx.plan.plan import make_plan
+    from dflashx.report.progress import write_progress
     from dflashx.run.graph import select
     from dflashx.run.orchestrator import default_run_dir, run_pipeline
     from dflashx.run.rundir import RunDirBusy
@@ -42,7 +43,8 @@ def command(
     target = run_dir or default_run_dir(made.resolved)
     typer.echo(f"run dir: {target}")
     try:
-        result = run_pipeline(made.resolved, plan, target, selection, argv=sys.argv, echo=typer.echo)
+        result = run_pipeline(made.resolved, plan, target, selection, argv=sys.argv, echo=typer.echo,
+                              on_progress=write_progress)
     except RunDirBusy as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None

@@ -59,7 +59,7 @@ Loading happens in this order; each step sees the result of the one before:
 1. every folder in `$DFLASHX_PROFILES_DIR` (separated by `:`),
 2. `hardware_profiles/` next to the recipe's folder (`recipes/../hardware_profiles`),
 3. `./hardware_profiles` in the working directory,
-4. the `hardware_profiles/` folder of the dflashx checkout.
+4. the built-in profiles shipped inside the package (`dflashx/hardware_profiles/`).
 
 If `NAME.calibration.yaml` sits next to the profile it is merged into the profile's `calibrated`
 factors. `dflashx calibrate` writes that file; it holds only `calibrated: {factor: value}`.

@@ -2,8 +2,9 @@
 
 Every rank holds its own frozen target copy and its own shard of the data (DistributedSampler);
 the drafter is the only module DeepSpeed manages (ZeRO 0/1/2, bf16 or fp32, gradient
-accumulation, AdamW + warm-up cosine, clipping). The global batch is the recipe's whatever the
-world size: gradient_accumulation_steps = global_batch / (micro_batch x world).
+accumulation, AdamW + warm-up cosine, clipping), built with the resolved recipe's DeepSpeed config
+exactly as the plan prints it; the job (`TrainJob`) is the resolved target, drafter and train
+sections plus where the inputs are, and the trainer re-derives none of their values.
 
 Entry points:
   `run_training(job, log=None) -> dict` — one process of the job (rank from the environment,

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dflashx.report.fmt import human_bytes, human_seconds, human_value
+from dflashx.run.rundir import RunDir
+from dflashx.run.status import run_status
 from dflashx.store.atomic import atomic_write_text
 from dflashx.store.manifest import Manifest, utc_now
 from dflashx.track.records import read_records
@@ -96,8 +98,11 @@ def render_progress(run_dir: Path, rows: Sequence[StageRow], plan: dict[str, Any
     return "\n".join(out)
 
 
-def write_progress(run_dir: Path, rows: Sequence[StageRow], plan: dict[str, Any], run_id: str) -> Path:
-    """Write `<run_dir>/PROGRESS.md` (`render_progress`) atomically; returns its path."""
-    path = Path(run_dir) / PROGRESS_FILE
-    atomic_write_text(path, render_progress(run_dir, rows, plan, run_id))
+def write_progress(run_dir: str | Path) -> Path:
+    """Regenerate `<run_dir>/PROGRESS.md` from the stage states (`dflashx.run.status`), plan and
+    run id, atomically; returns its path. `dflashx run` hands it to the orchestrator."""
+    rundir = RunDir(Path(run_dir))
+    run_id = (rundir.info() or {}).get("run_id", rundir.path.name)
+    path = rundir.path / PROGRESS_FILE
+    atomic_write_text(path, render_progress(rundir.path, run_status(rundir.path), rundir.plan() or {}, run_id))
     return path

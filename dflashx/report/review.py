@@ -47,6 +47,9 @@ class Side:
     missing: bool = False  # the file does not exist (a new recipe)
 
 
+PROFILE_FOLDERS = ("dflashx/hardware_profiles", "hardware_profiles")  # this layout, then the older one
+
+
 def split_spec(spec: str) -> tuple[Path, str | None]:
     """`recipes/a.yaml@main` -> (recipes/a.yaml, "main"); a plain existing path has no ref."""
     path, sep, ref = spec.rpartition("@")
@@ -67,7 +70,7 @@ def _git_ok(args: list[str], cwd: Path) -> bool:
 
 
 def materialize(path: Path, ref: str, workdir: Path) -> Path | None:
-    """Extract `path`'s folder and hardware_profiles/ at `ref` under `workdir`; the recipe's new
+    """Extract `path`'s folder and the hardware profiles at `ref` under `workdir`; the recipe's new
     path, or None when the file does not exist at that ref."""
     path = path.resolve()
     top = Path(_git(["rev-parse", "--show-toplevel"], path.parent).decode().strip())
@@ -76,13 +79,25 @@ def materialize(path: Path, ref: str, workdir: Path) -> Path | None:
         raise ValueError(f"{ref!r} is not a commit of the git repository {top}")
     if not _git_ok(["cat-file", "-e", f"{ref}:{rel.as_posix()}"], top):
         return None
-    wanted = [rel.parent.as_posix() or "."]
-    if _git_ok(["cat-file", "-e", f"{ref}:hardware_profiles"], top):
-        wanted.append("hardware_profiles")
-    archive = _git(["archive", "--format=tar", ref, "--", *wanted], top)
+    archive = _git(["archive", "--format=tar", ref, "--", rel.parent.as_posix() or "."], top)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(workdir, filter="data")
+    # the ref's profiles go where the recipe's loader looks first (its ../hardware_profiles): the
+    # built-in folder of the package, or a top-level folder of an older layout
+    for folder in PROFILE_FOLDERS:
+        if _git_ok(["cat-file", "-e", f"{ref}:{folder}"], top):
+            _extract_as(top, ref, folder, workdir / rel.parent.parent / "hardware_profiles")
+            break
     return workdir / rel
+
+
+def _extract_as(top: Path, ref: str, folder: str, dest: Path) -> None:
+    """The files of `folder` at `ref`, written into `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    names = _git(["ls-tree", "--name-only", f"{ref}:{folder}"], top).decode().split()
+    for name in names:
+        if name.endswith(".yaml"):
+            (dest / name).write_bytes(_git(["show", f"{ref}:{folder}/{name}"], top))
 
 
 def load_side(spec: str, workdir: Path, facts_for: FactsFor) -> Side:

@@ -26,13 +26,13 @@ from dflashx.run.keys import StageKey, stage_key
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.rundir import RunDir
 from dflashx.stages.base import StageContext, StageFailed, StageResult, load_stage
+from dflashx.stages.graph import GRAPH
 from dflashx.store.manifest import (
     Manifest,
     atomic_write_json,
     atomic_write_text,
     utc_now,
 )
-from dflashx.run.status import write_progress
 from dflashx.track.provenance import stage_provenance
 from dflashx.track.records import RecordLog
 from dflashx.track.redact import RedactingFilter, redact, redact_argv, redact_text
@@ -105,8 +105,9 @@ class Orchestrator:
     """One `dflashx run` invocation over one run directory (holds its lock while running)."""
 
     def __init__(self, recipe: ResolvedRecipe, plan: dict[str, Any], run_dir: Path, argv: Sequence[str],
-                 echo: Echo = print):
+                 echo: Echo = print, on_progress: Callable[[Path], object] | None = None):
         self.recipe = recipe
+        self.on_progress = on_progress  # rewrites PROGRESS.md (the CLI passes dflashx.report.progress)
         self.plan = plan
         self.resolved: dict[str, Any] = recipe.model_dump(mode="json")  # for provenance and W&B
         self.rundir = RunDir(Path(run_dir).resolve())
@@ -139,8 +140,10 @@ class Orchestrator:
 
     def _write_progress(self) -> None:
         """Regenerate PROGRESS.md from the records and manifest; a failure is only a warning."""
+        if self.on_progress is None:
+            return
         try:
-            write_progress(self.rundir.path)
+            self.on_progress(self.rundir.path)
         except Exception as e:  # noqa: BLE001 - the summary file never fails a run
             self.records.append("warning", message=f"PROGRESS.md not written: {type(e).__name__}: {e}")
 
@@ -230,6 +233,10 @@ class Orchestrator:
         """Register the stage's artifacts (tiers from the recipe's overrides) and save the manifest."""
         manifest = Manifest.load(self.rundir.path)  # a stage (backup) may have saved it meanwhile
         cost = (plan_stage(self.plan, name).get("estimates") or {}).get("usd")
+        undeclared = sorted(set(result.artifacts) - set(GRAPH[name].outputs))
+        if undeclared:
+            raise RuntimeError(f"stage {name} returned artifacts {undeclared} that dflashx.stages.graph does not "
+                               f"declare (it declares {list(GRAPH[name].outputs)})")
         outputs = {}
         for artifact_name, artifact in result.artifacts.items():
             path = (out_dir / artifact.path).resolve()
@@ -274,9 +281,11 @@ class Orchestrator:
 
 
 def run_pipeline(recipe: ResolvedRecipe, plan: dict[str, Any], run_dir: Path, selection: Selection,
-                 argv: Sequence[str] = (), echo: Echo = print) -> RunResult:
-    """Run the selected stages of `recipe` in `run_dir` (see the module docstring)."""
-    return Orchestrator(recipe, plan, run_dir, argv, echo).run(selection)
+                 argv: Sequence[str] = (), echo: Echo = print,
+                 on_progress: Callable[[Path], object] | None = None) -> RunResult:
+    """Run the selected stages of `recipe` in `run_dir` (see the module docstring); `on_progress`
+    is called with the run folder as each stage starts and when the run ends (PROGRESS.md)."""
+    return Orchestrator(recipe, plan, run_dir, argv, echo, on_progress).run(selection)
 
 
 def default_run_dir(recipe: ResolvedRecipe) -> Path:

@@ -3,7 +3,7 @@
 States: done (its `_SUCCESS` key is the current key), stale (finished with another key: it re-runs
 next time), running (started, and a `dflashx run` holds the run lock), interrupted (started, no
 run holds the lock: the process died; re-run to resume), failed, pending, skipped-disabled.
-`write_progress(run_dir)` renders them into PROGRESS.md (`dflashx.report.progress`).
+`dflashx.report.progress.write_progress(run_dir)` renders them into PROGRESS.md.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from dflashx.config.schema import STAGE_ORDER
-from dflashx.report import progress
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.keys import stage_key
 from dflashx.run.rundir import RunDir
@@ -85,11 +84,3 @@ def run_status(run_dir: str | Path) -> list[StageStatus]:
             row.stage_key = current
         rows.append(row)
     return rows
-
-
-def write_progress(run_dir: str | Path) -> Path:
-    """Regenerate `<run_dir>/PROGRESS.md` from the stage states, plan and run id; returns its path."""
-    rundir = RunDir(Path(run_dir))
-    rows = run_status(rundir.path)
-    run_id = (rundir.info() or {}).get("run_id", rundir.path.name)
-    return progress.write_progress(rundir.path, rows, rundir.plan() or {}, run_id)
