@@ -38,7 +38,6 @@ PROFILES_ENV = "DFLASHX_PROFILES_DIR"  # user profile folders (os.pathsep-separa
 # The built-in profiles: package data (dflashx/hardware_profiles/*.yaml, shipped in the wheel), so
 # they are found the same way from a checkout, an editable install or `pip install dflashx`.
 BUILTIN_PROFILES = Path(__file__).resolve().parents[1] / "hardware_profiles"
-REPO_PROFILES = BUILTIN_PROFILES  # the old name, from when the profiles sat at the repository's top
 CALIBRATION_SUFFIX = ".calibration.yaml"
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C parser keeps line marks too
 SECRETS_HINT = (

@@ -296,6 +296,10 @@ class Recipe(Strict):
         default_factory=StorageSpec, description="Where run directories and backups live."
     )
     budget: BudgetSpec = Field(default_factory=BudgetSpec, description="Limits the plan is checked against.")
+    acknowledge: list[str] = Field(
+        default_factory=list,
+        description="Blocking plan findings accepted on purpose, by code (e.g. [thinking_off]); reviewed in PRs.",
+    )
 
 
 def recipe_json_schema() -> dict[str, Any]:
