@@ -28,7 +28,10 @@ def b200(**overrides):
 
 
 def test_baseline_has_no_findings():
-    assert codes(b200()) == {}
+    found = codes(b200())  # the seeds' 3,072-token training length, acknowledged in the recipe
+    assert list(found) == ["train_truncation"] and found["train_truncation"]["severity"] == "warning"
+    assert "acknowledged" in found["train_truncation"]["message"]
+    assert codes(b200(acknowledge=[], stages__tokenize__max_length=5400)) == {}
     assert codes(tiny_recipe()) == {}
 
 
@@ -53,7 +56,11 @@ def test_baseline_has_no_findings():
     ({"budget__max_days": 1}, "budget_days", "budget.max_days", "error"),
     ({"budget__max_storage_bytes": "100GB"}, "budget_storage", "budget.max_storage_bytes", "error"),
     ({"target__chat_template__enable_thinking": False}, "thinking_off",
-     "target.chat_template.enable_thinking", "warning"),
+     "target.chat_template.enable_thinking", "error"),
+    ({"stages__generate__max_tokens": 1024}, "generate_truncation", "stages.generate.max_tokens", "error"),
+    ({"acknowledge": [], "stages__tokenize__max_length": 512}, "train_truncation", "stages.tokenize.max_length",
+     "error"),
+    ({"acknowledge": ["thinking_of"]}, "acknowledge_unknown", "acknowledge", "error"),
     ({"stages__generate__backend": "transformers"}, "transformers_big_target", "stages.generate.backend", "warning"),
     ({"stages__generate__context_length": 300_000}, "context_too_long", "stages.generate.context_length", "error"),
     ({"stages__train__global_batch": 60}, "global_batch", "stages.train.global_batch", "error"),
@@ -114,7 +121,7 @@ def test_unknown_dataset_size_warns():
 
 def test_unknown_target_is_an_error_and_arch_resolves_it():
     assert "unknown_target" in codes(b200(target__model="someone/private-27b"))
-    assert codes(b200(target__model="/models/my-ft", target__arch="qwen3.6-27b")) == {}
+    assert set(codes(b200(target__model="/models/my-ft", target__arch="qwen3.6-27b"))) == {"train_truncation"}
 
 
 def test_make_plan_does_no_io(monkeypatch):
@@ -144,3 +151,26 @@ def test_a_block_without_a_token_to_draft_is_a_schema_error():
 
     with pytest.raises(ValidationError, match="block_size"):
         b200(drafter__block_size=1)
+
+
+@pytest.mark.parametrize(("overrides", "code", "share"), [
+    ({"stages__generate__max_tokens": 1024}, "generate_truncation", "61%"),
+    ({"acknowledge": [], "stages__tokenize__max_length": 512}, "train_truncation", "97%"),
+])
+def test_truncation_blocks_with_the_expected_share(overrides, code, share):
+    """The seeds' mean output (1,818 tokens) under a log-normal spread: the share in the message."""
+    found = codes(seeds_recipe(**overrides))[code]
+    assert found["severity"] == "error" and f"about {share}" in found["message"]
+    assert f"acknowledge: [{code}]" in found["fix"]
+
+
+def test_a_stated_p90_replaces_the_assumed_spread():
+    narrow = codes(seeds_recipe(dataset__stats__output_tokens_p90=2200, acknowledge=[]))
+    assert "train_truncation" not in narrow  # p90 2,200 < 3,072 - 255: few samples are cut
+    wide = codes(seeds_recipe(dataset__stats__output_tokens_p90=6000, acknowledge=[]))
+    assert "output_tokens_p90" in wide["train_truncation"]["message"]
+
+
+def test_acknowledged_thinking_off_is_a_warning():
+    found = codes(b200(target__chat_template__enable_thinking=False, acknowledge=["thinking_off", "train_truncation"]))
+    assert found["thinking_off"]["severity"] == "warning" and "acknowledged" in found["thinking_off"]["message"]

@@ -43,7 +43,8 @@ def test_run_then_rerun_then_changed_lr(tmp_path, recipe):
 
 
 def test_failure_exits_1(tmp_path, recipe):
-    result = _run(str(recipe), "qc.thresholds.max_truncated_frac=0", "--run-dir", str(tmp_path / "run"))
+    result = _run(str(recipe), "qc.thresholds.max_truncated_frac=0", "acknowledge=[generate_truncation]",
+                  "--run-dir", str(tmp_path / "run"))
     assert result.exit_code == 1
     assert "x qc: failed: QC failed" in result.output and "Traceback" not in result.output
 
@@ -58,3 +59,14 @@ def test_bad_recipe_and_bad_flags_exit_2(tmp_path, recipe):
     assert _run(str(recipe), "stages.train.lrr=1", "--run-dir", str(tmp_path / "run")).exit_code == 2
     bad = _run(str(recipe), "--only", "tokenise", "--run-dir", str(tmp_path / "run"))
     assert bad.exit_code == 2 and "did you mean 'tokenize'" in bad.output
+
+
+def test_thinking_off_stops_before_anything_runs_unless_acknowledged(tmp_path, recipe):
+    """The seeds' month-long mistake: the run refuses before the first stage, and says how to accept it."""
+    off = _run(str(recipe), "target.chat_template.enable_thinking=false", "--run-dir", str(tmp_path / "off"))
+    assert off.exit_code == 1 and "[thinking_off]" in off.output and "acknowledge: [thinking_off]" in off.output
+    assert not (tmp_path / "off").exists() and not fakes.CALLS
+    ok = _run(str(recipe), "target.chat_template.enable_thinking=false", "acknowledge=[thinking_off]",
+              "--run-dir", str(tmp_path / "ack"))
+    assert ok.exit_code == 0, ok.output
+    assert "warning [thinking_off]" in ok.output and fakes.CALLS["generate"] == 1

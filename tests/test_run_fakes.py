@@ -57,7 +57,7 @@ def recipe_data(source: Path, **changes: Any) -> dict[str, Any]:
 def write_recipe(path: Path, source: Path, **changes: Any) -> Path:
     """The fake recipe as a YAML file with the hardware named as a profile, for tests that go through
     the CLI's loader; `changes` are dotted keys as in `recipe_data`."""
-    stats = {"samples": 4, "prompt_tokens_mean": 20, "output_tokens_mean": 20}
+    stats = {"samples": 4, "prompt_tokens_mean": 20, "output_tokens_mean": 10, "output_tokens_p90": 12}
     data = recipe_data(source, **{"hardware": "cpu", "dataset.stats": stats,
                                   "stages.generate": {"backend": "transformers", "max_tokens": 16}} | changes)
     path.write_text(yaml.safe_dump(data, sort_keys=False))

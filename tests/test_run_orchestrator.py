@@ -172,11 +172,21 @@ def test_recipe_tier_override(tmp_path, source):
 
 def test_artifact_outside_stage_folder_is_rejected(tmp_path, source, monkeypatch):
     def bad(ctx):
-        return fakes.StageResult({"x": fakes.Artifact("../recipe.yaml")})
+        return fakes.StageResult({"prompts": fakes.Artifact("../recipe.yaml")})
 
     monkeypatch.setitem(fakes.FAKES, "ingest", bad)
     result = fakes.run(fakes.make_recipe(source), tmp_path / "run")
     assert result.outcomes[0].state == "failed" and "not an existing path inside" in result.outcomes[0].message
+
+
+def test_artifact_the_graph_does_not_declare_is_rejected(tmp_path, source, monkeypatch):
+    def undeclared(ctx):
+        (ctx.out_dir / "extra.txt").write_text("x")
+        return fakes.StageResult({"extra": fakes.Artifact("extra.txt")})
+
+    monkeypatch.setitem(fakes.FAKES, "ingest", undeclared)
+    result = fakes.run(fakes.make_recipe(source), tmp_path / "run")
+    assert result.outcomes[0].state == "failed" and "does not declare" in result.outcomes[0].message
 
 
 def test_select_rejects_bad_flags():

@@ -90,6 +90,10 @@ class DatasetStats(Strict):
     samples: int | None = Field(None, ge=0, description="Samples after filtering and dedupe.")
     prompt_tokens_mean: float = Field(250.0, gt=0, description="Template + system + user tokens.")
     output_tokens_mean: float = Field(1800.0, gt=0, description="Generated tokens (reasoning+answer).")
+    output_tokens_p90: float | None = Field(
+        None, gt=0, description="90th percentile of generated tokens; with the mean it fixes the length "
+        "distribution (log-normal) behind truncation estimates. Default: a spread of CV 1.",
+    )
     prompt_bytes_mean: float = Field(
         1200.0, gt=0, description="Bytes of one prompt record on disk (storage estimates)."
     )

@@ -12,7 +12,8 @@ from dflashx.config.schema import STAGE_ORDER
 from dflashx.plan.context import PlanContext, stage_estimates, totals
 from dflashx.plan.expand.sglang import context_length
 from dflashx.plan.explain import human_bytes
-from dflashx.plan.findings import Finding, error, warning
+from dflashx.plan.findings import Finding, acknowledged, error, warning
+from dflashx.plan.rules_data import DATA_RULES
 from dflashx.resolve.formulas import spread_layer_ids
 
 Rule = Callable[[PlanContext], Iterable[Finding]]
@@ -156,14 +157,6 @@ def within_budget(ctx: PlanContext) -> Iterable[Finding]:
                     "raise budget.max_storage_bytes, or keep fewer checkpoints (stages.train.checkpoint_every)")
 
 
-def thinking_on(ctx: PlanContext) -> Iterable[Finding]:
-    if not ctx.recipe.target.chat_template.enable_thinking:
-        yield warning("thinking_off", "target.chat_template.enable_thinking",
-                      "thinking is off: the drafter learns answers without reasoning, but a thinking target "
-                      "spends most tokens reasoning at serve time (the seeds lost a month to this)",
-                      "set target.chat_template.enable_thinking=true unless the target is served with thinking off")
-
-
 def generate_backend_fits(ctx: PlanContext) -> Iterable[Finding]:
     gen, hw = ctx.recipe.stages.generate, ctx.recipe.hardware
     if not gen.enabled:
@@ -215,19 +208,13 @@ def batch_divides(ctx: PlanContext) -> Iterable[Finding]:
                     f"(e.g. {max(gb // per_step, 1) * per_step})")
 
 
-def dataset_sized(ctx: PlanContext) -> Iterable[Finding]:
-    if ctx.tokens.samples == 0:
-        yield warning("dataset_size_unknown", "dataset.stats.samples",
-                      "the dataset size is unknown, so every estimate is zero",
-                      "set dataset.stats.samples (or expected_count on each source)")
-
-
 RULES: tuple[Rule, ...] = (
     tp_dp_matches_gpus, serving_fits, training_fits, fp8_supported, target_layer_ids_valid,
-    sliding_window_coherent, mask_token_known, offline_within_storage, within_budget, thinking_on,
-    generate_backend_fits, servers_local, mtp_available, batch_divides, dataset_sized,
+    sliding_window_coherent, mask_token_known, offline_within_storage, within_budget,
+    generate_backend_fits, servers_local, mtp_available, batch_divides, *DATA_RULES,
 )
 
 
 def check(ctx: PlanContext) -> list[Finding]:
-    return [finding for rule in RULES for finding in rule(ctx)]
+    """Every rule's findings, blocking ones resolved against the recipe's `acknowledge` list."""
+    return acknowledged([finding for rule in RULES for finding in rule(ctx)], ctx.recipe.acknowledge)

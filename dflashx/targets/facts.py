@@ -1,5 +1,5 @@
-"""The target facts a recipe plans with: a local folder's config.json (mask token from its
-tokenizer files), else the registry (`target.model`, then `target.arch`). Reads files, no torch."""
+"""The target facts a recipe plans with: a local folder's config.json (mask token and thinking
+mode from its tokenizer files), else the registry (`target.model`, then `target.arch`). Reads files, no torch."""
 
 from __future__ import annotations
 
@@ -30,6 +30,23 @@ def _with_mask_token(facts: TargetFacts, target: TargetSpec) -> TargetFacts:
     return facts
 
 
+def _chat_template(folder: Path) -> str | None:
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8", errors="replace")
+    template = (_read_json(folder / "tokenizer_config.json") or {}).get("chat_template")
+    return template if isinstance(template, str) else None
+
+
+def _with_thinking(facts: TargetFacts, target: TargetSpec) -> TargetFacts:
+    """A local target is thinking-capable when its chat template reads `enable_thinking`."""
+    for folder in (Path(p) for p in (target.tokenizer, target.model) if p):
+        template = _chat_template(folder)
+        if template is not None:
+            return facts.model_copy(update={"thinking": "enable_thinking" in template})
+    return facts
+
+
 def _registry(target: TargetSpec) -> TargetFacts | None:
     return lookup(target.model) or (lookup(target.arch) if target.arch else None)
 
@@ -47,4 +64,4 @@ def facts_for(target: TargetSpec) -> TargetFacts | None:
         if known is None:
             raise ConfigFactsError(f"{config}: {exc} (target.model)") from exc
         return known
-    return _with_mask_token(facts, target)
+    return _with_thinking(_with_mask_token(facts, target), target)

@@ -37,6 +37,7 @@ class TargetFacts(BaseModel):
     mtp_layers: int = Field(0, ge=0, description="Multi-token-prediction layers shipped with the checkpoint.")
     num_params: int | None = Field(None, ge=1, description="Published parameter count; default: computed.")
     mask_token_id: int | None = Field(None, description="An unused embedding row DFlash can use as [MASK].")
+    thinking: bool = Field(True, description="The chat template has a thinking mode (`enable_thinking`).")
     # Gated DeltaNet (linear attention) geometry; zero when the model has no linear layers.
     linear_num_key_heads: int = 0
     linear_num_value_heads: int = 0
