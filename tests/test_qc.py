@@ -71,6 +71,15 @@ def test_seed_failure_fails_with_the_thinking_off_diagnosis(seed_dir, tok_dir):
         assert f"- {check.name}:" in message
 
 
+def test_thinking_off_still_meets_the_thinking_off_shape(seed_dir, tok_dir):
+    """With thinking acknowledged off, empty reasoning is expected and not counted, but the shape
+    the seeds' data had (one short repeated answer, a spike of tiny loss masks) still fails."""
+    result = run_qc(seed_dir, T, tokenizer_path=tok_dir, enable_thinking=False)
+    checks = by_name(result)
+    assert checks["empty_reasoning"].skipped
+    assert not result.passed and {"repeated_answer", "mask_spike"} <= {c.name for c in result.failed}
+
+
 @pytest.fixture(scope="module")
 def seed_tokenized(tmp_path_factory, seed_dir, tok_dir):
     """The seed's tokenized dataset: tokenized with thinking on, so each `OK.` sample's loss mask

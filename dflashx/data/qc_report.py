@@ -1,4 +1,9 @@
-"""Write a QC result as a folder: report.md (verdicts), qc.json (machine-readable) and PNG histograms."""
+"""Write a QC result as a folder: report.md (verdicts), qc.json (machine-readable) and PNG histograms.
+
+The folder is a function of the result alone, byte for byte: the input is named by the label the
+caller gives (the QC stage passes a run-relative one, never an absolute path), no dates or times
+are written, and the PNGs carry no metadata (matplotlib's default `Software` text names its version).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ HISTOGRAMS = (
     ("reasoning_words", "reasoning_words.png", "Reasoning length (words)"),
     ("answer_words", "answer_words.png", "Answer length (words)"),
 )
+PNG_METADATA = {"Software": None}  # matplotlib writes no other text (no creation time) into a PNG
 
 
 def _histogram(values: Sequence[int], path: Path, title: str, unit: str, spike_max: int) -> None:
@@ -34,7 +40,7 @@ def _histogram(values: Sequence[int], path: Path, title: str, unit: str, spike_m
     small.set(title=f"up to {spike_max} {unit} (a spike here is an error)", xlabel=unit)
     fig.tight_layout()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=80)
+        fig.savefig(tmp, format="png", dpi=80, metadata=PNG_METADATA)
     plt.close(fig)
 
 
@@ -47,9 +53,9 @@ def _summary(values: Sequence[int]) -> dict[str, float]:
             "p90": float(p90), "p99": float(p99), "max": int(data.max())}
 
 
-def _markdown(result: QCResult, images: list[str], summaries: dict[str, dict[str, float]]) -> str:
+def _markdown(result: QCResult, source: str, images: list[str], summaries: dict[str, dict[str, float]]) -> str:
     verdict = "PASSED" if result.passed else "FAILED"
-    lines = [f"# QC report: {verdict}", "", f"Input: `{result.path}` — {result.stats.n} samples.", "",
+    lines = [f"# QC report: {verdict}", "", f"Input: `{source}` — {result.stats.n} samples.", "",
              f"Note: {result.unit_note}.", ""]
     if not result.passed:
         lines += ["## What is wrong", "", *result.message().splitlines()[1:], ""]
@@ -72,8 +78,11 @@ def _markdown(result: QCResult, images: list[str], summaries: dict[str, dict[str
     return "\n".join(lines) + "\n"
 
 
-def write_report(result: QCResult, out_dir: str | Path, spike_max: int) -> dict[str, str]:
-    """Write report.md, qc.json and the histograms into `out_dir`; return their file names."""
+def write_report(result: QCResult, out_dir: str | Path, spike_max: int, source: str | None = None) -> dict[str, str]:
+    """Write report.md, qc.json and the histograms into `out_dir`; return their file names.
+
+    `source` names the input in both files (default: `result.path` as given to `run_qc`)."""
+    source = result.path if source is None else source
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     images, summaries = [], {}
@@ -84,8 +93,8 @@ def write_report(result: QCResult, out_dir: str | Path, spike_max: int) -> dict[
             unit = result.stats.unit if attr == "mask_sizes" else "words"
             _histogram(values, out / name, title, unit, spike_max)
             images.append(name)
-    payload = {**result.to_json(), "distributions": summaries, "images": images}
+    payload = {**result.to_json(), "path": source, "distributions": summaries, "images": images}
     atomic_write_text(out / "qc.json", json.dumps(payload, indent=2))
-    text = _markdown(result, images, summaries)
+    text = _markdown(result, source, images, summaries)
     atomic_write_text(out / "report.md", text)
     return {"report": "report.md", "json": "qc.json", **{Path(i).stem: i for i in images}}

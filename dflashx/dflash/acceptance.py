@@ -65,6 +65,6 @@ def plot_acceptance(summaries: dict[str, dict[str, Any]], path: str | Path) -> P
         ax.legend()
     fig.tight_layout()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+        fig.savefig(tmp, format="png", metadata={"Software": None}, dpi=110)
     plt.close(fig)
     return path

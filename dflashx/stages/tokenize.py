@@ -11,10 +11,17 @@ and writes `dataset/` with `save_to_disk`: columns `input_ids` (int32), `loss_ma
 Memory stays flat in the number of samples: the shards are read as lines into an Arrow file
 (`datasets` "text" loader), a multiprocess batched `map` writes the encoded rows to Arrow files
 batch by batch, and `save_to_disk` streams them into the final shards.
+
+The folder is byte-for-byte a function of its content (the Arrow shards and dataset_info.json
+already are, whatever num_proc): `datasets` records in `state.json` a `_fingerprint` hashed from
+the input files' paths and mtimes and the tokenizer's path, and num_proc > 1 drops its `_split`;
+`seal_dataset` rewrites both from the content, so the manifest's sha256 (and every downstream
+stage key) is the same for the same samples in any run folder.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -27,10 +34,14 @@ import numpy as np
 
 from dflashx.data.chat_mask import ChatMasker, completion_messages
 from dflashx.stages.base import Artifact, StageContext, StageResult
+from dflashx.stages.graph import input_name
 
 DATASET_DIR = "dataset"
 WORK_DIR = "_work"
 DROP_REASONS = ("too_long", "few_loss_tokens", "generation_error")
+SPLIT = "train"
+STATE_FILE = "state.json"
+INFO_FILE = "dataset_info.json"
 
 
 @dataclass(frozen=True)
@@ -143,6 +154,28 @@ def _token_metrics(ds: Any) -> dict[str, Any]:
     }
 
 
+def seal_dataset(folder: str | Path) -> str:
+    """Make a `save_to_disk` folder's `state.json` a function of its content; return the fingerprint.
+
+    `_fingerprint` becomes a hash of every data file (name and sha256, in the state's order),
+    `dataset_info.json` and the rest of the state, so it changes exactly when the content does;
+    `_split` is always "train" (`map` with num_proc > 1 concatenates its workers' shards and drops
+    it). The file is written as `datasets` writes it (indent 2, sorted keys).
+    """
+    from dflashx.store.hashing import sha256_file
+
+    folder = Path(folder)
+    state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+    state.pop("_fingerprint", None)
+    state["_split"] = SPLIT
+    h = hashlib.sha256(json.dumps(state, sort_keys=True).encode())
+    for name in [f["filename"] for f in state["_data_files"]] + [INFO_FILE]:
+        h.update(f"{name}\0{sha256_file(folder / name)}\n".encode())
+    state["_fingerprint"] = h.hexdigest()[:16]
+    (folder / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True), encoding="utf-8")
+    return state["_fingerprint"]
+
+
 def tokenize_completions(completions: str | Path, out_dir: str | Path, tokenizer_path: str | Path,
                          policy: TokenizePolicy, enable_thinking: bool = True,
                          template_kwargs: dict[str, Any] | None = None, num_proc: int = 1,
@@ -159,7 +192,7 @@ def tokenize_completions(completions: str | Path, out_dir: str | Path, tokenizer
     out_dir = Path(out_dir)
     work = out_dir / WORK_DIR
     shutil.rmtree(work, ignore_errors=True)
-    lines = load_dataset("text", data_files=shards, split="train", cache_dir=str(work / "lines"))
+    lines = load_dataset("text", data_files=shards, split=SPLIT, cache_dir=str(work / "lines"))
     encoder = BatchEncoder(tokenizer_path, policy, enable_thinking, template_kwargs)
     encoded = lines.map(
         encoder, batched=True, batch_size=batch_size, num_proc=num_proc if num_proc > 1 else None,
@@ -175,6 +208,7 @@ def tokenize_completions(completions: str | Path, out_dir: str | Path, tokenizer
     tmp = out_dir / f".{DATASET_DIR}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     kept.save_to_disk(str(tmp), num_shards=max(1, math.ceil(len(kept) / shard_size)))
+    seal_dataset(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     del lines, encoded, kept
@@ -193,7 +227,7 @@ def run(ctx: StageContext) -> StageResult:
         min_loss_tokens=math.ceil(cfg.min_loss_tokens_blocks * recipe.drafter.block_size),
     )
     metrics = tokenize_completions(
-        ctx.inputs["generate.completions"], ctx.out_dir, resolve_tokenizer_path(recipe.target), policy,
+        ctx.inputs[input_name("tokenize")], ctx.out_dir, resolve_tokenizer_path(recipe.target), policy,
         enable_thinking=recipe.target.chat_template.enable_thinking,
         template_kwargs=recipe.target.chat_template.kwargs, num_proc=cfg.num_proc, shard_size=cfg.shard_size,
     )
