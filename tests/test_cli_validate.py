@@ -64,8 +64,8 @@ def test_validate_missing_file_exits_2() -> None:
 def test_validate_plan_errors_exit_1() -> None:
     result = runner.invoke(app, ["validate", "recipes/qwen36_27b.yaml", "hardware.serving.tp=3"])
     assert result.exit_code == 1, result.output
-    assert "hardware.serving" in result.stderr
-    assert "FAILED" in result.stderr
+    assert "hardware.serving" in result.stdout
+    assert "FAILED" in result.stdout
 
 
 def test_schema_to_stdout_and_file(tmp_path: Path) -> None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from typing import Any
 
 import typer
+from typer.core import TyperCommand
 
 app = typer.Typer(
     name="dflashx",
@@ -27,6 +29,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("schema", "schema", "Print the JSON Schema of recipes (for editors)."),
     ("profiles", "profiles", "List the hardware profiles."),
     ("run", "run", "Run (or resume) a recipe's stages."),
+    ("preflight", "preflight", "Check the world before a run: data, target, disk, S3, GPUs, servers."),
     ("status", "status", "Show each stage's state, outputs and timings of a run."),
     ("qc", "qc", "Run the QC gate alone on generated or tokenized data."),
     ("target", "target", "Build and inspect targets (e.g. the built-in tiny target)."),
@@ -44,6 +47,43 @@ def _root() -> None:
     """One reviewed YAML recipe -> a whole DFlash drafter project."""
 
 
+def override_hint(option: str, args: list[str]) -> str | None:
+    """`--hardware b200_nvl8`, `--hardware=b200_nvl8`, `--train.lr 1e-4`: an override written as an
+    option. The hint names the override to write, or None when `option` names no recipe key."""
+    from dflashx.config.schema import STAGE_ORDER, Recipe
+
+    key = option.lstrip("-")
+    if key.split(".")[0] not in (*Recipe.model_fields, *STAGE_ORDER):
+        return None
+    value = "VALUE"
+    for i, arg in enumerate(args):
+        if arg.startswith(option + "="):
+            value = arg[len(option) + 1:]
+            break
+        if arg == option:
+            if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value = args[i + 1]
+            break
+    return f"no option {option}: did you mean `{key}={value}` (an override)?"
+
+
+class OverridesCommand(TyperCommand):
+    """A sub-command; when it takes `KEY=VALUE` overrides, an unknown option that names a recipe
+    key is answered with the override to write instead of a bare "No such option" (exit 2)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        given = list(args)  # the parser consumes `args`
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as exc:  # click's NoSuchOption, or the copy of click that typer vendors
+            if type(exc).__name__ != "NoSuchOption" or not any(p.name == "overrides" for p in self.params):
+                raise
+            hint = override_hint(exc.option_name, given)
+            if hint is None:
+                raise
+            raise type(exc)(exc.option_name, message=hint, ctx=ctx) from None
+
+
 def _register(argv: list[str]) -> None:
     """Register the sub-commands; when argv names one, import only that one (faster start-up)."""
     wanted = argv[1] if len(argv) > 1 and any(argv[1] == c[0] for c in COMMANDS) else None
@@ -57,7 +97,7 @@ def _register(argv: list[str]) -> None:
         if isinstance(getattr(module, "app", None), typer.Typer):
             app.add_typer(module.app, name=name, help=help_text)
         else:
-            app.command(name=name, help=help_text)(module.command)
+            app.command(name=name, help=help_text, cls=OverridesCommand)(module.command)
 
 
 _register(sys.argv)

@@ -2,18 +2,22 @@
 
 Loads the recipe (exit 2 when it cannot be read or validated), reads a local target's
 config.json (the planner itself never reads files), plans, and prints either a rich view or
-exactly one JSON object. Exit 0 without plan errors, 1 with.
+exactly one JSON object. Exit 0 without plan errors, 1 with. With `--json` a recipe or target
+config that cannot be read is one JSON object too: its `errors` say why, the rest is empty (exit 2).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from dflashx.cli._common import OverridesArg, RecipeArg, format_finding, load_or_exit, target_facts
+from dflashx.config.errors import Problem, RecipeError
+from dflashx.config.load import LoadedRecipe, load_recipe
 from dflashx.plan.explain import human_bytes, human_count, human_seconds
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Plan only (planning never runs anything).")]
@@ -77,12 +81,38 @@ def render(plan: dict[str, Any], title: str, explain: bool) -> None:
     console.print(("[red]" if plan["errors"] else "[green]") + verdict)
 
 
+def _json_failure(problems: list[Problem]) -> typer.Exit:
+    """The one JSON object of a recipe that cannot be planned; returns the exit to raise (code 2)."""
+    document = {"errors": [p.to_json() for p in problems], "warnings": [], "stages": [], "totals": None, "resolved": None}
+    sys.stdout.write(json.dumps(document) + "\n")
+    return typer.Exit(RecipeError.exit_code)
+
+
+def _load_or_json_failure(recipe: Path, overrides: list[str] | None) -> tuple[LoadedRecipe, Any]:
+    """The recipe and its target's facts, or (on stdout) the JSON object saying why not."""
+    from dflashx.targets.facts import facts_for
+    from dflashx.targets.read_config import ConfigFactsError
+
+    try:
+        loaded = load_recipe(recipe, overrides or ())
+        return loaded, facts_for(loaded.recipe.target)
+    except RecipeError as exc:
+        raise _json_failure(exc.problems) from None
+    except ConfigFactsError as exc:
+        raise _json_failure([Problem(str(exc), key="target.model",
+                                     hint="point target.model at a complete config.json or set target.arch")]) from None
+
+
 def command(recipe: RecipeArg, overrides: OverridesArg = None, dry_run: DryRunOpt = False,
             json_output: JsonOpt = False, explain: ExplainOpt = False) -> None:
     from dflashx.plan.plan import make_plan
 
-    loaded = load_or_exit(recipe, overrides)
-    plan = make_plan(loaded.recipe, target_facts(loaded.recipe)).to_json(explain=explain)
+    if json_output:
+        loaded, facts = _load_or_json_failure(recipe, overrides)
+    else:
+        loaded = load_or_exit(recipe, overrides)
+        facts = target_facts(loaded.recipe)
+    plan = make_plan(loaded.recipe, facts).to_json(explain=explain)
     if json_output:
         sys.stdout.write(json.dumps(plan) + "\n")
     else:

@@ -40,8 +40,8 @@ def command(recipe: RecipeArg, overrides: OverridesArg = None) -> None:
         typer.echo(format_finding(w))
     errors = plan["errors"]
     for e in errors:
-        typer.echo(format_finding(e), err=True)
+        typer.echo(format_finding(e))
     if errors:
-        typer.echo(f"FAILED: {len(errors)} planner error(s)", err=True)
+        typer.echo(f"FAILED: {len(errors)} planner error(s)")
         raise typer.Exit(1)
     typer.echo("OK")

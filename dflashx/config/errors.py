@@ -59,6 +59,14 @@ class Problem:
     expected: str | None = None
     hint: str | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        """The problem as a plan finding (`code`, `severity`, `key`, `message`, `fix`) with its place."""
+        return {
+            "code": "recipe", "severity": "error", "key": self.key or "", "message": self.message, "fix": self.hint,
+            "expected": self.expected, "file": _display(self.origin.file) if self.origin else None,
+            "line": self.origin.line if self.origin else None,
+        }
+
     def format(self) -> str:
         head = ": ".join(p for p in (str(self.origin) if self.origin else None, self.key, self.message) if p)
         lines = [head]
@@ -192,6 +200,8 @@ def validation_problems(
             hint = f"add `{loc[-1]}:` under `{dotted(loc[:-1])}`" if len(loc) > 1 else f"add `{loc[-1]}:`"
         elif kind == "literal_error":
             message, hint = f"invalid value{got}", suggest.value_hint(loc, value, root)
+        elif kind == "finite_number":
+            message, hint = f"invalid value{got}", "write a finite number (YAML reads `.inf`, `1e309` as infinity)"
         else:
             message = f"invalid value{got}"
         problems.append(Problem(message, origin, dotted(loc), expected, hint))

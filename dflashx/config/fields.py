@@ -25,6 +25,8 @@ def parse_size(value: Any) -> Any:
 
 
 ByteSize = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
+# Every float of a recipe: `.inf`, `1e309` (which YAML reads as infinity) and `.nan` are errors.
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 
 

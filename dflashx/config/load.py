@@ -3,7 +3,8 @@
 Order: the `extends` chain (base first, child keys win, lists replace) -> a `hardware=NAME`
 override -> the hardware profile (by name, with its optional calibration file) -> the other
 dotted overrides -> secrets check -> `${...}` interpolation -> relative paths -> validation.
-Every problem found on the way is collected and raised together as one `RecipeError`.
+Every problem found on the way is collected and raised together as one `RecipeError`. Each file is
+read by `yaml_read.read_mapping` (UTF-8, bounded alias expansion, duplicate keys).
 """
 
 from __future__ import annotations
@@ -28,18 +29,16 @@ from dflashx.config.errors import (
     RecipeError,
     SourceMap,
     dotted,
-    duplicate_keys,
     validation_problems,
-    yaml_problem,
 )
 from dflashx.config.schema import STAGE_ORDER, HardwareProfile, Recipe
+from dflashx.config.yaml_read import read_mapping
 
 PROFILES_ENV = "DFLASHX_PROFILES_DIR"  # user profile folders (os.pathsep-separated), searched first
 # The built-in profiles: package data (dflashx/hardware_profiles/*.yaml, shipped in the wheel), so
 # they are found the same way from a checkout, an editable install or `pip install dflashx`.
 BUILTIN_PROFILES = Path(__file__).resolve().parents[1] / "hardware_profiles"
 CALIBRATION_SUFFIX = ".calibration.yaml"
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C parser keeps line marks too
 SECRETS_HINT = (
     "remove it: credentials come from the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
     "WANDB_API_KEY, HF_TOKEN) or an AWS profile (storage.s3.aws_profile), never from the recipe"
@@ -196,25 +195,9 @@ class _Loader:
     def parse(self, file: Path) -> tuple[DictConfig, yaml.MappingNode]:
         """One YAML mapping file as a DictConfig and its node tree (for line numbers)."""
         try:
-            text = file.read_text(encoding="utf-8")
-        except OSError as exc:
-            siblings = (f.name for f in file.parent.glob("*.yaml")) if file.parent.is_dir() else ()
-            hint = suggest.did_you_mean(file.name, siblings)
-            self.fail([Problem(f"cannot read file: {exc.strerror}", Origin(str(file)), hint=hint)])
-        try:
-            node = yaml.compose(text, Loader=_YAML_LOADER)
-            dups = duplicate_keys(file, node) if node is not None else []
-            if dups:
-                self.fail(dups)
-            cfg = OmegaConf.create(text) if node is not None else None
-        except yaml.YAMLError as exc:
-            self.fail([yaml_problem(exc, file)])
-        if not isinstance(node, yaml.MappingNode) or not isinstance(cfg, DictConfig):
-            self.fail([Problem(
-                "the file must hold a YAML mapping of keys" + (" (it is empty)" if node is None else ""),
-                Origin(str(file), 1), hint="start with e.g. `name: my-run`",
-            )])
-        return cfg, node
+            return read_mapping(file)
+        except RecipeError as exc:
+            self.fail(exc.problems)
 
     def read(self, file: Path, prefix: Loc = ()) -> DictConfig:
         cfg, node = self.parse(file)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, ByteSize, Precision, Strict, parse_size
+from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, ByteSize, FiniteFloat, Precision, Strict, parse_size
 from dflashx.config.stages import (  # the stage models are part of the schema
     STAGE_ORDER, StageBase, IngestStage, GenerateStage, QCThresholds, QCStage, TokenizeStage, TrainStage, EvalStage, ExportStage, BackupStage, Stages,
 )
@@ -88,16 +88,16 @@ class DatasetStats(Strict):
     """Planning figures for data not generated yet; measured values replace them after a run."""
 
     samples: int | None = Field(None, ge=0, description="Samples after filtering and dedupe.")
-    prompt_tokens_mean: float = Field(250.0, gt=0, description="Template + system + user tokens.")
-    output_tokens_mean: float = Field(1800.0, gt=0, description="Generated tokens (reasoning+answer).")
-    output_tokens_p90: float | None = Field(
+    prompt_tokens_mean: FiniteFloat = Field(250.0, gt=0, description="Template + system + user tokens.")
+    output_tokens_mean: FiniteFloat = Field(1800.0, gt=0, description="Generated tokens (reasoning+answer).")
+    output_tokens_p90: FiniteFloat | None = Field(
         None, gt=0, description="90th percentile of generated tokens; with the mean it fixes the length "
         "distribution (log-normal) behind truncation estimates. Default: a spread of CV 1.",
     )
-    prompt_bytes_mean: float = Field(
+    prompt_bytes_mean: FiniteFloat = Field(
         1200.0, gt=0, description="Bytes of one prompt record on disk (storage estimates)."
     )
-    output_bytes_per_token: float = Field(
+    output_bytes_per_token: FiniteFloat = Field(
         4.0, gt=0, description="Bytes of completion text per generated token (storage estimates)."
     )
 
@@ -166,10 +166,10 @@ class DrafterSpec(Strict):
 
 class GpuSpec(Strict):
     name: str = Field(description="GPU model, e.g. `H200`.")
-    memory_gb: float = Field(gt=0, description="Per-GPU memory, GB (1e9 bytes).")
-    bandwidth_tbs: float = Field(gt=0, description="Per-GPU memory bandwidth, TB/s.")
-    bf16_tflops: float = Field(gt=0, description="Dense BF16 TFLOP/s (not the sparse headline).")
-    fp8_tflops: float | None = Field(None, gt=0, description="Dense FP8 TFLOP/s; null = no FP8.")
+    memory_gb: FiniteFloat = Field(gt=0, description="Per-GPU memory, GB (1e9 bytes).")
+    bandwidth_tbs: FiniteFloat = Field(gt=0, description="Per-GPU memory bandwidth, TB/s.")
+    bf16_tflops: FiniteFloat = Field(gt=0, description="Dense BF16 TFLOP/s (not the sparse headline).")
+    fp8_tflops: FiniteFloat | None = Field(None, gt=0, description="Dense FP8 TFLOP/s; null = no FP8.")
 
 
 class ServingDefaults(Strict):
@@ -184,11 +184,11 @@ class ServingDefaults(Strict):
     kv_cache_dtype: Literal["auto", "bf16", "fp8_e4m3", "fp8_e5m2"] = Field(
         "auto", description="SGLang --kv-cache-dtype."
     )
-    mem_fraction_static: float = Field(0.85, gt=0, le=1, description="SGLang --mem-fraction-static.")
+    mem_fraction_static: FiniteFloat = Field(0.85, gt=0, le=1, description="SGLang --mem-fraction-static.")
     max_running_requests: int = Field(
         256, ge=1, description="Sequences decoded at once per server (--max-running-requests)."
     )
-    efficiency: float = Field(0.5, gt=0, le=1, description="Achieved / roofline decode throughput.")
+    efficiency: FiniteFloat = Field(0.5, gt=0, le=1, description="Achieved / roofline decode throughput.")
 
 
 class TrainingDefaults(Strict):
@@ -198,7 +198,7 @@ class TrainingDefaults(Strict):
     micro_batch: int = Field(
         1, ge=1, description="Sequences per GPU per step when stages.train.micro_batch is unset."
     )
-    mfu: float = Field(0.35, gt=0, le=1, description="Expected model-FLOPs utilisation.")
+    mfu: FiniteFloat = Field(0.35, gt=0, le=1, description="Expected model-FLOPs utilisation.")
 
 
 class HardwareProfile(Strict):
@@ -208,16 +208,16 @@ class HardwareProfile(Strict):
     gpus_per_node: int = Field(0, ge=0, description="GPUs per node (0 for the CPU profile).")
     nodes: int = Field(1, ge=1, description="Nodes used together.")
     interconnect: str = Field("none", description="GPU interconnect, e.g. `NVLink 5` or `PCIe 5`.")
-    usd_per_gpu_hour: float = Field(0.0, ge=0, description="Rental price per GPU-hour, for cost estimates.")
-    cpu_tflops: float = Field(0.2, gt=0, description="Used when `gpu` is null.")
-    cpu_bandwidth_tbs: float = Field(0.02, gt=0, description="Host memory bandwidth, TB/s; used when `gpu` is null.")
+    usd_per_gpu_hour: FiniteFloat = Field(0.0, ge=0, description="Rental price per GPU-hour, for cost estimates.")
+    cpu_tflops: FiniteFloat = Field(0.2, gt=0, description="Used when `gpu` is null.")
+    cpu_bandwidth_tbs: FiniteFloat = Field(0.02, gt=0, description="Host memory bandwidth, TB/s; used when `gpu` is null.")
     serving: ServingDefaults = Field(
         default_factory=ServingDefaults, description="SGLang serving defaults for this node."
     )
     training: TrainingDefaults = Field(
         default_factory=TrainingDefaults, description="DeepSpeed training defaults for this node."
     )
-    calibrated: dict[str, float] = Field(
+    calibrated: dict[str, FiniteFloat] = Field(
         default_factory=dict, description="Efficiency factors fitted by `dflashx calibrate`."
     )
 
@@ -269,10 +269,10 @@ class BudgetSpec(Strict):
     max_storage_bytes: ByteSize | None = Field(
         None, description="Disk the run may use in all (bytes or e.g. 20TB); plans above it are errors."
     )
-    max_usd: float | None = Field(
+    max_usd: FiniteFloat | None = Field(
         None, ge=0, description="GPU spending limit in USD; plans above it are errors."
     )
-    max_days: float | None = Field(
+    max_days: FiniteFloat | None = Field(
         None, gt=0, description="Wall-clock limit in days; plans above it are errors."
     )
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, Strict
+from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, FiniteFloat, Strict
 
 
 # --------------------------------------------------------------------------- stages
@@ -27,16 +27,16 @@ class GenerateStage(StageBase):
     )
     urls: list[str] = Field(default_factory=list, description="Attach to running servers instead of starting them.", json_schema_extra=OPERATIONAL)
     max_tokens: int = Field(8192, ge=1, description="Most generated tokens per prompt (reasoning + answer).", json_schema_extra=OUTPUT)
-    temperature: float = Field(0.6, ge=0, description="Sampling temperature.", json_schema_extra=OUTPUT)
-    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus-sampling threshold.", json_schema_extra=OUTPUT)
+    temperature: FiniteFloat = Field(0.6, ge=0, description="Sampling temperature.", json_schema_extra=OUTPUT)
+    top_p: FiniteFloat = Field(0.95, gt=0, le=1, description="Nucleus-sampling threshold.", json_schema_extra=OUTPUT)
     concurrency: int = Field(256, ge=1, description="In-flight requests per server.", json_schema_extra=OPERATIONAL)
-    request_timeout_s: float = Field(
+    request_timeout_s: FiniteFloat = Field(
         1800, gt=0, description="Seconds before one request is given up and retried.", json_schema_extra=OPERATIONAL
     )
     retries: int = Field(
         5, ge=0, description="Retries of a failed request before it is recorded with an error.", json_schema_extra=OPERATIONAL
     )
-    retry_backoff_s: float = Field(
+    retry_backoff_s: FiniteFloat = Field(
         1.0, gt=0, description="First retry delay; doubles per attempt (capped at 60 s), with jitter.", json_schema_extra=OPERATIONAL
     )
     batch_size: int = Field(8, ge=1, description="transformers backend: prompts per generate() call.", json_schema_extra=OPERATIONAL)
@@ -48,30 +48,30 @@ class GenerateStage(StageBase):
     context_length: int | None = Field(
         None, ge=1, description="SGLang --context-length; default: the target's own.", json_schema_extra=OUTPUT
     )
-    server_startup_timeout_s: float = Field(
+    server_startup_timeout_s: FiniteFloat = Field(
         1800, gt=0, description="Seconds to wait for started servers to report healthy.", json_schema_extra=OPERATIONAL
     )
 
 
 class QCThresholds(Strict):
-    max_empty_reasoning_frac: float = Field(
+    max_empty_reasoning_frac: FiniteFloat = Field(
         0.02, ge=0, le=1, description="Most completions allowed with empty reasoning when thinking is on.", json_schema_extra=OUTPUT
     )
     min_answer_words: int = Field(2, ge=0, description="Answers with fewer words count as short.", json_schema_extra=OUTPUT)
-    max_short_answer_frac: float = Field(0.10, ge=0, le=1, description="Most answers allowed to be short.", json_schema_extra=OUTPUT)
-    max_repeated_answer_frac: float = Field(
+    max_short_answer_frac: FiniteFloat = Field(0.10, ge=0, le=1, description="Most answers allowed to be short.", json_schema_extra=OUTPUT)
+    max_repeated_answer_frac: FiniteFloat = Field(
         0.05, ge=0, le=1, description="Most answers allowed to share one identical short reply.", json_schema_extra=OUTPUT
     )
-    max_truncated_frac: float = Field(
+    max_truncated_frac: FiniteFloat = Field(
         0.05, ge=0, le=1, description="Most completions allowed to stop at max_tokens (finish_reason=length).", json_schema_extra=OUTPUT
     )
-    max_unbalanced_think_frac: float = Field(
+    max_unbalanced_think_frac: FiniteFloat = Field(
         0.02, ge=0, le=1, description="Most completions allowed with missing or unclosed think markers.", json_schema_extra=OUTPUT
     )
-    max_duplicate_response_frac: float = Field(
+    max_duplicate_response_frac: FiniteFloat = Field(
         0.02, ge=0, le=1, description="Most responses allowed to repeat an earlier one word for word.", json_schema_extra=OUTPUT
     )
-    max_mask_spike_frac: float = Field(0.20, ge=0, le=1, description="Share of samples at one small loss-mask size.", json_schema_extra=OUTPUT)
+    max_mask_spike_frac: FiniteFloat = Field(0.20, ge=0, le=1, description="Share of samples at one small loss-mask size.", json_schema_extra=OUTPUT)
     mask_spike_max_tokens: int = Field(32, ge=1, description="'Small' loss-mask size for the spike test.", json_schema_extra=OUTPUT)
 
 
@@ -88,7 +88,7 @@ class QCStage(StageBase):
 class TokenizeStage(StageBase):
     max_length: int = Field(3072, ge=8, description="Tokens per sample (prompt + completion).", json_schema_extra=OUTPUT)
     overflow: Literal["truncate", "drop"] = Field("truncate", description="What happens to longer samples.", json_schema_extra=OUTPUT)
-    min_loss_tokens_blocks: float = Field(2.0, ge=0, description="Drop samples with < this x block_size loss tokens.", json_schema_extra=OUTPUT)
+    min_loss_tokens_blocks: FiniteFloat = Field(2.0, ge=0, description="Drop samples with < this x block_size loss tokens.", json_schema_extra=OUTPUT)
     num_proc: int = Field(2, ge=1, description="Worker processes for `datasets.map`.", json_schema_extra=OPERATIONAL)
     shard_size: int = Field(10_000, ge=1, description="Samples per Arrow shard.", json_schema_extra=OUTPUT)
 
@@ -98,21 +98,21 @@ class TrainStage(StageBase):
         "online",
         description="`online` recomputes the target's hidden states each step; `offline` stores them first (large).", json_schema_extra=OUTPUT
     )
-    epochs: float = Field(6, gt=0, description="Passes over the training set.", json_schema_extra=OUTPUT)
+    epochs: FiniteFloat = Field(6, gt=0, description="Passes over the training set.", json_schema_extra=OUTPUT)
     max_steps: int | None = Field(
         None, ge=1, description="Stop after this many optimizer steps (before the epochs end).", json_schema_extra=OUTPUT
     )
-    lr: float = Field(6e-4, gt=0, description="Peak learning rate.", json_schema_extra=OUTPUT)
-    weight_decay: float = Field(0.0, ge=0, description="Optimizer weight decay.", json_schema_extra=OUTPUT)
-    warmup_ratio: float = Field(
+    lr: FiniteFloat = Field(6e-4, gt=0, description="Peak learning rate.", json_schema_extra=OUTPUT)
+    weight_decay: FiniteFloat = Field(0.0, ge=0, description="Optimizer weight decay.", json_schema_extra=OUTPUT)
+    warmup_ratio: FiniteFloat = Field(
         0.04, ge=0, lt=1, description="Share of the steps spent warming the learning rate up.", json_schema_extra=OUTPUT
     )
-    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping.", json_schema_extra=OUTPUT)
+    grad_clip: FiniteFloat = Field(1.0, gt=0, description="Gradient-norm clipping.", json_schema_extra=OUTPUT)
     global_batch: int = Field(64, ge=1, description="Sequences per optimizer step across all GPUs.", json_schema_extra=OUTPUT)
     micro_batch: int | None = Field(None, ge=1, description="Default: the hardware profile's.", json_schema_extra=OPERATIONAL)
     zero_stage: Literal[0, 1, 2] | None = Field(None, description="Default: the hardware profile's.", json_schema_extra=OPERATIONAL)
     anchors_per_seq: int = Field(512, ge=1, description="Anchor positions (blocks) sampled per sequence.", json_schema_extra=OUTPUT)
-    loss_gamma: float | None = Field(None, gt=0, description="Slot decay; default 7/5/4 for B=16/10/8.", json_schema_extra=OUTPUT)
+    loss_gamma: FiniteFloat | None = Field(None, gt=0, description="Slot decay; default 7/5/4 for B=16/10/8.", json_schema_extra=OUTPUT)
     max_length: int | None = Field(None, ge=8, description="Default: tokenize.max_length.", json_schema_extra=OUTPUT)
     checkpoint_every: int = Field(500, ge=1, description="Optimizer steps between checkpoints.", json_schema_extra=OPERATIONAL)
     log_every: int = Field(10, ge=1, description="Optimizer steps between logged metrics.", json_schema_extra=OPERATIONAL)
@@ -124,7 +124,7 @@ class EvalStage(StageBase):
     max_new_tokens: int = Field(
         256, ge=1, description="Tokens generated per prompt while measuring acceptance.", json_schema_extra=OUTPUT
     )
-    temperature: float = Field(0.0, ge=0, description="Sampling temperature (0 = greedy).", json_schema_extra=OUTPUT)
+    temperature: FiniteFloat = Field(0.0, ge=0, description="Sampling temperature (0 = greedy).", json_schema_extra=OUTPUT)
     prompts: str | None = Field(None, description="JSONL of held-out prompts; default: dataset.eval_holdout.", json_schema_extra=PATH)
 
 

@@ -50,6 +50,11 @@ class Side:
 PROFILE_FOLDERS = ("dflashx/hardware_profiles", "hardware_profiles")  # this layout, then the older one
 
 
+class RefError(ValueError):
+    """A `path@gitref` whose ref cannot be resolved (no such commit, or no git repository):
+    a usage error (exit 2), unlike a path missing at a valid ref, which is a new recipe."""
+
+
 def split_spec(spec: str) -> tuple[Path, str | None]:
     """`recipes/a.yaml@main` -> (recipes/a.yaml, "main"); a plain existing path has no ref."""
     path, sep, ref = spec.rpartition("@")
@@ -73,10 +78,14 @@ def materialize(path: Path, ref: str, workdir: Path) -> Path | None:
     """Extract `path`'s folder and the hardware profiles at `ref` under `workdir`; the recipe's new
     path, or None when the file does not exist at that ref."""
     path = path.resolve()
-    top = Path(_git(["rev-parse", "--show-toplevel"], path.parent).decode().strip())
+    folder = next((p for p in (path.parent, *path.parents) if p.is_dir()), Path.cwd())
+    try:
+        top = Path(_git(["rev-parse", "--show-toplevel"], folder).decode().strip())
+    except ValueError as exc:
+        raise RefError(f"cannot resolve {ref!r}: {path} is not in a git repository ({exc})") from None
     rel = path.relative_to(top)
     if not _git_ok(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], top):
-        raise ValueError(f"{ref!r} is not a commit of the git repository {top}")
+        raise RefError(f"{ref!r} is not a commit of the git repository {top}")
     if not _git_ok(["cat-file", "-e", f"{ref}:{rel.as_posix()}"], top):
         return None
     archive = _git(["archive", "--format=tar", ref, "--", rel.parent.as_posix() or "."], top)
@@ -117,6 +126,8 @@ def load_side(spec: str, workdir: Path, facts_for: FactsFor) -> Side:
     except RecipeError as exc:
         side.error = exc.format()
         return side
+    except RefError as exc:
+        raise RefError(f"{spec}: {exc}") from None
     except ValueError as exc:
         side.error = str(exc)
         return side
@@ -208,7 +219,8 @@ def render(base: Side, head: Side) -> str:
 
 
 def review(base: str, head: str, facts_for: FactsFor, workdir: Path) -> tuple[str, bool]:
-    """(markdown, ok): ok is False when the head recipe does not load or its plan has errors."""
+    """(markdown, ok): ok is False when the head recipe does not load or its plan has errors.
+    Raises RefError when BASE or HEAD names a git ref that does not resolve."""
     b, h = load_side(base, workdir / "base", facts_for), load_side(head, workdir / "head", facts_for)
     ok = h.error is None and (h.missing or not (h.plan or {}).get("errors"))
     return render(b, h), ok

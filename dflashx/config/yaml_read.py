@@ -1,0 +1,117 @@
+"""Read one YAML mapping file (a recipe, a base recipe, a profile) safely.
+
+The file is read as bytes (at most `MAX_BYTES`), decoded as UTF-8, composed into a node tree (kept
+for line numbers), bounded — the tree an alias `*name` expands to must stay small, shallow and
+acyclic, so an alias bomb ("billion laughs") is refused before OmegaConf copies it out — checked
+for duplicate keys and only then handed to OmegaConf. Every failure is a `RecipeError` naming the
+file, and the line where one is known.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from dflashx.config import suggest
+from dflashx.config.errors import Origin, Problem, RecipeError, duplicate_keys, yaml_problem
+
+MAX_BYTES = 4 * 2**20  # a recipe is a few KiB
+MAX_NODES = 100_000  # YAML nodes once every alias is expanded; a recipe has a few hundred
+MAX_DEPTH = 64  # nesting levels; a recipe has fewer than ten
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C parser keeps line marks too
+_ALIAS_HINT = "write the values out, or use fewer (and less nested) anchors `&name` and aliases `*name`"
+
+
+def read_mapping(file: Path) -> tuple[DictConfig, yaml.MappingNode]:
+    """One YAML mapping file as a DictConfig and its node tree; raises RecipeError."""
+    text = _read_text(file)
+    try:
+        node = yaml.compose(text, Loader=_YAML_LOADER)
+        if node is not None:
+            _fail(_bounds_problems(node, file) or duplicate_keys(file, node), file)
+        cfg = OmegaConf.create(text) if node is not None else None
+    except yaml.YAMLError as exc:
+        raise RecipeError([yaml_problem(exc, file)], file) from None
+    except OmegaConfBaseException as exc:
+        raise RecipeError([Problem(f"cannot read the YAML: {str(exc).splitlines()[0]}", Origin(str(file)),
+                                   hint="keys must be plain names and values plain YAML")], file) from None
+    if not isinstance(node, yaml.MappingNode) or not isinstance(cfg, DictConfig):
+        raise RecipeError([Problem(
+            "the file must hold a YAML mapping of keys" + (" (it is empty)" if node is None else ""),
+            Origin(str(file), 1), hint="start with e.g. `name: my-run`",
+        )], file)
+    return cfg, node
+
+
+def _fail(problems: list[Problem], file: Path) -> None:
+    if problems:
+        raise RecipeError(problems, file)
+
+
+def _read_text(file: Path) -> str:
+    """The file's text: unreadable, oversized and non-UTF-8 files are problems with a place."""
+    try:
+        with file.open("rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as exc:
+        siblings = (f.name for f in file.parent.glob("*.yaml")) if file.parent.is_dir() else ()
+        hint = suggest.did_you_mean(file.name, siblings)
+        raise RecipeError([Problem(f"cannot read file: {exc.strerror}", Origin(str(file)), hint=hint)], file) from None
+    if len(data) > MAX_BYTES:
+        raise RecipeError([Problem(f"file is larger than {MAX_BYTES // 2**20} MiB: not a recipe",
+                                   Origin(str(file)))], file)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise RecipeError([Problem(
+            f"not UTF-8 text: byte 0x{data[exc.start]:02x} at byte offset {exc.start} ({exc.reason})",
+            Origin(str(file), line, column), hint="save the file as UTF-8",
+        )], file) from None
+
+
+def _node_children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _bounds_problems(root: yaml.Node, file: Path) -> list[Problem]:
+    """The expanded tree's size and depth, and recursive aliases, without expanding it.
+
+    Aliases make the composed tree a graph whose nodes are shared; one pass over the distinct
+    nodes (an explicit stack, so deep nesting cannot overflow Python's) counts what each expands to.
+    """
+    size: dict[int, int] = {}
+    height: dict[int, int] = {}
+    on_path: set[int] = set()  # nodes whose subtree is being counted: their ancestors-to-be
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            kids = _node_children(node)
+            size[key] = 1 + sum(size[id(k)] for k in kids)
+            height[key] = 1 + max((height[id(k)] for k in kids), default=0)
+            on_path.discard(key)
+            where = Origin(str(file), node.start_mark.line + 1)
+            if size[key] > MAX_NODES:
+                return [Problem(f"the YAML expands to more than {MAX_NODES:,} values (aliases copy what "
+                                "their anchor holds): refused as an alias bomb", where, hint=_ALIAS_HINT)]
+            if height[key] > MAX_DEPTH:
+                return [Problem(f"the YAML is nested more than {MAX_DEPTH} levels deep", where,
+                                hint="a recipe is a few levels of sections")]
+            continue
+        if key in size:
+            continue  # an alias of a node already counted
+        if key in on_path:
+            return [Problem("recursive alias: an anchor is used inside itself",
+                            Origin(str(file), node.start_mark.line + 1), hint=_ALIAS_HINT)]
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in _node_children(node))
+    return []
