@@ -128,3 +128,21 @@ def test_init_from_continues_a_checkpoint_folder(paths, tmp_path):
     other = model.config.to_dict() | {"hidden_size": 32, "head_dim": 8}
     with pytest.raises(ValueError, match="trained for another target"):
         build_drafter(_job(paths, tmp_path, drafter={"init_from": str(tmp_path / "public")}), other, tok)
+
+
+def test_one_cpu_process_builds_no_shared_memory_op(paths, tmp_path):
+    """A lone CPU rank reduces nothing: DeepSpeed's shm all-reduce op is not compiled (a minute
+    of C++ on a fresh machine, the largest part of a cold `dflashx run recipes/tiny.yaml`)."""
+    import subprocess
+    import sys
+
+    job = _job(paths, tmp_path / "stage", max_steps=1)
+    (tmp_path / "stage").mkdir()
+    job.save()
+    env = os.environ | {"TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "OMP_NUM_THREADS": "1"}
+    env.pop("MASTER_PORT", None)
+    proc = subprocess.run([sys.executable, "-m", "dflashx.dflash.trainer", "--stage-dir", str(tmp_path / "stage")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (tmp_path / "stage" / "checkpoint" / "model.safetensors").exists()
+    assert not (tmp_path / "ext" / "deepspeed_shm_comm").exists()

@@ -18,11 +18,14 @@ def command(
     only: Annotated[str | None, typer.Option("--only", help="Run just this stage.")] = None,
     until: Annotated[str | None, typer.Option("--until", help="Run the stages up to and including this one.")] = None,
     force: Annotated[list[str] | None, typer.Option("--force", help="Re-run this stage even if done (repeatable).")] = None,
+    skip_preflight: Annotated[bool, typer.Option("--skip-preflight", help="Start without the preflight checks.")] = False,
 ) -> None:
+    from dflashx.cli.preflight import echo_problems, failures
     from dflashx.plan.plan import make_plan
     from dflashx.report.progress import write_progress
     from dflashx.run.graph import select
     from dflashx.run.orchestrator import default_run_dir, run_pipeline
+    from dflashx.run.preflight import preflight, stages_to_check
     from dflashx.run.rundir import RunDirBusy
     from dflashx.track.redact import install_console_logging
 
@@ -42,6 +45,13 @@ def command(
         raise typer.Exit(1)
     target = run_dir or default_run_dir(made.resolved)
     typer.echo(f"run dir: {target}")
+    if not skip_preflight:
+        checks = preflight(made.resolved, plan, target, stages_to_check(made.resolved, target, selection.stages,
+                                                                         selection.force))
+        echo_problems(checks, typer.echo)
+        if failures(checks):
+            typer.echo(f"{recipe}: the preflight failed; nothing was run (fix the above, or --skip-preflight)", err=True)
+            raise typer.Exit(1)
     try:
         result = run_pipeline(made.resolved, plan, target, selection, argv=sys.argv, echo=typer.echo,
                               on_progress=write_progress)

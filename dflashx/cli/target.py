@@ -16,16 +16,22 @@ def build_tiny(
     variant: Annotated[str, typer.Option(help="tiny-qwen3 (all full attention) or tiny-qwen3_5 (Gated DeltaNet hybrid).")] = "tiny-qwen3",
     out: Annotated[Optional[Path], typer.Option(help="Build into this folder instead of the cache.")] = None,
     small: Annotated[bool, typer.Option(help="The small CI size (well under a minute, format only).")] = False,
+    rebuild: Annotated[bool, typer.Option(help="Build from the code even when the cache or the package holds it.")] = False,
 ) -> None:
-    """Build (or find in the cache) the tiny thinking target; prints its folder last."""
+    """Build (or find in the cache or the package) the tiny thinking target; prints its folder last."""
+    import shutil
+
     from dflashx.tiny import MODEL_NAMES
-    from dflashx.tiny.build import ensure_tiny_target
+    from dflashx.tiny.build import ensure_tiny_target, target_dir
 
     if variant not in MODEL_NAMES:
         typer.echo(f"--variant {variant!r} is unknown; choose one of {', '.join(MODEL_NAMES)}", err=True)
         raise typer.Exit(2)
+    if rebuild and out is None:
+        shutil.rmtree(target_dir(variant, small), ignore_errors=True)
     try:
-        path = ensure_tiny_target(variant, small=small, out=out, log=lambda m: typer.echo(m, err=True))
+        path = ensure_tiny_target(variant, small=small, out=out, log=lambda m: typer.echo(m, err=True),
+                                  shipped=not rebuild)
     except FileExistsError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None

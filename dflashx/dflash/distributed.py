@@ -2,8 +2,9 @@
 
 Under a launcher (`torchrun`, `deepspeed`) the rank, world size and rendezvous come from the
 environment it sets. A lone process (the CPU profile, tests, one GPU) gets a one-rank group on a
-free loopback port. NVLink SHARP / multicast (NVLS) is off unless the environment says otherwise
-(`SAFE_NCCL_ENV`, also given to launched processes).
+free loopback port (and no DeepSpeed shared-memory op build, which only several CPU ranks use).
+NVLink SHARP / multicast (NVLS) is off unless the environment says otherwise (`SAFE_NCCL_ENV`, also
+given to launched processes).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def setup_distributed() -> tuple[int, int, int]:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "dflashx" / "torch_extensions"))
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    if not torch.cuda.is_available() and os.environ["WORLD_SIZE"] == "1":
+        _skip_cpu_shared_memory_op()
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     if lone:  # the group holds that port now: child processes must not inherit it as theirs
         del os.environ["MASTER_PORT"]
@@ -62,6 +65,15 @@ def setup_distributed() -> tuple[int, int, int]:
     if torch.cuda.is_available():
         torch.cuda.set_device(local)
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), local
+
+
+def _skip_cpu_shared_memory_op() -> None:
+    """One CPU process reduces nothing across ranks: skip compiling DeepSpeed's shared-memory
+    all-reduce op (`deepspeed_shm_comm`, about a minute of C++ on a fresh machine). DeepSpeed asks
+    `deepspeed.ops.__compatible_ops__` whether the op can build; saying no makes it use plain gloo."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def teardown_distributed() -> None:

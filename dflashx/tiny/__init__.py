@@ -1,6 +1,8 @@
 """The embedded default's target: a tiny thinking chat model built from a synthetic corpus.
 
-`resolve_builtin` turns the `builtin:` values recipes use into local paths, building on first use:
+`resolve_builtin` turns the `builtin:` values recipes use into local paths, on first use copying
+the build shipped in the package (`dflashx.tiny.shipped`) or, when the build code changed since,
+building it:
 
 - `builtin:tiny-qwen3`, `builtin:tiny-qwen3_5` -> the built model folder (HF layout);
 - `builtin:tiny-prompts` -> JSONL of generation prompt records;

@@ -170,16 +170,33 @@ def ensure_tiny_tokenizer(variant: str = "tiny-qwen3", *, small: bool = False) -
     return _build_atomically(dest, key, fill, lambda _: None)
 
 
+def target_dir(variant: str, small: bool = False) -> Path:
+    """The cache folder of a variant's build under the current build key."""
+    key = build_key(BuildSettings.for_variant(variant, small))
+    return cache_root() / f"{variant}{'-small' if small else ''}-{key}"
+
+
 def ensure_tiny_target(variant: str = "tiny-qwen3", *, small: bool = False, out: Path | None = None,
-                       log: Callable[[str], None] = lambda _: None) -> Path:
-    """Return the folder of the built target, building it first when it is not there yet."""
+                       log: Callable[[str], None] = lambda _: None, shipped: bool = True) -> Path:
+    """Return the folder of the built target, making it first when it is not there yet: a copy of
+    the build shipped in the package when it was made under the current key (`shipped`, seconds),
+    else a build from the code (minutes)."""
+    from dflashx.tiny import shipped as package
+
     settings = BuildSettings.for_variant(variant, small)
     key = build_key(settings)
-    dest = Path(out) if out is not None else cache_root() / f"{variant}{'-small' if small else ''}-{key}"
+    dest = Path(out) if out is not None else target_dir(variant, small)
     if _is_built(dest, key):
         log(f"cached: {dest}")
         return dest
-    return _build_atomically(dest, key, lambda tmp: _build(settings, key, tmp, log), log)
+
+    def fill(tmp: Path) -> None:
+        if shipped and package.copy_into(variant, key, tmp):
+            log(f"{variant}: the build shipped in the package (key {key}), checked against its sha256 record")
+        else:
+            _build(settings, key, tmp, log)
+
+    return _build_atomically(dest, key, fill, log)
 
 
 def _build(settings: BuildSettings, key: str, out: Path, log: Callable[[str], None]) -> None:
