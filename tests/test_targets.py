@@ -84,3 +84,26 @@ def test_builtin_tiny_facts_equal_the_tiny_builder(variant):
     from dflashx.tiny import build
     cfg = {**build.model_config(variant), "mask_token_id": build.MASK_TOKEN_ID}
     assert facts_from_config(cfg, name=f"builtin:{variant}") == BUILTIN[f"builtin:{variant}"]
+
+
+def test_local_target_facts_read_mask_thinking_and_template_tokens(tmp_path):
+    """A local folder's tokenizer gives the mask token, the thinking mode and the template's own
+    special tokens; a mask id that is one of those is refused at plan time."""
+    from dflashx.config.schema import TargetSpec
+    from dflashx.plan.plan import make_plan
+    from dflashx.targets.facts import facts_for
+    from helpers_dflash import tiny_target
+    from helpers_models import make_recipe
+    from transformers import AutoTokenizer
+
+    folder = tiny_target(tmp_path / "target")
+    tok = AutoTokenizer.from_pretrained(folder)
+    facts = facts_for(TargetSpec(model=str(folder)))
+    assert facts.mask_token_id == tok.convert_tokens_to_ids("<|mask|>") and facts.thinking
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in facts.template_token_ids and facts.mask_token_id not in facts.template_token_ids
+    recipe = make_recipe(target={"model": str(folder)}, drafter={"num_layers": 1, "block_size": 4,
+                                                                   "num_target_layers": 2, "mask_token_id": im_end})
+    assert "mask_token_special" in [f.code for f in make_plan(recipe, facts).errors]
+    fine = make_recipe(target={"model": str(folder)}, drafter={"num_layers": 1, "block_size": 4, "num_target_layers": 2})
+    assert "mask_token_special" not in [f.code for f in make_plan(fine, facts).errors]

@@ -124,6 +124,11 @@ def mask_token_known(ctx: PlanContext) -> Iterable[Finding]:
         yield error("mask_token_range", "drafter.mask_token_id",
                     f"mask token id {mask} is outside the vocabulary (0..{ctx.facts.vocab_size - 1})",
                     "use an unused token id below the target's vocab_size")
+    elif mask in ctx.facts.template_token_ids:
+        yield error("mask_token_special", "drafter.mask_token_id",
+                    f"mask token id {mask} is a special token the chat template writes "
+                    f"(template tokens {ctx.facts.template_token_ids}): the drafter could not tell a mask from it",
+                    "use an unused embedding row (e.g. the tokenizer's <|mask|>), not a template token")
 
 
 def offline_within_storage(ctx: PlanContext) -> Iterable[Finding]:

@@ -38,12 +38,21 @@ def _chat_template(folder: Path) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def _with_thinking(facts: TargetFacts, target: TargetSpec) -> TargetFacts:
-    """A local target is thinking-capable when its chat template reads `enable_thinking`."""
+def _added_tokens(folder: Path) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for token in (_read_json(folder / "tokenizer.json") or {}).get("added_tokens") or []:
+        found.setdefault(str(token.get("content")), int(token["id"]))
+    return found
+
+
+def _with_template(facts: TargetFacts, target: TargetSpec) -> TargetFacts:
+    """From a local target's chat template: whether it has a thinking mode (`enable_thinking`) and
+    which special tokens it writes (a mask token must not be one of them)."""
     for folder in (Path(p) for p in (target.tokenizer, target.model) if p):
         template = _chat_template(folder)
         if template is not None:
-            return facts.model_copy(update={"thinking": "enable_thinking" in template})
+            emitted = sorted(i for text, i in _added_tokens(folder).items() if text in template)
+            return facts.model_copy(update={"thinking": "enable_thinking" in template, "template_token_ids": emitted})
     return facts
 
 
@@ -64,4 +73,4 @@ def facts_for(target: TargetSpec) -> TargetFacts | None:
         if known is None:
             raise ConfigFactsError(f"{config}: {exc} (target.model)") from exc
         return known
-    return _with_thinking(_with_mask_token(facts, target), target)
+    return _with_template(_with_mask_token(facts, target), target)

@@ -38,6 +38,8 @@ class TargetFacts(BaseModel):
     num_params: int | None = Field(None, ge=1, description="Published parameter count; default: computed.")
     mask_token_id: int | None = Field(None, description="An unused embedding row DFlash can use as [MASK].")
     thinking: bool = Field(True, description="The chat template has a thinking mode (`enable_thinking`).")
+    template_token_ids: list[int] = Field(
+        default_factory=list, description="Special tokens the chat template emits (a mask token must be none of them).")
     # Gated DeltaNet (linear attention) geometry; zero when the model has no linear layers.
     linear_num_key_heads: int = 0
     linear_num_value_heads: int = 0
