@@ -54,6 +54,11 @@ def test_eval_reports_tau_for_trained_and_untrained_drafters(setup, tmp_path):
         assert s["tau"] == pytest.approx(sum((n + 1) * c for n, c in enumerate(s["accept_length_histogram"])) / s["cycles"])
         assert len(s["acceptance_by_position"]) == 3 and len(s["per_prompt_tau"]) == 3
         assert 0 < s["generated_tokens"] <= 3 * 12 and s["tokens_per_s"] > 0
+        # prompts without a source are "unknown"; short prompts are all in the first bucket
+        for groups in (s["by_source"], s["by_context"]):
+            assert len(groups) == 1
+            assert next(iter(groups.values())) == {k: s[k] for k in next(iter(groups.values()))}
+        assert list(s["by_source"]) == ["unknown"] and list(s["by_context"]) == ["<512"]
     # greedy: with either drafter the output is the target's own greedy output
     assert data["greedy_agreement"] == 1.0 and result.metrics["greedy_agreement"] == 1.0
     assert result.metrics["tau"] == data["trained"]["tau"] and result.metrics["tau_untrained"] == data["untrained"]["tau"]

@@ -52,6 +52,20 @@ class Check:
         return f"{text} — {self.cause}" if self.cause and not self.passed else text
 
 
+UNKNOWN_SOURCE = "unknown"  # the label of samples whose record names no source
+
+
+@dataclass
+class SourceStats:
+    """One source's share of the data: samples, loss tokens (or words) and truncations."""
+
+    samples: int = 0
+    loss_measured: int = 0  # samples whose loss-mask size is known (all, or the measured spread)
+    loss_size: int = 0  # their loss-mask sizes summed, in QCStats.unit
+    finish_known: int = 0
+    truncated: int = 0
+
+
 @dataclass
 class QCStats:
     """Compact per-sample statistics (numbers and hashes, never the texts)."""
@@ -77,9 +91,12 @@ class QCStats:
     answer_words: array = field(default_factory=lambda: array("l"))
     reasoning_words: array = field(default_factory=lambda: array("l"))
     min_answer_words: int = 2
+    sources: dict[str, SourceStats] = field(default_factory=dict)
 
     def add(self, s: QCSample) -> None:
         self.n += 1
+        src = self.sources.setdefault(s.source or UNKNOWN_SOURCE, SourceStats())
+        src.samples += 1
         if s.reasoning is not None:
             self.reasoning_known += 1
             self.reasoning_words.append(words(s.reasoning))
@@ -101,18 +118,34 @@ class QCStats:
             self.seen.add(digest)
         if s.finish_reason is not None:
             self.finish_known += 1
+            src.finish_known += 1
             if s.finish_reason == "length":
                 self.truncated += 1
+                src.truncated += 1
                 _note(self.truncated_examples, s.id)
         if s.think_balanced is not None:
             self.think_known += 1
             if not s.think_balanced:
                 self.unbalanced += 1
                 _note(self.unbalanced_examples, s.id)
-        if s.mask_size is not None:
-            self.mask_sizes.append(s.mask_size)
-        elif self.unit == "words" and s.reasoning is not None and s.answer is not None:
-            self.mask_sizes.append(words(s.reasoning) + words(s.answer))
+        size = s.mask_size
+        if size is None and self.unit == "words" and s.reasoning is not None and s.answer is not None:
+            size = words(s.reasoning) + words(s.answer)
+        if size is not None:
+            self.mask_sizes.append(size)
+            src.loss_measured += 1
+            src.loss_size += size
+
+    def per_source(self) -> dict[str, dict[str, Any]]:
+        """Each source's samples, share of samples, loss size (in `unit`) and its share, and
+        truncations (count, and share of the source's samples with a finish_reason); sorted by name."""
+        loss_total = sum(s.loss_size for s in self.sources.values())
+        return {name: {"samples": s.samples, "share": s.samples / self.n if self.n else 0.0,
+                       f"loss_{self.unit}": s.loss_size, "loss_measured": s.loss_measured,
+                       "loss_share": s.loss_size / loss_total if loss_total else None,
+                       "truncated": s.truncated,
+                       "truncated_frac": s.truncated / s.finish_known if s.finish_known else None}
+                for name, s in sorted(self.sources.items())}
 
 
 def _note(examples: list[str], sample_id: str) -> None:
@@ -210,7 +243,8 @@ class QCResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"passed": self.passed, "path": self.path, "samples": self.stats.n, "unit": self.stats.unit,
-                "unit_note": self.unit_note, "checks": [asdict(c) for c in self.checks]}
+                "unit_note": self.unit_note, "checks": [asdict(c) for c in self.checks],
+                "per_source": self.stats.per_source()}
 
 
 def _with_mask_sizes(samples: Iterable[QCSample], masker: Any, every: int, batch: int = 256) -> Iterator[QCSample]:

@@ -53,6 +53,23 @@ def _summary(values: Sequence[int]) -> dict[str, float]:
             "p90": float(p90), "p99": float(p99), "max": int(data.max())}
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _per_source_lines(result: QCResult) -> list[str]:
+    """The per-source table: each source's share of samples, of loss tokens (words) and truncations."""
+    unit = result.stats.unit
+    lines = ["", "## Per source", "", f"| source | samples | share | loss {unit} | share of loss {unit} | "
+             "loss measured on | truncated | truncated share |", "|---|---|---|---|---|---|---|---|"]
+    for name, s in result.stats.per_source().items():
+        label = name.replace("|", "\\|")
+        lines.append(f"| {label} | {s['samples']} | {_pct(s['share'])} | {s[f'loss_{unit}']} | "
+                     f"{_pct(s['loss_share'])} | {s['loss_measured']} | {s['truncated']} | "
+                     f"{_pct(s['truncated_frac'])} |")
+    return lines
+
+
 def _markdown(result: QCResult, source: str, images: list[str], summaries: dict[str, dict[str, float]]) -> str:
     verdict = "PASSED" if result.passed else "FAILED"
     lines = [f"# QC report: {verdict}", "", f"Input: `{source}` — {result.stats.n} samples.", "",
@@ -71,6 +88,7 @@ def _markdown(result: QCResult, source: str, images: list[str], summaries: dict[
         if s:
             lines.append(f"| {name} | {s['count']} | {s['mean']:.1f} | {s['p50']:.0f} | {s['p90']:.0f} | "
                          f"{s['p99']:.0f} | {s['max']} |")
+    lines += _per_source_lines(result)
     lines += ["", *[f"![{img}]({img})" for img in images]]
     examples = [(c.name, c.examples) for c in result.failed if c.examples]
     if examples:

@@ -4,18 +4,36 @@ tau (the mean acceptance length) is the mean over all cycles of (accepted drafts
 one target forward yields. Acceptance at draft position k (1..B-1) is the share of cycles that
 drafted position k and accepted it; as the accepted prefix must be contiguous, it falls with k.
 
-Public API: `summarize(results, block_size) -> dict` (JSON-ready), `plot_acceptance(
-summaries: dict[str, dict], path)` (PNG, matplotlib Agg).
+Groups (per prompt source, per context-length bucket) are summarized exactly like the whole set:
+a group's tau is the mean of (accepted + 1) over all cycles of the prompts in it, so a group with
+long prompts weighs by its cycles, not by its prompt count.
+
+Context-length buckets are by the prompt's length in tokens (chat template applied), the context
+the drafter starts from: `<512`, `512-2K`, `2K-8K`, `8K-32K`, `>=32K` (K = 1024).
+
+Public API: `summarize(results, block_size) -> dict` (JSON-ready), `summarize_groups(results,
+labels, block_size, order=None) -> {label: summary}`, `context_bucket(prompt_tokens) -> label`,
+`acceptance_figure(summaries) -> Figure`, `plot_acceptance(summaries: dict[str, dict], path)`
+(PNG, matplotlib Agg). Importing this module does not import torch (report/ reads the labels).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dflashx.dflash.spec_decode import DecodeResult
 from dflashx.store.atomic import atomic_path
+
+if TYPE_CHECKING:
+    from dflashx.dflash.spec_decode import DecodeResult
+
+CONTEXT_BUCKETS = ((512, "<512"), (2048, "512-2K"), (8192, "2K-8K"), (32768, "8K-32K"), (None, ">=32K"))
+CONTEXT_BUCKET_LABELS = tuple(label for _, label in CONTEXT_BUCKETS)
+GROUP_KEYS = ("tau", "acceptance_by_position", "cycles", "prompts", "generated_tokens")
+UNKNOWN_SOURCE = "unknown"
+SOURCE_PANEL = "tau per source"
+CONTEXT_PANEL = "tau by prompt length (tokens)"
 
 
 def summarize(results: Sequence[DecodeResult], block_size: int) -> dict[str, Any]:
@@ -40,16 +58,56 @@ def summarize(results: Sequence[DecodeResult], block_size: int) -> dict[str, Any
     }
 
 
-def plot_acceptance(summaries: dict[str, dict[str, Any]], path: str | Path) -> Path:
-    """Acceptance per draft position (left) and the accepted-length histogram (right), one line per run."""
+def context_bucket(prompt_tokens: int) -> str:
+    """The context-length bucket of a prompt of `prompt_tokens` tokens."""
+    return next(label for limit, label in CONTEXT_BUCKETS if limit is None or prompt_tokens < limit)
+
+
+def summarize_groups(results: Sequence[DecodeResult], labels: Sequence[str], block_size: int,
+                     order: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+    """`summarize` (its GROUP_KEYS) of the results sharing each label; only non-empty groups,
+    in `order` when given, else sorted by label (so the JSON is the same however prompts came)."""
+    members: dict[str, list[DecodeResult]] = {}
+    for result, label in zip(results, labels, strict=True):
+        members.setdefault(label, []).append(result)
+    names = [n for n in order if n in members] if order is not None else sorted(members)
+    out = {}
+    for name in names:
+        summary = summarize(members[name], block_size)
+        out[name] = {k: summary[k] for k in GROUP_KEYS}
+    return out
+
+
+def _group_bars(ax: Any, summaries: dict[str, dict[str, Any]], key: str, title: str) -> None:
+    """Grouped bars of each run's tau per label of `summaries[run][key]`; x labels carry the prompt count."""
+    labels: list[str] = []
+    for s in summaries.values():
+        labels += [n for n in s.get(key, {}) if n not in labels]
+    width = 0.8 / max(1, len(summaries))
+    for i, (name, s) in enumerate(summaries.items()):
+        groups = s.get(key, {})
+        xs = [j + (i - (len(summaries) - 1) / 2) * width for j in range(len(labels))]
+        ax.bar(xs, [groups.get(n, {}).get("tau", 0.0) for n in labels], width, label=name)
+    first = next(iter(summaries.values()), {}).get(key, {})
+    ax.set_xticks(range(len(labels)), [f"{n}\n({first.get(n, {}).get('prompts', 0)} prompts)" for n in labels])
+    ax.set(ylabel="tau (tokens per target forward)", title=title)
+    ax.grid(alpha=0.3, axis="y")
+    if labels:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+
+
+def acceptance_figure(summaries: dict[str, dict[str, Any]]) -> Any:
+    """The acceptance figure: per-position acceptance and accepted-length histogram (top), tau per
+    source and tau by context bucket (bottom, one bar per run). The caller closes it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    path = Path(path)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, ((left, right), (by_source, by_context)) = plt.subplots(2, 2, figsize=(11, 8))
     for name, s in summaries.items():
         acc = s["acceptance_by_position"]
         xs = [k + 1 for k, v in enumerate(acc) if v is not None]
@@ -63,7 +121,18 @@ def plot_acceptance(summaries: dict[str, dict[str, Any]], path: str | Path) -> P
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend()
+    _group_bars(by_source, summaries, "by_source", SOURCE_PANEL)
+    _group_bars(by_context, summaries, "by_context", CONTEXT_PANEL)
     fig.tight_layout()
+    return fig
+
+
+def plot_acceptance(summaries: dict[str, dict[str, Any]], path: str | Path) -> Path:
+    """Write `acceptance_figure(summaries)` as a PNG (atomically, no metadata text)."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig = acceptance_figure(summaries)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", metadata={"Software": None}, dpi=110)
     plt.close(fig)

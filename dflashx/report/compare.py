@@ -1,18 +1,21 @@
 """`dflashx compare`: runs side by side — recipe differences, estimate vs actual, key results.
 
-Everything comes from the run folders (recipe.yaml, plan.json, records.jsonl, manifest.json).
+Everything comes from the run folders (recipe.yaml, plan.json, records.jsonl, manifest.json, and
+the eval stage's eval/report/eval.json for tau per prompt source and per context bucket).
 When a run tracked online (`tracking.mode: online`) and WANDB_API_KEY is set, metrics missing
 locally are filled from the W&B API (runs of the pipeline run's group, one per stage = job type).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
 from dflashx.config.schema import STAGE_ORDER
+from dflashx.dflash.acceptance import CONTEXT_BUCKET_LABELS
 from dflashx.report.fmt import Section, human_bytes, human_seconds, human_value
 from dflashx.report.runinfo import RunInfo
 
@@ -90,6 +93,42 @@ def key_results(runs: list[RunInfo], remote: list[dict[str, dict[str, Any]]] | N
                    [[k, *(human_value(v.get(k)) for v in values)] for k in keys])
 
 
+EVAL_REPORT = ("eval", "report", "eval.json")
+OVERALL = "overall"
+
+
+def eval_report(run: RunInfo) -> dict[str, Any]:
+    """The run's eval.json ({} when the eval stage has not written one or it is unreadable)."""
+    try:
+        data = json.loads(run.path.joinpath(*EVAL_REPORT).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _tau_cell(trained: dict[str, Any] | None, untrained: dict[str, Any] | None) -> str:
+    if not trained:
+        return "-"
+    base = human_value((untrained or {}).get("tau"))
+    return f"{human_value(trained.get('tau'))} / {base} ({trained.get('prompts', '-')} prompts)"
+
+
+def eval_groups(runs: list[RunInfo], key: str, title: str, order: tuple[str, ...] = ()) -> Section:
+    """tau of each run's eval per group of `key` (`by_source`, `by_context`), side by side: trained /
+    untrained (prompts); "-" where a run has no such group (or no eval report with groups)."""
+    reports = [eval_report(r) for r in runs]
+    groups = [((rep.get("trained") or {}).get(key) or {}, (rep.get("untrained") or {}).get(key) or {})
+              for rep in reports]
+    found = set().union(*(t for t, _ in groups))
+    labels = [n for n in order if n in found] + sorted(found - set(order))
+    rows = [[OVERALL, *(_tau_cell(rep.get("trained"), rep.get("untrained")) if t else "-"
+                        for rep, (t, _) in zip(reports, groups))]] if labels else []
+    rows += [[n, *(_tau_cell(t.get(n), u.get(n)) for t, u in groups)] for n in labels]
+    note = ("tau (tokens per target forward) of the trained / untrained drafter, from eval/report/eval.json"
+            if rows else "No run has an eval report with these figures.")
+    return Section(title, ["group", *(r.name for r in runs)], rows, note)
+
+
 def wandb_metrics(run: RunInfo) -> dict[str, dict[str, Any]]:
     """Per-stage W&B summaries of an online run ({} when offline, without a key, or unreachable)."""
     tracking = run.recipe.get("tracking") or {}
@@ -115,4 +154,6 @@ def compare(runs: list[RunInfo]) -> list[Section]:
                         for r in runs])
     remote = [wandb_metrics(r) for r in runs]
     return [overview, recipe_differences(runs), *estimate_vs_actual(runs),
-            key_results(runs, remote if any(remote) else None)]
+            key_results(runs, remote if any(remote) else None),
+            eval_groups(runs, "by_source", "Eval tau per source"),
+            eval_groups(runs, "by_context", "Eval tau by prompt length (tokens)", CONTEXT_BUCKET_LABELS)]

@@ -5,8 +5,10 @@ Reads `train.checkpoint` and the held-out prompts (`stages.eval.prompts` when se
 drafter (`dflashx.dflash.spec_decode`, greedy at temperature 0, rejection sampling above), and
 again with an UNTRAINED drafter of the same config (seeded init) as the baseline. Writes `report`:
 eval.json (tau, acceptance per draft position, accepted-length histogram, tokens/s, per prompt tau,
-for both drafters) and acceptance.png. In greedy mode both runs must produce the target's own
-greedy output, so `greedy_agreement` (share of prompts whose two outputs are identical) should be 1.0.
+and the same tau / acceptance per prompt `source` (`by_source`, missing source = "unknown") and per
+prompt-length bucket (`by_context`), for both drafters) and acceptance.png. In greedy mode both
+runs must produce the target's own greedy output, so `greedy_agreement` (share of prompts whose two
+outputs are identical) should be 1.0.
 """
 
 from __future__ import annotations
@@ -126,30 +128,51 @@ def _decode_all(ctx: StageContext, decoder: Any, encoded: list[list[int]], stops
     return results
 
 
+def prompt_source(prompt: dict[str, Any]) -> str:
+    """The source a prompt record names (ingest writes it), "unknown" when it names none."""
+    from dflashx.dflash.acceptance import UNKNOWN_SOURCE
+
+    return str(prompt.get("source") or UNKNOWN_SOURCE)
+
+
+def _summary(results: list[Any], block: int, sources: list[str], buckets: list[str]) -> dict[str, Any]:
+    """One drafter's eval.json entry: overall, per source and per context bucket, same definitions."""
+    from dflashx.dflash.acceptance import CONTEXT_BUCKET_LABELS, summarize, summarize_groups
+
+    return summarize(results, block) | {
+        "per_prompt_tau": [r.tau for r in results],
+        "by_source": summarize_groups(results, sources, block),
+        "by_context": summarize_groups(results, buckets, block, order=CONTEXT_BUCKET_LABELS),
+    }
+
+
 def evaluate(ctx: StageContext, target: Any, tokenizer: Any, drafter: Any) -> dict[str, Any]:
     """Decode the prompts with the trained and an untrained drafter; the eval.json content."""
-    from dflashx.dflash.acceptance import summarize
+    from dflashx.dflash.acceptance import context_bucket
     from dflashx.dflash.spec_decode import SpecDecoder
 
     prompts = load_prompts(_prompts_file(ctx), ctx.config.num_prompts)
     encoded = [_encode(tokenizer, p, ctx.recipe.target.chat_template) for p in prompts]
+    sources = [prompt_source(p) for p in prompts]
+    buckets = [context_bucket(len(ids)) for ids in encoded]
     stops = stop_ids(tokenizer, getattr(target, "generation_config", None))
     block = drafter.config.block_size
     runs = {}
     for label, model in (("trained", drafter), ("untrained", _untrained_like(drafter))):
-        results = _decode_all(ctx, SpecDecoder(target, model), encoded, stops, label, seed=0)
-        runs[label] = (results, summarize(results, block))
-    (trained, t_sum), (untrained, u_sum) = runs["trained"], runs["untrained"]
+        runs[label] = _decode_all(ctx, SpecDecoder(target, model), encoded, stops, label, seed=0)
+    trained, untrained = runs["trained"], runs["untrained"]
     same = sum(a.output_ids == b.output_ids for a, b in zip(trained, untrained)) / len(prompts)
     return {
         "block_size": block,
         "temperature": ctx.config.temperature,
         "max_new_tokens": ctx.config.max_new_tokens,
         "prompts": len(prompts),
-        "trained": t_sum | {"per_prompt_tau": [r.tau for r in trained]},
-        "untrained": u_sum | {"per_prompt_tau": [r.tau for r in untrained]},
+        "trained": _summary(trained, block, sources, buckets),
+        "untrained": _summary(untrained, block, sources, buckets),
         "greedy_agreement": same if ctx.config.temperature == 0 else None,
         "prompt_ids": [p.get("id") for p in prompts],
+        "prompt_sources": sources,
+        "prompt_tokens": [len(ids) for ids in encoded],
     }
 
 
@@ -169,6 +192,8 @@ def run(ctx: StageContext) -> StageResult:
         "acceptance_by_position": t["acceptance_by_position"],
         "tokens_per_s": t["tokens_per_s"],
         "tokens_per_s_untrained": u["tokens_per_s"],
+        "tau_by_source": {k: v["tau"] for k, v in t["by_source"].items()},
+        "tau_by_context": {k: v["tau"] for k, v in t["by_context"].items()},
     }
     if result["greedy_agreement"] is not None:
         metrics["greedy_agreement"] = result["greedy_agreement"]
