@@ -294,7 +294,7 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
             if step % train.checkpoint_every == 0 or step == total:
                 ckpt.save_training_state(engine, stage / "checkpoints", step, {"micro": g, "step": step}, _rank_state(g))
             if step % train.log_every == 0 or step == total:
-                last = window.read(engine.get_lr()[0]) | {"step": step, "epoch": epoch}
+                last = window.read(engine.get_lr()[0]) | {"step": step, "epoch": epoch, "total_steps": total}
                 if rank == 0:
                     with metrics_file.open("a") as f:
                         f.write(json.dumps(last) + "\n")
