@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from dflashx.config.fields import TORCH_DTYPE
+from dflashx.data import chat_contract
 from dflashx.data.jsonl import iter_numbered
-from dflashx.stages.base import Artifact, StageContext, StageResult
+from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import GRAPH
 from dflashx.store.atomic import atomic_write_json
 
@@ -182,7 +183,13 @@ def run(ctx: StageContext) -> StageResult:
     report = ctx.out_dir / "report"
     report.mkdir(parents=True, exist_ok=True)
     target, tokenizer, drafter = _load(ctx)
-    result = evaluate(ctx, target, tokenizer, drafter)
+    chat = ctx.recipe.target.chat_template
+    contract = chat_contract.ChatContract.for_tokenizer(tokenizer, chat.enable_thinking, chat.kwargs)
+    try:  # evaluate with the template and thinking mode the drafter was trained for
+        chat_contract.check(contract, ctx.inputs[CHECKPOINT], CHECKPOINT)
+    except chat_contract.ContractMismatch as e:
+        raise StageFailed(str(e)) from None
+    result = evaluate(ctx, target, tokenizer, drafter) | {"chat_contract": contract.to_json()}
     atomic_write_json(report / "eval.json", result)
     plot_acceptance({"trained": result["trained"], "untrained": result["untrained"]}, report / "acceptance.png")
     t, u = result["trained"], result["untrained"]

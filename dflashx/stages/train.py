@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflashx.resolve.deepspeed import RUN_DIR
-from dflashx.stages.base import Artifact, StageContext, StageResult
+from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import input_name
 
 if TYPE_CHECKING:
@@ -82,11 +82,17 @@ def _replay(ctx: StageContext) -> dict[str, Any]:
 
 
 def run(ctx: StageContext) -> StageResult:
+    from dflashx.data import chat_contract
     from dflashx.dflash.trainer import run_training
 
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     (ctx.out_dir / "logs").mkdir(exist_ok=True)
     job = build_job(ctx)
+    contract = chat_contract.recipe_contract(ctx.recipe.target)
+    try:  # a dataset rendered with another template or thinking mode is refused before any step
+        chat_contract.check(contract, Path(job.dataset), INPUT)
+    except chat_contract.ContractMismatch as e:
+        raise StageFailed(str(e)) from None
     job.save()
     argv, world = launch_command(ctx)
     if world > 1:
@@ -94,6 +100,7 @@ def run(ctx: StageContext) -> StageResult:
         last = _replay(ctx)
     else:
         last = run_training(job, log=ctx.log)
+    chat_contract.write(ctx.out_dir / "checkpoint", contract)  # what the drafter was trained for
     metrics = {k: last[k] for k in ("loss", "acceptance_length", "accuracy", "tokens_per_s", "tflops", "mfu", "step")
                if k in last}
     return StageResult(
