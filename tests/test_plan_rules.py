@@ -54,7 +54,7 @@ def test_baseline_has_no_findings():
     ({"stages__train__mode": "offline"}, "offline_over_budget", "stages.train.mode", "error"),
     ({"budget__max_usd": 100}, "budget_usd", "budget.max_usd", "error"),
     ({"budget__max_days": 1}, "budget_days", "budget.max_days", "error"),
-    ({"budget__max_storage_bytes": "100GB"}, "budget_storage", "budget.max_storage_bytes", "error"),
+    ({"budget__max_storage_bytes": "50GB"}, "budget_storage", "budget.max_storage_bytes", "error"),
     ({"target__chat_template__enable_thinking": False}, "thinking_off",
      "target.chat_template.enable_thinking", "error"),
     ({"stages__generate__max_tokens": 1024}, "generate_truncation", "stages.generate.max_tokens", "error"),

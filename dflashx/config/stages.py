@@ -115,6 +115,12 @@ class TrainStage(StageBase):
     loss_gamma: FiniteFloat | None = Field(None, gt=0, description="Slot decay; default 7/5/4 for B=16/10/8.", json_schema_extra=OUTPUT)
     max_length: int | None = Field(None, ge=8, description="Default: tokenize.max_length.", json_schema_extra=OUTPUT)
     checkpoint_every: int = Field(500, ge=1, description="Optimizer steps between checkpoints.", json_schema_extra=OPERATIONAL)
+    keep_checkpoints: int | None = Field(
+        2, ge=1,
+        description="DeepSpeed training states kept under train/checkpoints/: the K newest plus the one with the best "
+                    "logged loss (each holds the weights and optimizer state); null keeps all.",
+        json_schema_extra=OPERATIONAL,
+    )
     log_every: int = Field(10, ge=1, description="Optimizer steps between logged metrics.", json_schema_extra=OPERATIONAL)
     seed: int = Field(0, description="Random seed.", json_schema_extra=OUTPUT)
 

@@ -5,7 +5,8 @@ each carrying a unique `"id"`. `ShardWriter` appends records in batches (write, 
 `flush_every` records), so a kill loses at most the unflushed batch. Reopening the folder scans the
 shards, collects the ids already written (the caller skips them) and truncates a torn last line
 left by a kill in the middle of a write. A bad line anywhere but at the end is corruption, not a
-torn write, and raises.
+torn write, and raises. A disk that fills during a flush stops the writer with `DiskFull`
+(`dflashx.store.diskspace`) after cutting the shard back to its last fsync'ed batch.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from dflashx.store.atomic import atomic_open
+from dflashx.store.diskspace import stop_when_full
 
 SHARD_GLOB = "shard-*.jsonl"
 
@@ -129,11 +131,20 @@ def scan_and_repair(path: Path) -> tuple[list[str], int]:
     return ids, size - good_end
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """`os.write` until every byte is written (a nearly full disk takes part of a write)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 class ShardWriter:
     """Append-only writer over a folder of shards, resuming what is already there.
 
     `ids` holds every id written (before and during this session); `write` ignores an id already
-    present, so each id appears exactly once across the folder."""
+    present, so each id appears exactly once across the folder. A failed flush (a full disk:
+    `DiskFull`) cuts the shard back to its last fsync'ed batch and forgets the unwritten ids, so
+    the folder holds whole records only and a resume writes those records again."""
 
     def __init__(self, folder: str | Path, shard_size: int = 50_000, flush_every: int = 64):
         self.folder = Path(folder)
@@ -151,15 +162,15 @@ class ShardWriter:
             self.truncated_bytes += cut
             self._index, self._in_shard = i, len(ids)
         self.resumed = len(self.ids)
-        self._buffer: list[str] = []
-        self._file = None
+        self._buffer: list[tuple[str, str]] = []  # (id, line) not yet written
+        self._fd: int | None = None
 
     def write(self, record: dict[str, Any]) -> bool:
         """Buffer one record (flushed every `flush_every`); False if its id was already written."""
         if record["id"] in self.ids:
             return False
         self.ids.add(record["id"])
-        self._buffer.append(dumps(record) + "\n")
+        self._buffer.append((record["id"], dumps(record) + "\n"))
         if len(self._buffer) >= self.flush_every:
             self.flush()
         return True
@@ -168,24 +179,35 @@ class ShardWriter:
         """Append the buffered records, rolling to a new shard at `shard_size`, then fsync."""
         if not self._buffer:
             return
-        lines, self._buffer = self._buffer, []
-        while lines:
-            if self._in_shard >= self.shard_size:
-                self._close_file()
-                self._index, self._in_shard = self._index + 1, 0
-            if self._file is None:
-                self._file = shard_path(self.folder, self._index).open("ab")
-            room = self.shard_size - self._in_shard
-            chunk, lines = lines[:room], lines[room:]
-            self._file.write("".join(chunk).encode("utf-8"))
-            self._in_shard += len(chunk)
-            self._file.flush()
-            os.fsync(self._file.fileno())
+        batch, self._buffer = self._buffer, []
+        done, start = 0, None  # records of `batch` fsync'ed; the shard's size before the write under way
+
+        def undo() -> None:  # back to the last fsync'ed batch; the unwritten ids are written again later
+            self.ids.difference_update(i for i, _ in batch[done:])
+            if self._fd is not None and start is not None:
+                os.ftruncate(self._fd, start)
+                os.fsync(self._fd)
+            self._close_file()
+
+        with stop_when_full(self.folder, f"a batch of {len(batch)} records", cleanup=undo,
+                            needed=lambda: sum(len(line.encode()) for _, line in batch[done:]),
+                            basis="the records being written; more to finish"):
+            while done < len(batch):
+                if self._in_shard >= self.shard_size:
+                    self._close_file()
+                    self._index, self._in_shard = self._index + 1, 0
+                if self._fd is None:
+                    self._fd = os.open(shard_path(self.folder, self._index), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+                start = os.lseek(self._fd, 0, os.SEEK_END)
+                chunk = batch[done : done + self.shard_size - self._in_shard]
+                _write_all(self._fd, "".join(line for _, line in chunk).encode("utf-8"))
+                os.fsync(self._fd)
+                self._in_shard, done, start = self._in_shard + len(chunk), done + len(chunk), None
 
     def _close_file(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def close(self) -> None:
         self.flush()

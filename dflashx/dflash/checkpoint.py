@@ -7,17 +7,21 @@ the target's embedding and LM head are not in it.
 
 Training checkpoints: `engine.save_checkpoint` writes into a temporary tag, which is put in place
 as `step-XXXXXXXX` once every rank is done; then `latest` is replaced atomically (both through
-`dflashx.store.atomic`). A kill at any moment leaves the previous checkpoint and pointer intact.
+`dflashx.store.atomic`). A kill at any moment leaves the previous checkpoint and pointer intact,
+and so does a full disk (`DiskFull`, the partial state removed). Only then are old states pruned
+(`stages.train.keep_checkpoints`: the K newest and the best by logged loss stay).
 
 Public API: `save_drafter(drafter, out_dir, dtype=None)`, `load_drafter(path, device, dtype)`,
 `load_weights_into(drafter, path)` (continue from a public checkpoint), `save_training_state(
-engine, ckpt_dir, step, client_state, rank_state)`, `latest_tag(ckpt_dir)`,
+engine, ckpt_dir, step, client_state, rank_state, loss=None, keep=None)`, `latest_tag(ckpt_dir)`,
+`best_tag(ckpt_dir)`, `prune_checkpoints(ckpt_dir, keep)`,
 `load_training_state(engine, ckpt_dir, rank) -> (client_state, rank_state) | None`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -28,11 +32,13 @@ from safetensors.torch import load_file, save_file
 from dflashx.dflash.config import DFlashConfig
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.store.atomic import atomic_dir, atomic_write_text, replace_dir
+from dflashx.store.diskspace import stop_when_full, used_bytes
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 LATEST = "latest"
-KEEP_CHECKPOINTS = 2
+STEP_GLOB = "step-*"
+META_FILE = "dflashx_state.json"  # in each training state: {"step", "loss"} (the logged window loss)
 
 
 def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
@@ -42,7 +48,8 @@ def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype
     if dtype is not None:
         hf["torch_dtype"] = str(dtype).removeprefix("torch.")
     state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in drafter.state_dict().items()}
-    with atomic_dir(out_dir) as tmp:
+    needed = sum(v.numel() * v.element_size() for v in state.values())
+    with stop_when_full(out_dir.parent, f"the drafter {out_dir.name}/", needed, "its weights"), atomic_dir(out_dir) as tmp:
         (tmp / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
     return out_dir
@@ -81,38 +88,92 @@ def load_drafter(path: str | Path, device: str | torch.device = "cpu", dtype: to
     return drafter.to(device=device, dtype=dtype) if dtype else drafter.to(device)
 
 
+def _pointer(ckpt_dir: Path) -> str | None:
+    pointer = ckpt_dir / LATEST
+    return pointer.read_text().strip() if pointer.is_file() else None
+
+
 def latest_tag(ckpt_dir: str | Path) -> str | None:
     """The tag the `latest` pointer names, if it exists and its folder is complete."""
-    pointer = Path(ckpt_dir) / LATEST
-    if not pointer.is_file():
-        return None
-    tag = pointer.read_text().strip()
-    return tag if (Path(ckpt_dir) / tag).is_dir() else None
+    tag = _pointer(Path(ckpt_dir))
+    return tag if tag and (Path(ckpt_dir) / tag).is_dir() else None
+
+
+def _step_tags(ckpt_dir: Path) -> list[str]:
+    """The complete training states (`step-N` folders), oldest first."""
+    return sorted((p.name for p in ckpt_dir.glob(STEP_GLOB) if p.is_dir()), key=lambda t: int(t.removeprefix("step-")))
+
+
+def checkpoint_loss(folder: str | Path) -> float | None:
+    """The window loss the trainer logged last at or before this state's step (None: none yet)."""
+    meta = Path(folder) / META_FILE
+    loss = json.loads(meta.read_text()).get("loss") if meta.is_file() else None
+    return float(loss) if loss is not None and math.isfinite(loss) else None
+
+
+def best_tag(ckpt_dir: str | Path) -> str | None:
+    """The state with the lowest logged loss (the newest of equal ones); None when none has one."""
+    scored = [(loss, -i, tag) for i, tag in enumerate(_step_tags(Path(ckpt_dir)))
+              if (loss := checkpoint_loss(Path(ckpt_dir) / tag)) is not None]
+    return min(scored)[2] if scored else None
+
+
+def prune_checkpoints(ckpt_dir: str | Path, keep: int | None) -> list[str]:
+    """Delete the training states other than the `keep` newest, the best (`best_tag`) and the one
+    `latest` names; `keep=None` keeps them all. Returns the tags deleted."""
+    ckpt_dir = Path(ckpt_dir)
+    if keep is None:
+        return []
+    tags = _step_tags(ckpt_dir)
+    stay = {*tags[-keep:], _pointer(ckpt_dir), best_tag(ckpt_dir)}
+    gone = [tag for tag in tags if tag not in stay]
+    for tag in gone:
+        shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
+    return gone
+
+
+def _discard(ckpt_dir: Path, tmp: Path, tag: str) -> None:
+    """After a failed save: drop its partial folder, and its renamed one unless `latest` names it."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    if _pointer(ckpt_dir) != tag:
+        shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
 
 
 def save_training_state(
-    engine: Any, ckpt_dir: str | Path, step: int, client_state: dict[str, Any], rank_state: dict[str, Any]
+    engine: Any, ckpt_dir: str | Path, step: int, client_state: dict[str, Any], rank_state: dict[str, Any],
+    loss: float | None = None, keep: int | None = None,
 ) -> str:
-    """Collective: every rank writes its shard into a tmp tag; rank 0 renames and moves `latest`."""
+    """Collective: every rank writes its shard into a tmp tag; rank 0 renames it, moves `latest`,
+    then prunes to `keep` (`prune_checkpoints`). `loss` is the last logged window loss, kept in the
+    state's META_FILE to pick the best. A full disk raises `DiskFull` on the rank that hit it, after
+    removing the partial state; the previous state and `latest` stay as they were."""
     import torch.distributed as dist
 
     ckpt_dir = Path(ckpt_dir)
     tag, tmp_tag = f"step-{step:08d}", f"tmp-step-{step:08d}"
+    tmp = ckpt_dir / tmp_tag
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0:
-        shutil.rmtree(ckpt_dir / tmp_tag, ignore_errors=True)
+        for stale in ckpt_dir.glob(f"tmp-{STEP_GLOB}"):  # left by a kill or a full disk
+            shutil.rmtree(stale, ignore_errors=True)
     if dist.is_initialized():
         dist.barrier()
-    engine.save_checkpoint(str(ckpt_dir), tag=tmp_tag, client_state=client_state, save_latest=False)
-    torch.save(rank_state, ckpt_dir / tmp_tag / f"rank_state_{rank}.pt")
+    last = latest_tag(ckpt_dir)
+    guard = dict(what=f"training checkpoint {tag}", cleanup=lambda: _discard(ckpt_dir, tmp, tag),
+                 needed=lambda: used_bytes(ckpt_dir / last) if last else used_bytes(tmp),
+                 basis="the size of the last complete checkpoint" if last else "written before the disk filled")
+    with stop_when_full(ckpt_dir, **guard):
+        engine.save_checkpoint(str(ckpt_dir), tag=tmp_tag, client_state=client_state, save_latest=False)
+        torch.save(rank_state, tmp / f"rank_state_{rank}.pt")
+        if rank == 0:
+            atomic_write_text(tmp / META_FILE, json.dumps({"step": step, "loss": loss}) + "\n")
     if dist.is_initialized():
         dist.barrier()
     if rank == 0:
-        replace_dir(ckpt_dir / tmp_tag, ckpt_dir / tag)
-        atomic_write_text(ckpt_dir / LATEST, tag)
-        old = sorted(p for p in ckpt_dir.glob("step-*") if p.is_dir())[:-KEEP_CHECKPOINTS]
-        for p in old:
-            shutil.rmtree(p, ignore_errors=True)
+        with stop_when_full(ckpt_dir, **guard):
+            replace_dir(tmp, ckpt_dir / tag)
+            atomic_write_text(ckpt_dir / LATEST, tag)
+        prune_checkpoints(ckpt_dir, keep)
     if dist.is_initialized():
         dist.barrier()
     return tag

@@ -291,8 +291,6 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
             if g % accum:
                 continue
             step += 1
-            if step % train.checkpoint_every == 0 or step == total:
-                ckpt.save_training_state(engine, stage / "checkpoints", step, {"micro": g, "step": step}, _rank_state(g))
             if step % train.log_every == 0 or step == total:
                 last = window.read(engine.get_lr()[0]) | {"step": step, "epoch": epoch, "total_steps": total}
                 if rank == 0:
@@ -300,6 +298,9 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
                         f.write(json.dumps(last) + "\n")
                     if log is not None:
                         log(last, step)
+            if step % train.checkpoint_every == 0 or step == total:  # after the log: its loss ranks the state
+                ckpt.save_training_state(engine, stage / "checkpoints", step, {"micro": g, "step": step}, _rank_state(g),
+                                         loss=last.get("loss"), keep=train.keep_checkpoints)
             if step >= total or g % epoch_micro == 0:
                 break
     if rank == 0:

@@ -7,6 +7,8 @@ every `flush_every` records. A rich progress bar shows rate, output tokens/s and
 (output tokens/s, finish_reason=length rate, retries, errors, mean token counts) go to `ctx.log`
 every `LOG_EVERY_S` seconds and at the end, and into the stage result. Prompts that still fail
 after every retry are not written: the stage then fails, and rerunning resumes with just those.
+A disk that fills stops the stage (`StageFailed`: the folder, the space free and the space the
+plan says is still needed); the fsync'ed batches stay, and rerunning resumes after them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dflashx.backends.base import Backend
 from dflashx.data.jsonl import ShardWriter, count_records, iter_shards
 from dflashx.stages.graph import input_name
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
+from dflashx.store.diskspace import DiskFull, size_text, used_bytes
 
 LOG_EVERY_S = 30.0
 
@@ -100,20 +103,23 @@ def run(ctx: StageContext) -> StageResult:
     cfg = ctx.config
     prompts_dir = ctx.inputs[input_name("generate")]
     total = count_records(prompts_dir)
-    with ShardWriter(ctx.out_dir / "completions", cfg.shard_size, cfg.flush_every) as writer:
-        todo = (p for p in iter_shards(prompts_dir) if p["id"] not in writer.ids)
-        backend = make_backend(ctx)
-        started = time.monotonic()
-        with _progress() as progress, backend:
-            meter = GenerationMeter(total, writer.resumed, progress, startup_s=time.monotonic() - started)
+    try:
+        with ShardWriter(ctx.out_dir / "completions", cfg.shard_size, cfg.flush_every) as writer:
+            todo = (p for p in iter_shards(prompts_dir) if p["id"] not in writer.ids)
+            backend = make_backend(ctx)
+            started = time.monotonic()
+            with _progress() as progress, backend:
+                meter = GenerationMeter(total, writer.resumed, progress, startup_s=time.monotonic() - started)
 
-            def emit(record: dict[str, Any]) -> None:
-                if writer.write(record):
-                    meter.add(record)
-                    if meter.log_due():
-                        ctx.log(_metrics(meter, backend, writer, total), step=len(writer.ids))
+                def emit(record: dict[str, Any]) -> None:
+                    if writer.write(record):
+                        meter.add(record)
+                        if meter.log_due():
+                            ctx.log(_metrics(meter, backend, writer, total), step=len(writer.ids))
 
-            backend.generate(todo, emit)
+                backend.generate(todo, emit)
+    except DiskFull as e:
+        raise StageFailed(str(_still_needed(e, ctx))) from e
     metrics = _metrics(meter, backend, writer, total)
     ctx.log(metrics, step=len(writer.ids))
     if backend.stats.failed:
@@ -126,6 +132,16 @@ def run(ctx: StageContext) -> StageResult:
         artifacts={"completions": Artifact("completions", description="Target completions, JSONL shards")},
         metrics=metrics,
     )
+
+
+def _still_needed(e: DiskFull, ctx: StageContext) -> DiskFull:
+    """The stop restated with the plan's storage for this stage less what the folder holds."""
+    planned = float((ctx.plan.get("estimates") or {}).get("storage_bytes") or 0)
+    have = used_bytes(e.folder)
+    if planned <= have:
+        return e
+    return e.restated(planned - have, f"to finish: the plan's {size_text(planned)} for generate, "
+                                      f"{size_text(have)} written")
 
 
 def _metrics(meter: GenerationMeter, backend: Backend, writer: ShardWriter, total: int) -> dict[str, Any]:

@@ -12,6 +12,9 @@ Memory stays flat in the number of samples: the shards are read as lines into an
 (`datasets` "text" loader), a multiprocess batched `map` writes the encoded rows to Arrow files
 batch by batch, and `save_to_disk` streams them into the final shards.
 
+A disk that fills stops the stage (`StageFailed`: the folder, the space free, about the space
+needed) with the scratch files removed and an earlier `dataset/` untouched; rerunning starts over.
+
 The folder is byte-for-byte a function of its content (the Arrow shards and dataset_info.json
 already are, whatever num_proc): `datasets` records in `state.json` a `_fingerprint` hashed from
 the input files' paths and mtimes and the tokenizer's path, and num_proc > 1 drops its `_split`;
@@ -33,8 +36,10 @@ from typing import Any
 import numpy as np
 
 from dflashx.data.chat_mask import ChatMasker, completion_messages
-from dflashx.stages.base import Artifact, StageContext, StageResult
+from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import input_name
+from dflashx.store.atomic import replace_dir
+from dflashx.store.diskspace import DiskFull, size_text, stop_when_full, used_bytes
 
 DATASET_DIR = "dataset"
 WORK_DIR = "_work"
@@ -42,6 +47,7 @@ DROP_REASONS = ("too_long", "few_loss_tokens", "generation_error")
 SPLIT = "train"
 STATE_FILE = "state.json"
 INFO_FILE = "dataset_info.json"
+SCRATCH_COPIES = 3  # peak scratch: the text cache, then encoded, kept and saved copies of the dataset
 
 
 @dataclass(frozen=True)
@@ -179,8 +185,13 @@ def seal_dataset(folder: str | Path) -> str:
 def tokenize_completions(completions: str | Path, out_dir: str | Path, tokenizer_path: str | Path,
                          policy: TokenizePolicy, enable_thinking: bool = True,
                          template_kwargs: dict[str, Any] | None = None, num_proc: int = 1,
-                         shard_size: int = 10_000, batch_size: int = 256) -> dict[str, Any]:
-    """Tokenize a folder (or file) of completion JSONL shards into `out_dir/dataset`; return metrics."""
+                         shard_size: int = 10_000, batch_size: int = 256,
+                         dataset_bytes: float | None = None) -> dict[str, Any]:
+    """Tokenize a folder (or file) of completion JSONL shards into `out_dir/dataset`; return metrics.
+
+    The new dataset replaces an old one only once it is complete. A disk that fills on the way
+    raises `DiskFull` after removing the scratch files; `dataset_bytes` (the plan's size of the
+    dataset; default: the input's size) sizes the space it says is needed."""
     from datasets import disable_progress_bars, load_dataset
 
     from dflashx.data.jsonl import shard_paths
@@ -190,27 +201,33 @@ def tokenize_completions(completions: str | Path, out_dir: str | Path, tokenizer
     if not shards:
         raise FileNotFoundError(f"{completions}: no completion shards (shard-*.jsonl) to tokenize")
     out_dir = Path(out_dir)
-    work = out_dir / WORK_DIR
-    shutil.rmtree(work, ignore_errors=True)
-    lines = load_dataset("text", data_files=shards, split=SPLIT, cache_dir=str(work / "lines"))
-    encoder = BatchEncoder(tokenizer_path, policy, enable_thinking, template_kwargs)
-    encoded = lines.map(
-        encoder, batched=True, batch_size=batch_size, num_proc=num_proc if num_proc > 1 else None,
-        remove_columns=["text"], features=output_features(), writer_batch_size=batch_size,
-        cache_file_name=str(work / "encoded.arrow"), desc="tokenize",
-    )
-    metrics = _token_metrics(encoded)
-    kept = encoded.filter(
-        lambda drops: [d == "" for d in drops], input_columns="drop", batched=True,
-        num_proc=num_proc if num_proc > 1 else None, cache_file_name=str(work / "kept.arrow"),
-    ).remove_columns(["drop", "loss_tokens"])
-    final = out_dir / DATASET_DIR
-    tmp = out_dir / f".{DATASET_DIR}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    kept.save_to_disk(str(tmp), num_shards=max(1, math.ceil(len(kept) / shard_size)))
-    seal_dataset(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    work, final, tmp = out_dir / WORK_DIR, out_dir / DATASET_DIR, out_dir / f".{DATASET_DIR}.tmp"
+    source_bytes = used_bytes(completions)
+    needed = source_bytes + SCRATCH_COPIES * (dataset_bytes or source_bytes)
+
+    def scratch_away() -> None:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    scratch_away()
+    with stop_when_full(out_dir, "the tokenized dataset", needed, cleanup=scratch_away,
+                        basis=f"the completions' {size_text(source_bytes)} as scratch text plus {SCRATCH_COPIES} "
+                              f"copies of the dataset: encoded, kept, saved"):
+        lines = load_dataset("text", data_files=shards, split=SPLIT, cache_dir=str(work / "lines"))
+        encoder = BatchEncoder(tokenizer_path, policy, enable_thinking, template_kwargs)
+        encoded = lines.map(
+            encoder, batched=True, batch_size=batch_size, num_proc=num_proc if num_proc > 1 else None,
+            remove_columns=["text"], features=output_features(), writer_batch_size=batch_size,
+            cache_file_name=str(work / "encoded.arrow"), desc="tokenize",
+        )
+        metrics = _token_metrics(encoded)
+        kept = encoded.filter(
+            lambda drops: [d == "" for d in drops], input_columns="drop", batched=True,
+            num_proc=num_proc if num_proc > 1 else None, cache_file_name=str(work / "kept.arrow"),
+        ).remove_columns(["drop", "loss_tokens"])
+        kept.save_to_disk(str(tmp), num_shards=max(1, math.ceil(len(kept) / shard_size)))
+        seal_dataset(tmp)
+        replace_dir(tmp, final)
     del lines, encoded, kept
     shutil.rmtree(work, ignore_errors=True)
     return metrics
@@ -226,11 +243,15 @@ def run(ctx: StageContext) -> StageResult:
         overflow=cfg.overflow,
         min_loss_tokens=math.ceil(cfg.min_loss_tokens_blocks * recipe.drafter.block_size),
     )
-    metrics = tokenize_completions(
-        ctx.inputs[input_name("tokenize")], ctx.out_dir, resolve_tokenizer_path(recipe.target), policy,
-        enable_thinking=recipe.target.chat_template.enable_thinking,
-        template_kwargs=recipe.target.chat_template.kwargs, num_proc=cfg.num_proc, shard_size=cfg.shard_size,
-    )
+    try:
+        metrics = tokenize_completions(
+            ctx.inputs[input_name("tokenize")], ctx.out_dir, resolve_tokenizer_path(recipe.target), policy,
+            enable_thinking=recipe.target.chat_template.enable_thinking,
+            template_kwargs=recipe.target.chat_template.kwargs, num_proc=cfg.num_proc, shard_size=cfg.shard_size,
+            dataset_bytes=(ctx.plan.get("estimates") or {}).get("storage_bytes"),
+        )
+    except DiskFull as e:
+        raise StageFailed(str(e)) from e
     ctx.log({f"tokenize/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
     return StageResult(
         artifacts={"dataset": Artifact(DATASET_DIR, description="Tokenized samples with assistant loss masks")},

@@ -93,13 +93,19 @@ def replace_dir(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> No
     """Put the folder `src` at `dest` (same file system), replacing a folder there.
 
     The old folder is renamed aside (`.<name>.old.tmp`) and deleted once the new one is in place,
-    so a kill never leaves a half-deleted `dest`; only between the two renames is there no `dest`."""
+    so a kill never leaves a half-deleted `dest`; only between the two renames is there no `dest`.
+    When the second rename fails (a full disk can refuse a directory entry), the old one goes back."""
     src, dest = Path(src), Path(dest)
     old = None
     if dest.exists():
         old = _scratch_dir(dest, "old")
         os.replace(dest, old)
-    os.replace(src, dest)
+    try:
+        os.replace(src, dest)
+    except BaseException:
+        if old is not None:
+            os.replace(old, dest)
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

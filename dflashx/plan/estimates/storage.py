@@ -15,6 +15,9 @@ JSON_OVERHEAD_BYTES = 512  # keys, usage, ids of one completion record
 ARROW_BYTES_PER_TOKEN = 5  # int32 input_ids + int8 loss mask
 ARROW_ROW_OVERHEAD = 16  # list offsets
 REPORT_BYTES = 20e6  # QC / eval reports with plots
+# One saved DeepSpeed training state per trainable parameter: bf16 weights (2) + fp32 master weights,
+# Adam m and v (4 + 4 + 4), as ZeRO counts mixed-precision Adam states (Rajbhandari et al. 2020, sec. 3.1).
+STATE_BYTES_PER_PARAM = 14
 
 
 @dataclass(frozen=True)
@@ -38,13 +41,15 @@ def estimate_storage(recipe: ResolvedRecipe, tokens: Tokens, tr: Training) -> St
     train_tokens = tokens.train_tokens_per_epoch
     hidden = train_tokens * layers * facts.hidden_size * 2
     n_ckpt = math.ceil(tr.steps / train.checkpoint_every)
+    kept = n_ckpt if train.keep_checkpoints is None else min(n_ckpt, train.keep_checkpoints + 1)  # K newest + best
+    checkpoints = kept * STATE_BYTES_PER_PARAM * params
     sizes = {
         "ingest.prompts": tokens.raw_prompts * stats.prompt_bytes_mean,
         "generate.completions": tokens.samples * (
             stats.prompt_bytes_mean + tokens.output_mean * stats.output_bytes_per_token + JSON_OVERHEAD_BYTES),
         "qc.report": REPORT_BYTES,
         "tokenize.dataset": tokens.samples * (tokens.train_len_mean * ARROW_BYTES_PER_TOKEN + ARROW_ROW_OVERHEAD),
-        "train.checkpoint": n_ckpt * 2 * params + 14 * params,
+        "train.checkpoint": checkpoints,
         "eval.report": REPORT_BYTES,
         "export.drafter": params * BYTES[recipe.stages.export.dtype],
     }
@@ -56,9 +61,11 @@ def estimate_storage(recipe: ResolvedRecipe, tokens: Tokens, tr: Training) -> St
         term("storage.offline_hidden_states", hidden, "bytes", "train tokens x k target layers x hidden x 2 (bf16)",
              train_tokens=train_tokens, layers=layers, hidden=facts.hidden_size,
              written=train.mode == "offline"),
-        term("storage.checkpoints", n_ckpt * 2 * params + 14 * params, "bytes",
-             "checkpoints x 2 bytes x drafter params (bf16 weights) + 14 x params (latest optimizer state)",
-             checkpoints=n_ckpt, params=params),
+        term("storage.checkpoints", checkpoints, "bytes",
+             "kept checkpoints x 14 bytes x drafter params (each a full training state: bf16 weights + fp32 "
+             "master weights and two Adam moments); kept = min(checkpoints, keep_checkpoints + 1) (the K newest "
+             "+ the best), all when keep_checkpoints is null",
+             checkpoints=n_ckpt, keep_checkpoints=train.keep_checkpoints, kept=kept, params=params),
         term("storage.completions", tokens.samples * (stats.prompt_bytes_mean + tokens.output_mean
                                                       * stats.output_bytes_per_token + JSON_OVERHEAD_BYTES),
              "bytes", "samples x (prompt bytes + output tokens x bytes/token + JSON overhead)"),
