@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from dflashx.resolve.deepspeed import RUN_DIR
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import input_name
+from dflashx.store.diskspace import DiskFull
 
 if TYPE_CHECKING:
     from dflashx.dflash.trainer import TrainJob
@@ -99,7 +100,10 @@ def run(ctx: StageContext) -> StageResult:
         _launch(ctx, argv)
         last = _replay(ctx)
     else:
-        last = run_training(job, log=ctx.log)
+        try:
+            last = run_training(job, log=ctx.log)
+        except DiskFull as e:  # the last complete checkpoint is intact: a rerun resumes from it
+            raise StageFailed(str(e)) from None
     chat_contract.write(ctx.out_dir / "checkpoint", contract)  # what the drafter was trained for
     metrics = {k: last[k] for k in ("loss", "acceptance_length", "accuracy", "tokens_per_s", "tflops", "mfu", "step")
                if k in last}
