@@ -47,3 +47,4 @@ def test_train_refuses_a_dataset_rendered_with_thinking_off(tmp_path):
     with pytest.raises(StageFailed, match="tokenize.dataset.*enable_thinking=False.*enable_thinking=True"):
         train_stage.run(ctx)
     assert not (ctx.out_dir / "checkpoint").exists()  # refused before the first step
+

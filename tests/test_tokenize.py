@@ -140,3 +140,6 @@ def test_stage_run_reads_the_recipe(tmp_path, completions, tok_dir):
     assert len(ds) == result.metrics["samples"] > 0
     assert max(ds["length"]) <= 128 and min(sum(m) for m in ds["loss_mask"]) >= 16
     assert logged and logged[0]["tokenize/tokens"] == result.metrics["tokens"]
+    from dflashx.data import chat_contract  # the contract train checks the dataset against
+
+    assert chat_contract.read(ctx.out_dir / "dataset") == chat_contract.recipe_contract(ctx.recipe.target)

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from dflashx.data import chat_contract
 from dflashx.data.chat_mask import ChatMasker, completion_messages
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import input_name
@@ -252,6 +253,8 @@ def run(ctx: StageContext) -> StageResult:
         )
     except DiskFull as e:
         raise StageFailed(str(e)) from e
+    # the template and thinking mode these samples were rendered with: train refuses any other
+    chat_contract.write(ctx.out_dir / DATASET_DIR, chat_contract.recipe_contract(recipe.target))
     ctx.log({f"tokenize/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
     return StageResult(
         artifacts={"dataset": Artifact(DATASET_DIR, description="Tokenized samples with assistant loss masks")},
