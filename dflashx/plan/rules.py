@@ -159,7 +159,7 @@ def within_budget(ctx: PlanContext) -> Iterable[Finding]:
         yield error("budget_storage", "budget.max_storage_bytes",
                     f"the run stores about {human_bytes(t['storage_bytes'])}, over budget.max_storage_bytes "
                     f"{human_bytes(b.max_storage_bytes)}",
-                    "raise budget.max_storage_bytes, or keep fewer checkpoints (stages.train.checkpoint_every)")
+                    "raise budget.max_storage_bytes, or keep fewer checkpoints (stages.train.keep_checkpoints)")
 
 
 def generate_backend_fits(ctx: PlanContext) -> Iterable[Finding]:
