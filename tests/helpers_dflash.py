@@ -60,6 +60,19 @@ def train_job(stage_dir: str | Path, dataset: str | Path, target_dir: str | Path
     return TrainJob.of(job_recipe(target_dir, **kw), stage_dir, dataset, target_dir)
 
 
+def config_for(target_config: Any, mask_token: str | None = None, **drafter: Any) -> DFlashConfig:
+    """resolve -> ResolvedDrafter -> DFlashConfig for an in-memory target config (dict or HF config),
+    as the trainer builds it; `drafter` are recipe drafter keys."""
+    from dflashx.resolve import resolve
+    from dflashx.targets.read_config import facts_from_config
+    from helpers_models import make_recipe
+
+    cfg = target_config if isinstance(target_config, dict) else target_config.to_dict()
+    recipe = make_recipe(drafter={"mask_token_id": 3} | drafter)
+    return DFlashConfig.from_target(resolve(recipe, facts_from_config(cfg, name="test-target")).drafter,
+                                    target_config, mask_token)
+
+
 def drafter_config(target, tok, **drafter: Any) -> DFlashConfig:
     return DFlashConfig.from_target(job_recipe(target.name_or_path, drafter).drafter, target.config, MASK_TOKEN)
 

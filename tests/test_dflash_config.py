@@ -8,6 +8,7 @@ from transformers import Qwen3Config
 from dflashx.dflash.config import DFlashConfig
 from dflashx.resolve import resolve
 from dflashx.targets.read_config import facts_from_config
+from helpers_dflash import config_for
 from helpers_models import make_recipe
 
 
@@ -18,12 +19,7 @@ def _target(**kw):
 
 
 def _config(drafter: dict, target=None, mask_token: str | None = None) -> DFlashConfig:
-    """resolve -> ResolvedDrafter -> DFlashConfig, as the trainer builds it."""
-    target = target if target is not None else _target()
-    cfg = target if isinstance(target, dict) else target.to_dict()
-    recipe = make_recipe(drafter={"mask_token_id": 3} | drafter)
-    resolved = resolve(recipe, facts_from_config(cfg, name="test-target")).drafter
-    return DFlashConfig.from_target(resolved, target, mask_token)
+    return config_for(target if target is not None else _target(), mask_token, **drafter)
 
 
 def test_from_target_fills_layer_ids_and_shapes():

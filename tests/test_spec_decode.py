@@ -13,6 +13,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
 from dflashx.dflash.config import DFlashConfig
+from helpers_dflash import config_for
 from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.dflash.spec_decode import SpecDecoder, rejection_sample
@@ -37,8 +38,8 @@ def build_target(arch: str, seed: int = 0, vocab: int = VOCAB) -> torch.nn.Modul
 
 
 def build_drafter(target: torch.nn.Module, block_size: int = 4, seed: int = 1) -> DFlashDrafter:
-    cfg = DFlashConfig.from_target({"num_layers": 1, "block_size": block_size, "num_target_layers": 2}, target.config,
-                                   target.config.vocab_size - 1)
+    cfg = config_for(target.config, num_layers=1, block_size=block_size, num_target_layers=2,
+                     mask_token_id=target.config.vocab_size - 1)
     torch.manual_seed(seed)
     return DFlashDrafter(cfg).eval()
 
