@@ -66,6 +66,9 @@ def test_tiny_recipe_runs_every_stage_and_backs_up(tmp_path: Path, s3_spec: S3Sp
     resolved = json.loads((run_dir / "plan.json").read_text())["resolved"]  # one value, read from both ends
     assert exported["dflash_config"]["target_layer_ids"] == resolved["drafter"]["target_layer_ids"] == [1, 3]
     assert exported["dflash_config"]["mask_token_id"] == resolved["drafter"]["mask_token_id"]
+    trained_for = json.loads((run_dir / "export" / "drafter" / "chat_contract.json").read_text())
+    assert trained_for["enable_thinking"] is True  # the export says what the drafter was trained for
+    assert trained_for == json.loads((run_dir / "tokenize" / "dataset" / "chat_contract.json").read_text())
     job = json.loads((run_dir / "train" / "train_job.json").read_text())
     assert job["train"]["loss_gamma"] == resolved["stages"]["train"]["loss_gamma"] == 4.0
 

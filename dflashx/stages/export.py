@@ -1,71 +1,80 @@
-"""The export stage: the trained drafter as a servable DFlash folder.
+"""The export stage: the trained drafter as servable folders, checked against each engine's contract.
 
-Reads `train.checkpoint`; writes `drafter/` holding config.json (`architectures:
-["DFlashDraftModel"]`, `block_size`, `dflash_config: {mask_token_id, target_layer_ids, ...}`,
-`num_target_layers`, `layer_types`, the Qwen3 fields), model.safetensors (the public DFlash
-parameter names, in `stages.export.dtype`) and README.md with the SGLang serve command. The folder
-is what the z-lab `dflash` package loads (`DFlashDraftModel.from_pretrained`) and what SGLang takes
-as `--speculative-draft-model-path` with `--speculative-algorithm DFLASH`; `drafter.init_from`
-accepts it to continue training.
+Reads `train.checkpoint`; writes
+- `drafter/` — the DFlash / z-lab layout: config.json (`architectures: ["DFlashDraftModel"]`,
+  `block_size`, `dflash_config: {mask_token_id, target_layer_ids, ...}`, `num_target_layers`,
+  `layer_types`, the Qwen3 fields) and model.safetensors (the public DFlash parameter names, in
+  `stages.export.dtype`). SGLang takes it as `--speculative-draft-model-path` with
+  `--speculative-algorithm DFLASH`, the z-lab `dflash` package loads it, `drafter.init_from`
+  continues training from it.
+- `drafter-vllm/` — the speculators layout vLLM serves (`dflashx.export.speculators`): its
+  config.json and the same weights.
+Both get a README.md with the SGLang and vLLM serve commands, which the stage also prints (into
+export/stage.log under `dflashx run`, which captures stage output). Before
+that, `check_sglang` and `check_speculators` read back what was written (config and weight shapes)
+against the target's facts (`ctx.recipe.target.facts`); any broken rule stops the stage with
+`StageFailed`, naming each key and its fix (docs/export.md).
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 from dflashx.config.fields import TORCH_DTYPE
-from dflashx.stages.base import Artifact, StageContext, StageResult
+from dflashx.export import Serving, check_sglang, check_speculators, commands, readme, report, to_speculators
+from dflashx.data import chat_contract
+from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import input_name
-from dflashx.store.atomic import atomic_write_text
+from dflashx.store.atomic import atomic_dir, atomic_write_text
+from dflashx.targets.resolve import resolve_target_path
 
 CHECKPOINT = input_name("export")
-OUT = "drafter"
-
-README = """# {name}: DFlash drafter
-
-Block-diffusion drafter (DFlash, arXiv 2602.06036) for `{target}`, trained by dflashx.
-
-| | |
-|---|---|
-| block size | {block_size} |
-| drafter layers | {num_layers} ({layer_types}) |
-| target layers tapped | {target_layer_ids} of {num_target_layers} (layer l = output of decoder layer l) |
-| mask token id | {mask_token_id} |
-| weights | model.safetensors, {dtype} |
-
-## Serve with SGLang
-
-```bash
-python -m sglang.launch_server \\
-    --model-path {target} \\
-    --speculative-algorithm DFLASH \\
-    --speculative-draft-model-path {path} \\
-    --speculative-num-draft-tokens {block_size}
-```
-
-`--speculative-num-draft-tokens` is the block size the drafter was trained with. The target's
-embedding and LM head are shared with the drafter at serve time; they are not in this folder.
-
-## Load in Python
-
-```python
-from dflash.model import DFlashDraftModel  # z-lab `dflash` package
-draft = DFlashDraftModel.from_pretrained("{path}", dtype="auto")
-```
-"""
+OUT = "drafter"  # artifact and folder: the SGLang / z-lab layout
+VLLM = "drafter_vllm"  # artifact of the speculators layout ...
+VLLM_DIR = "drafter-vllm"  # ... and its folder
+CONFIG, WEIGHTS, README_FILE = "config.json", "model.safetensors", "README.md"
 
 
-def write_readme(ctx: StageContext, drafter_dir: Path, config: Any, dtype: str) -> Path:
-    text = README.format(
-        name=ctx.recipe.name, target=ctx.recipe.target.model, block_size=config.block_size,
-        num_layers=config.num_layers, layer_types=", ".join(config.layer_types),
-        target_layer_ids=config.target_layer_ids, num_target_layers=config.num_target_layers,
-        mask_token_id=config.mask_token_id, dtype=dtype, path=str(drafter_dir),
-    )
-    path = drafter_dir / "README.md"
-    atomic_write_text(path, text)
-    return path
+def _read(folder: Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+    """config.json and the weights' shapes (from the safetensors header, no tensor is loaded)."""
+    from safetensors import safe_open
+
+    with safe_open(str(folder / WEIGHTS), "pt") as f:
+        shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    return json.loads((folder / CONFIG).read_text()), shapes
+
+
+def served_target(ctx: StageContext) -> str:
+    """What an engine loads the target from: the hub id or folder (a built-in's cached build)."""
+    return str(resolve_target_path(ctx.recipe.target))
+
+
+def write_speculators(drafter_dir: Path, out: Path, target: str) -> None:
+    """The speculators folder next to the DFlash one: converted config.json, the same weights."""
+    config = json.loads((drafter_dir / CONFIG).read_text())
+    spec = to_speculators(config, verifier=target)
+    with atomic_dir(out) as tmp:
+        (tmp / CONFIG).write_text(json.dumps(spec, indent=2) + "\n")
+        shutil.copyfile(drafter_dir / WEIGHTS, tmp / WEIGHTS)
+
+
+def check_written(ctx: StageContext, drafter_dir: Path, vllm_dir: Path) -> None:
+    """Both engine checkers on the written folders; StageFailed naming every broken key."""
+    facts = ctx.recipe.target.facts
+    failures, count = [], 0
+    for engine, check, folder in (("SGLang / z-lab", check_sglang, drafter_dir),
+                                  ("vLLM / speculators", check_speculators, vllm_dir)):
+        config, shapes = _read(folder)
+        violations = check(config, facts, shapes)
+        count += len(violations)
+        if violations:
+            failures.append(f"{folder / CONFIG}: " + report(engine, violations))
+    if failures:
+        raise StageFailed("export: the drafter does not meet the serving engines' contracts for target "
+                          f"{ctx.recipe.target.model}\n" + "\n".join(failures), metrics={"contract_violations": count})
 
 
 def run(ctx: StageContext) -> StageResult:
@@ -77,11 +86,27 @@ def run(ctx: StageContext) -> StageResult:
 
     dtype = getattr(torch, TORCH_DTYPE[ctx.config.dtype])
     drafter = load_drafter(ctx.inputs[CHECKPOINT])
-    out = ctx.out_dir / OUT
+    out, vllm_out, target = ctx.out_dir / OUT, ctx.out_dir / VLLM_DIR, served_target(ctx)
     save_drafter(drafter, out, dtype=dtype)
-    write_readme(ctx, out, drafter.config, ctx.config.dtype)
-    params = sum(p.numel() for p in drafter.parameters())
+    write_speculators(out, vllm_out, target)
+    check_written(ctx, out, vllm_out)
+
+    config = json.loads((out / CONFIG).read_text())
+    serving = Serving.of(config, ctx.recipe.target.facts, target, str(out), str(vllm_out))
+    text = readme(serving, config, ctx.recipe.name, ctx.config.dtype)
+    trained_for = chat_contract.read(ctx.inputs[CHECKPOINT])  # the template and thinking mode of training
+    for folder in (out, vllm_out):
+        atomic_write_text(folder / README_FILE, text)
+        if trained_for is not None:
+            chat_contract.write(folder, trained_for)
+    print(f"export: serve the drafter with\n{commands(serving)}", flush=True)  # stage.log under `dflashx run`
     return StageResult(
-        artifacts={OUT: Artifact(OUT, tier="irreplaceable", description="DFlash drafter: config.json + model.safetensors")},
-        metrics={"parameters": params, "bytes": sum(f.stat().st_size for f in out.iterdir())},
+        artifacts={
+            OUT: Artifact(OUT, tier="irreplaceable",
+                          description="DFlash drafter (SGLang / z-lab layout): config.json + model.safetensors"),
+            VLLM: Artifact(VLLM_DIR, tier="replaceable",
+                           description="the same drafter in the speculators layout (vLLM)"),
+        },
+        metrics={"parameters": sum(p.numel() for p in drafter.parameters()),
+                 "bytes": sum(f.stat().st_size for f in out.iterdir())},
     )

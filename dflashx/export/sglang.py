@@ -1,0 +1,97 @@
+"""The SGLang / z-lab contract for `export/drafter/config.json` (`--speculative-algorithm DFLASH`).
+
+What SGLang's loader reads (sgl-project/sglang, `python/sglang/srt/speculative/dflash_utils.py`
+`parse_dflash_draft_config` and `python/sglang/srt/models/dflash.py` `DFlashDraftModel`; the
+worker's mask check in `dflash_worker.py`) and what the z-lab reference reads (z-lab/dflash
+`dflash/model.py`: `config.block_size`, `config.num_target_layers`, `dflash_config.get(...)`,
+`config.layer_types[i]`). Commits and the rule-by-rule table: docs/export.md.
+
+`check_sglang(config, facts, shapes=None) -> list[Violation]`, pure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from dflashx.export.contract import (
+    Violation,
+    get,
+    missing,
+    need_block_size,
+    need_equal,
+    need_layer_ids,
+    need_layer_stack,
+    need_mask_id,
+    need_weights,
+)
+from dflashx.targets.registry import TargetFacts
+
+ARCHITECTURE = "DFlashDraftModel"
+ENGINE = "SGLang"
+
+
+def _one_of(config: Mapping[str, Any], key: str) -> tuple[Any, str, list[Violation]]:
+    """A key SGLang reads from `dflash_config` first, then from the top level."""
+    nested, top = get(config, f"dflash_config.{key}"), get(config, key)
+    if not missing(nested) and not missing(top) and nested != top:
+        return nested, f"dflash_config.{key}", [Violation(
+            key, f"top level says {top!r}, dflash_config.{key} says {nested!r}; SGLang takes the nested one, "
+            "the z-lab reference the top-level one", f"write one value (or only dflash_config.{key})")]
+    return (top, key, []) if missing(nested) else (nested, f"dflash_config.{key}", [])
+
+
+def _causality(config: Mapping[str, Any]) -> list[Violation]:
+    """SGLang serves full_attention layers bidirectional and sliding_attention layers causal
+    (`_get_dflash_layer_attention_params`: ENCODER_ONLY vs DECODER); it reads no causal flag."""
+    types = config.get("layer_types")
+    if not isinstance(types, list) or len(types) != config.get("num_hidden_layers"):
+        return []  # need_layer_stack names layer_types
+    served = [t == "sliding_attention" for t in types]
+    fix = ("train with the served rule (sliding layers causal, full layers bidirectional: the default "
+           "when drafter.layer_types is set)")
+    flags = get(config, "dflash_config.causal_layers")
+    if not missing(flags):
+        if flags != served:
+            return [Violation("dflash_config.causal_layers", f"{flags!r} but SGLang serves {served!r} "
+                              "(from layer_types)", fix)]
+        return []
+    causal = config.get("is_causal")
+    if isinstance(causal, bool) and any(s != causal for s in served):
+        return [Violation("is_causal", f"{causal} for every layer but SGLang serves {served!r} (from layer_types)",
+                          fix)]
+    return []
+
+
+def check_sglang(config: Mapping[str, Any], facts: TargetFacts,
+                 shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[Violation]:
+    """Every rule of the SGLang / z-lab DFlash loader this config breaks for `facts`' target."""
+    n_target = facts.num_layers
+    out = need_equal(config.get("architectures"), [ARCHITECTURE], "architectures",
+                     "SGLang and transformers pick the draft model class from it",
+                     f'write architectures: ["{ARCHITECTURE}"]')
+    out += need_equal(config.get("model_type"), "qwen3", "model_type",
+                      "the drafter's layers are Qwen3 decoder layers (q/k norm, SwiGLU)", "write model_type: qwen3")
+    if not isinstance(config.get("dflash_config"), Mapping):
+        out.append(Violation("dflash_config", "missing or not a mapping; SGLang and the z-lab reference read the "
+                             "tapped layers and the mask token from it", "write dflash_config: {...}"))
+    block, block_key, clash = _one_of(config, "block_size")
+    out += clash + need_block_size(block, block_key)
+    count, count_key, clash = _one_of(config, "num_target_layers")
+    out += clash + need_equal(count, n_target, count_key, "the target's decoder layer count; the drafter was "
+                              "trained for another target", f"train for this target ({n_target} decoder layers)")
+    ids = get(config, "dflash_config.target_layer_ids")
+    out += need_layer_ids(ids, "dflash_config.target_layer_ids", 0, n_target,
+                          f"tap layers of this target, 0-based in [0, {n_target}) (drafter.target_layer_ids; "
+                          "unset: the spread over the target)")
+    out += need_mask_id(get(config, "dflash_config.mask_token_id"), "dflash_config.mask_token_id", facts.vocab_size)
+    token = get(config, "dflash_config.mask_token")
+    if not missing(token) and (not isinstance(token, str) or not token):
+        out.append(Violation("dflash_config.mask_token", f"{token!r}; SGLang needs a non-empty string",
+                             "drop it or write the mask token's text"))
+    out += need_layer_stack(config, "", facts.hidden_size)
+    out += _causality(config)
+    k = len(ids) if isinstance(ids, list) else 0
+    out += need_weights(shapes, config.get("num_hidden_layers"), facts.hidden_size, k,
+                        "dflash_config.target_layer_ids")
+    return out
+
