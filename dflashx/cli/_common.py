@@ -1,10 +1,10 @@
-"""Helpers shared by the CLI commands: recipe arguments, load-or-exit-2, target facts."""
+"""Helpers shared by the CLI commands: recipe arguments, load-or-exit-2, target facts, the console."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -12,6 +12,8 @@ from dflashx.config.errors import RecipeError
 from dflashx.config.load import LoadedRecipe, load_recipe
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from dflashx.config.schema import Recipe
     from dflashx.targets.registry import TargetFacts
 
@@ -56,3 +58,12 @@ def format_finding(finding: dict) -> str:
     """One plan finding as `dflashx plan`, `validate` and `run` print it: severity, code, key, fix."""
     line = f"{finding['severity']} [{finding['code']}] {finding['key']}: {finding['message']}"
     return line + (f"\n    fix: {finding['fix']}" if finding.get("fix") else "")
+
+
+def make_console(**kwargs: Any) -> Console:
+    """The rich Console a command prints with: as usual on a terminal; off one (a pipe, a file, a
+    test) without colour and as wide as its tables need, so `dflashx inventory RUN | cat` shows
+    whole cells (`dflashx.report.console.wide_console`)."""
+    from dflashx.report.console import wide_console
+
+    return wide_console(**kwargs)

@@ -19,7 +19,7 @@ def command(
     repair: Annotated[
         bool, typer.Option("--repair", help="Upload again remote copies that fail verification.")] = False,
 ) -> None:
-    from rich.console import Console
+    from dflashx.cli._common import make_console
     from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
 
     from dflashx.report.fmt import human_bytes
@@ -28,7 +28,7 @@ def command(
     from dflashx.store.base import StoreError
     from dflashx.store.inventory import run_remote
 
-    console = Console()
+    console = make_console()
     try:
         store = run_remote(run_dir, to)
         if store is None:

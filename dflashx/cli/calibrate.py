@@ -12,13 +12,12 @@ WriteOpt = Annotated[bool, typer.Option("--write", help="Write hardware_profiles
 
 
 def command(runs: RunsArg, write: WriteOpt = False) -> None:
-    from rich.console import Console
 
-    from dflashx.cli._common import target_facts
+    from dflashx.cli._common import make_console, target_facts
     from dflashx.report.calibrate import calibrate, write_calibration
     from dflashx.report.runinfo import RunInfo
 
-    console = Console()
+    console = make_console()
     try:
         infos = [RunInfo.load(r) for r in runs]
     except ValueError as exc:

@@ -16,7 +16,7 @@ def command(
     markdown: Annotated[bool, typer.Option("--markdown", help="Print markdown instead of tables.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    from rich.console import Console
+    from dflashx.cli._common import make_console
 
     from dflashx.report.compare import compare
     from dflashx.report.runinfo import RunInfo
@@ -32,6 +32,6 @@ def command(
     elif markdown:
         typer.echo("\n".join(s.markdown() for s in sections))
     else:
-        console = Console()
+        console = make_console()
         for section in sections:
             console.print(section.rich())

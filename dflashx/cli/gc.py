@@ -15,14 +15,14 @@ def command(
     remote: Annotated[bool, typer.Option("--remote", help="Also delete remote copies of the garbage.")] = False,
     to: ToOpt = None,
 ) -> None:
-    from rich.console import Console
+    from dflashx.cli._common import make_console
 
     from dflashx.report.fmt import human_bytes
     from dflashx.store.base import StoreError
     from dflashx.store.inventory import collect_garbage, run_remote
     from dflashx.store.manifest import Manifest
 
-    console = Console()
+    console = make_console()
     garbage = [e for e in Manifest.load(run_dir).entries.values() if e.tier == "garbage"]
     if not garbage:
         console.print("no garbage in this run")

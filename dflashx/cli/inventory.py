@@ -17,14 +17,14 @@ def command(
     rehash: Annotated[bool, typer.Option("--rehash", help="Re-hash local files (default: sizes only).")] = False,
     local_only: Annotated[bool, typer.Option("--local-only", help="Do not contact the remote.")] = False,
 ) -> None:
-    from rich.console import Console
+    from dflashx.cli._common import make_console
     from rich.table import Table
 
     from dflashx.report.fmt import human_bytes
     from dflashx.store.base import StoreError
     from dflashx.store.inventory import build_inventory, run_remote
 
-    console = Console()
+    console = make_console()
     try:
         store = None if local_only else run_remote(run_dir, to)
         if store is not None:

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dflashx.cli._common import OverridesArg, RecipeArg, format_finding, load_or_exit, target_facts
+from dflashx.cli._common import OverridesArg, RecipeArg, format_finding, load_or_exit, make_console, target_facts
 from dflashx.config.errors import Problem, RecipeError
 from dflashx.config.load import LoadedRecipe, load_recipe
 from dflashx.plan.explain import human_bytes, human_count, human_seconds
@@ -44,11 +44,10 @@ def _inputs(inputs: dict[str, Any]) -> str:
 
 def render(plan: dict[str, Any], title: str, explain: bool) -> None:
     """The human view: stages table, totals, commands, findings (and formulas with --explain)."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    console = make_console()
     table = Table(title=title)
     for col in ("stage", "on", "time", "GPU-h", "USD", "storage", "peak mem/GPU"):
         table.add_column(col, justify="left" if col in ("stage", "on") else "right")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dflashx.cli._common import OverridesArg, RecipeArg, load_or_exit, target_facts
+from dflashx.cli._common import OverridesArg, RecipeArg, load_or_exit, make_console, target_facts
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -30,7 +30,6 @@ def failures(checks: list[Check]) -> list[Check]:
 
 def render(checks: list[Check], title: str) -> None:
     """The table, then the verdict line."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -39,7 +38,7 @@ def render(checks: list[Check], title: str) -> None:
         table.add_column(col, overflow="fold")
     for c in checks:
         table.add_row(escape(c.name), f"[{STYLE[c.status]}]{c.status}", escape(c.detail), escape(c.fix))
-    console = Console()
+    console = make_console()
     console.print(table)
     console.print(f"[{'red' if failures(checks) else 'green'}]{verdict(checks)}")
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from dflashx.cli._common import exit_recipe_error
+from dflashx.cli._common import exit_recipe_error, make_console
 from dflashx.config.errors import RecipeError
 from dflashx.config.load import available_profiles, load_profile, profile_dirs
 from dflashx.config.schema import HardwareProfile
@@ -47,7 +46,7 @@ def command() -> None:
             table.add_row(*row(load_profile(name)))
         except RecipeError as exc:
             failed.append(exc)
-    Console().print(table)
+    make_console().print(table)
     for exc in failed:
         exit_recipe_error(exc)
     if failed:

@@ -1,14 +1,23 @@
-"""`dflashx run RECIPE [OVERRIDES...]`: plan, then run (or resume) the recipe's stages."""
+"""`dflashx run RECIPE [OVERRIDES...]`: plan, then run (or resume) the recipe's stages.
+
+What the terminal shows is `dflashx.report.console` (live rows on a terminal, stamped lines off
+one, a summary and the next commands at the end); each stage's own output and its libraries'
+noise go to `<stage>/stage.log` (`dflashx.track.output`).
+"""
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from dflashx.cli._common import OverridesArg, RecipeArg, format_finding, load_or_exit, target_facts
+
+if TYPE_CHECKING:
+    from dflashx.report.console import RunConsole
 
 
 def command(
@@ -20,6 +29,20 @@ def command(
     force: Annotated[list[str] | None, typer.Option("--force", help="Re-run this stage even if done (repeatable).")] = None,
     skip_preflight: Annotated[bool, typer.Option("--skip-preflight", help="Start without the preflight checks.")] = False,
 ) -> None:
+    from dflashx.report.console import RunConsole
+    from dflashx.track.output import terminal
+
+    with terminal() as stream, RunConsole(file=stream) as view, view.route_logs():
+        view.line(f"dflashx run {recipe}: planning…")  # before the heavy imports: a line at once
+        _run(view, recipe, overrides or [], run_dir, only, until, force, skip_preflight)
+
+
+def _command(recipe: Path, overrides: list[str], run_dir: Path | None) -> str:
+    return shlex.join(["dflashx", "run", str(recipe), *overrides, *(["--run-dir", str(run_dir)] if run_dir else [])])
+
+
+def _run(view: RunConsole, recipe: Path, overrides: list[str], run_dir: Path | None, only: str | None,
+         until: str | None, force: list[str] | None, skip_preflight: bool) -> None:
     from dflashx.cli.preflight import echo_problems, failures
     from dflashx.plan.plan import make_plan
     from dflashx.report.progress import write_progress
@@ -27,9 +50,7 @@ def command(
     from dflashx.run.orchestrator import default_run_dir, run_pipeline
     from dflashx.run.preflight import preflight, stages_to_check
     from dflashx.run.rundir import RunDirBusy
-    from dflashx.track.redact import install_console_logging
 
-    install_console_logging()
     loaded = load_or_exit(recipe, overrides)
     try:
         selection = select(only, until, force or ())
@@ -44,24 +65,38 @@ def command(
         typer.echo(f"{recipe}: the plan has {len(plan['errors'])} error(s); nothing was run", err=True)
         raise typer.Exit(1)
     target = run_dir or default_run_dir(made.resolved)
-    typer.echo(f"run dir: {target}")
+    view.line(f"run dir: {target}")
     if not skip_preflight:
+        view.line("preflight: checking the data, target, tokenizer, disk and servers…")
         checks = preflight(made.resolved, plan, target, stages_to_check(made.resolved, target, selection.stages,
                                                                          selection.force))
-        echo_problems(checks, typer.echo)
+
+        def echo(text: str, err: bool = False) -> None:  # failures to stderr, the rest to the view
+            if err:
+                typer.echo(text, err=True)
+            else:
+                view.line(text)
+
+        echo_problems(checks, echo)
         if failures(checks):
             typer.echo(f"{recipe}: the preflight failed; nothing was run (fix the above, or --skip-preflight)", err=True)
             raise typer.Exit(1)
     try:
-        result = run_pipeline(made.resolved, plan, target, selection, argv=sys.argv, echo=typer.echo,
+        result = run_pipeline(made.resolved, plan, target, selection, argv=sys.argv, observer=view,
                               on_progress=write_progress)
     except RunDirBusy as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
+        view.close(interrupted=True)
         typer.echo("interrupted: run the same command again to resume", err=True)
         raise typer.Exit(130) from None
+    train = made.resolved.stages.train
+    others = [o for o in overrides if o.split("=")[0] not in ("train.lr", "stages.train.lr")]
+    retrain = _command(recipe, [*others, f"train.lr={train.lr / 5:g}"], run_dir) if train.enabled else None
+    view.summary(result, _command(recipe, overrides, run_dir), retrain)
     if not result.ok:
         typer.echo(f"stopped; see `dflashx status {target}`", err=True)
         raise typer.Exit(1)
-    typer.echo(f"all selected stages done; see `dflashx status {target}`")
+    view.line(f"all selected stages done; see `dflashx status {target}`")
+

@@ -20,7 +20,7 @@ def _headline(metrics: dict[str, Any]) -> str:
 
 
 def command(run_dir: Annotated[Path, typer.Argument(help="A run directory made by `dflashx run`.")]) -> None:
-    from rich.console import Console
+    from dflashx.cli._common import make_console
     from rich.table import Table
 
     from dflashx.report.fmt import human_bytes, human_seconds
@@ -40,4 +40,4 @@ def command(run_dir: Annotated[Path, typer.Argument(help="A run directory made b
         style = STATE_STYLE.get(row.state, "white")
         table.add_row(row.name, f"[{style}]{row.state}[/]", (row.stage_key or "")[:12],
                       human_seconds(row.duration_s), outputs or "-", headline or "-")
-    Console(width=max(120, Console().width)).print(table)
+    make_console().print(table)

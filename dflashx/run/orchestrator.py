@@ -4,38 +4,35 @@ For each selected stage in `STAGE_ORDER`: compute its key (`dflashx.run.keys`); 
 `_SUCCESS` holds that key (unless forced); move an outdated folder aside (its artifacts become
 garbage); run `load_stage(name)(ctx)` with a metric logger (records.jsonl + W&B); register the
 returned artifacts in the manifest; write `provenance.json`, then `_SUCCESS` last. A failing stage
-stops the run. Events go to records.jsonl (see `dflashx.track.records`); human progress lines go to
-`echo`.
+stops the run. Events go to records.jsonl (see `dflashx.track.records`), what a person watches to a
+`RunObserver` (the CLI's: `dflashx.report.console`), a stage's output to its `stage.log`
+(`dflashx.track.output.captured`). `_STARTED`/`_SUCCESS` keep `key_leaves`: a re-run says why.
 """
 
 from __future__ import annotations
 
-import logging
+import hashlib
+import json
 import os
 import socket
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dflashx.run.graph import Selection
-from dflashx.run.keys import StageKey, stage_key
+from dflashx.run.keys import StageKey, key_material, stage_key
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.rundir import RunDir
 from dflashx.stages.base import StageContext, StageFailed, StageResult, load_stage
 from dflashx.stages.graph import GRAPH
-from dflashx.store.manifest import (
-    Manifest,
-    atomic_write_json,
-    atomic_write_text,
-    utc_now,
-)
+from dflashx.store.manifest import Manifest, atomic_write_json, atomic_write_text, utc_now
+from dflashx.track.output import captured
 from dflashx.track.provenance import stage_provenance
 from dflashx.track.records import RecordLog
-from dflashx.track.redact import RedactingFilter, redact, redact_argv, redact_text
+from dflashx.track.redact import redact, redact_argv, redact_text
 from dflashx.track.wandb_stage import stage_tracker
 
 Echo = Callable[[str], None]
@@ -49,6 +46,97 @@ class StageOutcome:
     stage_key: str | None = None
     message: str | None = None
     duration_s: float | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)  # the stage's result (or failure) metrics
+
+
+class RunObserver(Protocol):
+    """What a run reports to the person watching it, in order: `run_started`, then per stage
+    `stage_started` (only when it runs), `stage_metrics` (each `ctx.log`), `stage_ended` (every
+    stage, skipped ones too); `message` for anything else (a folder moved aside)."""
+
+    def run_started(self, run_dir: Path, stages: Sequence[str]) -> None: ...
+    def stage_started(self, name: str, key: str, reason: str | None, estimate_s: float | None) -> None: ...
+    def stage_metrics(self, name: str, metrics: dict[str, Any], step: int | None) -> None: ...
+    def stage_ended(self, outcome: StageOutcome) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+def start_line(name: str, key: str, reason: str | None) -> str:
+    return f"> {name}: running (key {key[:12]}{'; ' + reason if reason else ''})"
+
+
+def outcome_line(o: StageOutcome) -> str:
+    """A stage's end as one line: `+` done, `=` skipped, `-` disabled, `x` failed."""
+    if o.state == "done":
+        return f"+ {o.name}: done in {o.duration_s or 0:.1f}s"
+    if o.state == "skipped":
+        return f"= {o.name}: done, key {(o.stage_key or '')[:12]} unchanged (skipped)"
+    if o.state == "disabled":
+        return f"- {o.name}: disabled (stages.{o.name}.enabled=false)"
+    return f"x {o.name}: {o.state}: {o.message}"
+
+
+class EchoObserver:
+    """A RunObserver printing the stage lines through `echo` (library use, tests)."""
+
+    def __init__(self, echo: Echo = print):
+        self.echo = echo
+
+    def run_started(self, run_dir: Path, stages: Sequence[str]) -> None: ...
+    def stage_metrics(self, name: str, metrics: dict[str, Any], step: int | None) -> None: ...
+
+    def stage_started(self, name: str, key: str, reason: str | None, estimate_s: float | None) -> None:
+        self.echo(start_line(name, key, reason))
+
+    def stage_ended(self, outcome: StageOutcome) -> None:
+        self.echo(outcome_line(outcome))
+
+    def message(self, text: str) -> None:
+        self.echo(text)
+
+
+def _leaves(node: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
+    """Dotted leaf keys of a key material section; a PATH field's identity counts as one leaf."""
+    if isinstance(node, dict) and node and not set(node) <= {"builtin", "fingerprint"}:
+        for k, v in node.items():
+            _leaves(v, f"{prefix}.{k}", out)
+    elif isinstance(node, list) and node and all(isinstance(v, dict) for v in node):
+        for i, v in enumerate(node):
+            _leaves(v, f"{prefix}[{i}]", out)
+    else:
+        out[prefix] = node
+    return out
+
+
+def key_leaves(material: dict[str, Any]) -> dict[str, Any]:
+    """A key material (`dflashx.run.keys.key_material`) as {dotted recipe key or `input <name>`:
+    digest of its value}: what `_STARTED`/`_SUCCESS` keep to say later which keys changed (digests,
+    so no recipe value, secret or not, is written)."""
+    leaves: dict[str, Any] = {}
+    for section, value in material["config"].items():
+        _leaves(value, section, leaves)
+    leaves |= {f"input {name}": sha for name, sha in material["inputs"].items()}
+    digest = {k: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:16]
+              for k, v in leaves.items()}
+    return {"version": material["version"], "leaves": digest}
+
+
+def changed_keys(old: Any, new: dict[str, Any]) -> list[str] | None:
+    """The keys whose digests differ between two `key_leaves`; None when `old` is not one."""
+    if not isinstance(old, dict) or not isinstance(old.get("leaves"), dict):
+        return None
+    if old.get("version") != new["version"]:
+        return ["the stage key version (dflashx changed what keys hash)"]
+    a, b = old["leaves"], new["leaves"]
+    return [k for k in dict.fromkeys([*b, *a]) if a.get(k) != b.get(k)]
+
+
+def why_text(verb: str, changed: list[str] | None) -> str:
+    """`re-runs: stages.train.lr changed`, `re-runs: input train.checkpoint changed`, ..."""
+    if not changed:
+        return f"{verb}: its key changed" + (" (the earlier attempt kept no key digests)" if changed is None else "")
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return f"{verb}: {', '.join(changed[:3])}{more} changed"
 
 
 @dataclass
@@ -82,37 +170,20 @@ def plan_stage(plan: dict[str, Any], name: str) -> dict[str, Any]:
     return next((s for s in plan.get("stages", []) if s.get("name") == name), {})
 
 
-@contextmanager
-def _stage_log(path: Path) -> Iterator[None]:
-    """Copy the `dflashx` loggers' INFO+ lines, redacted, to the stage's stage.log."""
-    logger = logging.getLogger("dflashx")
-    handler = logging.FileHandler(path, encoding="utf-8", delay=True)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(RedactingFilter())
-    previous = logger.level
-    if logger.getEffectiveLevel() > logging.INFO:
-        logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(previous)
-        handler.close()
-
-
 class Orchestrator:
     """One `dflashx run` invocation over one run directory (holds its lock while running)."""
 
     def __init__(self, recipe: ResolvedRecipe, plan: dict[str, Any], run_dir: Path, argv: Sequence[str],
-                 echo: Echo = print, on_progress: Callable[[Path], object] | None = None):
+                 echo: Echo = print, on_progress: Callable[[Path], object] | None = None,
+                 observer: RunObserver | None = None):
         self.recipe = recipe
         self.on_progress = on_progress  # rewrites PROGRESS.md (the CLI passes dflashx.report.progress)
         self.plan = plan
         self.resolved: dict[str, Any] = recipe.model_dump(mode="json")  # for provenance and W&B
         self.rundir = RunDir(Path(run_dir).resolve())
         self.argv = list(argv)
-        self.echo = echo
+        self.observer = observer or EchoObserver(echo)
+        self._quiet: set[str] = set()  # stages whose metrics the observer failed on
 
     def run(self, selection: Selection) -> RunResult:
         run_id = self.rundir.ensure(self.recipe.name)
@@ -125,10 +196,12 @@ class Orchestrator:
             started = time.monotonic()
             self.records.append("run_start", argv=redact_argv(self.argv), pid=os.getpid(),
                                 host=socket.gethostname(), stages=selection.stages)
+            self.observer.run_started(self.rundir.path, selection.stages)
             try:
                 for name in selection.stages:
                     outcome = self._stage(name, force=name in selection.force)
                     result.outcomes.append(outcome)
+                    self.observer.stage_ended(outcome)
                     if outcome.state not in OK_STATES:
                         break
             finally:
@@ -152,7 +225,6 @@ class Orchestrator:
     def _stage(self, name: str, force: bool) -> StageOutcome:
         if not getattr(self.recipe.stages, name).enabled:
             self.records.append("stage_skipped", stage=name, reason="disabled")
-            self.echo(f"- {name}: disabled (stages.{name}.enabled=false)")
             return StageOutcome(name, "disabled")
         manifest = Manifest.load(self.rundir.path)
         key = stage_key(name, self.recipe, manifest)
@@ -164,14 +236,25 @@ class Orchestrator:
         done = self.rundir.success(name)
         if done and done.get("stage_key") == key.key and not force:
             self.records.append("stage_skipped", stage=name, stage_key=key.key, reason="done")
-            self.echo(f"= {name}: done, key {key.key[:12]} unchanged (skipped)")
             return StageOutcome(name, "skipped", key.key)
         try:
             fn = load_stage(name)
         except Exception as e:  # noqa: BLE001 - a stage module that fails to import is a crash
             return self._crashed(name, key.key, e)
+        leaves = key_leaves(key_material(name, self.recipe, key.inputs))
+        reason = self._reason(name, key.key, leaves, force)
         self._set_aside(name, key.key, manifest, forced=force)
-        return self._execute(name, fn, key)
+        return self._execute(name, fn, key, leaves, reason)
+
+    def _reason(self, name: str, key: str, leaves: dict[str, Any], forced: bool) -> str | None:
+        """Why the stage runs: None the first time, else what changed since its last attempt here."""
+        done = self.rundir.success(name)
+        marker = done or self.rundir.started(name)
+        if marker is None:
+            return None
+        if marker.get("stage_key") == key:
+            return "re-runs: --force" if done and forced else "resumes the interrupted attempt"
+        return why_text("re-runs" if done else "starts over", changed_keys(marker.get("key_leaves"), leaves))
 
     def _set_aside(self, name: str, key: str, manifest: Manifest, forced: bool) -> None:
         """Move an outdated (or forced) stage folder aside and mark its artifacts garbage."""
@@ -188,28 +271,31 @@ class Orchestrator:
                               stage_key=old_key, description="unfinished output of an outdated attempt")
         manifest.save()
         self.records.append("warning", stage=name, message=f"moved outdated {name}/ to {moved}/ (garbage)")
-        self.echo(f"~ {name}: outputs of key {old_key[:12]} moved to {moved}/ (garbage; `dflashx gc` deletes it)")
+        self.observer.message(f"~ {name}: outputs of key {old_key[:12]} moved to {moved}/ "
+                              "(garbage; `dflashx gc` deletes it)")
 
-    def _execute(self, name: str, fn: Callable[[StageContext], StageResult], key: StageKey) -> StageOutcome:
+    def _execute(self, name: str, fn: Callable[[StageContext], StageResult], key: StageKey,
+                 leaves: dict[str, Any], reason: str | None) -> StageOutcome:
         out_dir = self.rundir.stage_dir(name)
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.rundir.mark_started(name, key.key)
+        self.rundir.mark_started(name, key.key, leaves)
         manifest = Manifest.load(self.rundir.path)
         inputs = {n: self.rundir.path / manifest.entries[n].path for n in key.inputs}
         stage_plan = plan_stage(self.plan, name)
         ctx = StageContext(name=name, recipe=self.recipe, plan=stage_plan, run_dir=self.rundir.path,
                            out_dir=out_dir, inputs=inputs)
-        self.echo(f"> {name}: running (key {key.key[:12]})")
-        self.records.append("stage_start", stage=name, stage_key=key.key, pid=os.getpid(), host=socket.gethostname())
+        self.records.append("stage_start", stage=name, stage_key=key.key, pid=os.getpid(), host=socket.gethostname(),
+                            reason=reason)
         self._write_progress()
         attempt = _Attempt(name, key, stage_plan.get("estimates") or {})
+        self.observer.stage_started(name, key.key, reason, attempt.estimates.get("seconds"))
         config = {"recipe": self.resolved, "plan": stage_plan.get("estimates", {}), "stage_key": key.key}
         try:
-            with _stage_log(out_dir / "stage.log"), stage_tracker(
+            with captured(out_dir / "stage.log"), stage_tracker(
                 records=self.records, tracking=self.recipe.tracking, run_id=self.records.run_id, stage=name,
                 run_dir=self.rundir.path, config=config,
             ) as tracker:
-                ctx.log = tracker
+                ctx.log = self._metric_logger(name, tracker)
                 result = fn(ctx)
                 outputs = self._register(name, key, result, out_dir)
                 tracker.summary(result.metrics)
@@ -223,11 +309,24 @@ class Orchestrator:
             return self._failed(attempt, self._save_traceback(name, e), type(e).__name__, {})
         duration = attempt.elapsed
         self._write_provenance(attempt, "done", {n: o["sha256"] for n, o in outputs.items()})
-        self.rundir.mark_success(name, key.key, duration)
+        self.rundir.mark_success(name, key.key, duration, leaves)
         self.records.append("stage_end", stage=name, stage_key=key.key, duration_s=duration,
                             metrics=redact(result.metrics), outputs=outputs)
-        self.echo(f"+ {name}: done in {duration:.1f}s")
-        return StageOutcome(name, "done", key.key, duration_s=duration)
+        return StageOutcome(name, "done", key.key, duration_s=duration, metrics=redact(result.metrics))
+
+    def _metric_logger(self, name: str, tracker: Any) -> Callable[..., None]:
+        """`ctx.log`: the tracker (records.jsonl, W&B), then the observer (a failure there: one warning)."""
+        def log(metrics: dict[str, Any], step: int | None = None) -> None:
+            tracker.log(metrics, step)
+            if name in self._quiet:
+                return
+            try:
+                self.observer.stage_metrics(name, metrics, step)
+            except Exception as e:  # noqa: BLE001 - the view never stops a stage
+                self._quiet.add(name)
+                self.records.append("warning", stage=name, message=f"progress display failed: {type(e).__name__}: {e}")
+
+        return log
 
     def _register(self, name: str, key: StageKey, result: StageResult, out_dir: Path) -> dict[str, dict[str, Any]]:
         """Register the stage's artifacts (tiers from the recipe's overrides) and save the manifest."""
@@ -262,7 +361,7 @@ class Orchestrator:
         self._write_provenance(attempt, "failed", {}, message)
         self.records.append("stage_failed", stage=attempt.stage, stage_key=attempt.key.key, duration_s=attempt.elapsed,
                             error=error, message=redact_text(message), metrics=redact(metrics))
-        return self._fail(attempt.stage, attempt.key.key, message)
+        return self._fail(attempt.stage, attempt.key.key, message, metrics, attempt.elapsed)
 
     def _save_traceback(self, name: str, exc: BaseException) -> str:
         """Write the (redacted) traceback to <stage>/error.log; return the one-line message."""
@@ -275,17 +374,19 @@ class Orchestrator:
         self.records.append("stage_failed", stage=name, stage_key=key, error=type(exc).__name__, message=redact_text(message))
         return self._fail(name, key, message)
 
-    def _fail(self, name: str, key: str, message: str) -> StageOutcome:
-        self.echo(f"x {name}: failed: {redact_text(message)}")
-        return StageOutcome(name, "failed", key, redact_text(message))
+    def _fail(self, name: str, key: str, message: str, metrics: dict[str, Any] | None = None,
+              duration: float | None = None) -> StageOutcome:
+        return StageOutcome(name, "failed", key, redact_text(message), duration, redact(metrics or {}))
 
 
 def run_pipeline(recipe: ResolvedRecipe, plan: dict[str, Any], run_dir: Path, selection: Selection,
                  argv: Sequence[str] = (), echo: Echo = print,
-                 on_progress: Callable[[Path], object] | None = None) -> RunResult:
+                 on_progress: Callable[[Path], object] | None = None,
+                 observer: RunObserver | None = None) -> RunResult:
     """Run the selected stages of `recipe` in `run_dir` (see the module docstring); `on_progress`
-    is called with the run folder as each stage starts and when the run ends (PROGRESS.md)."""
-    return Orchestrator(recipe, plan, run_dir, argv, echo, on_progress).run(selection)
+    is called with the run folder as each stage starts and when the run ends (PROGRESS.md);
+    `observer` (default: lines through `echo`) sees the run as it goes."""
+    return Orchestrator(recipe, plan, run_dir, argv, echo, on_progress, observer).run(selection)
 
 
 def default_run_dir(recipe: ResolvedRecipe) -> Path:

@@ -4,8 +4,10 @@
     <run_dir>/recipe.yaml         resolved recipe, redacted
     <run_dir>/plan.json           the plan, redacted
     <run_dir>/.lock               held (flock) by the `dflashx run` using the dir
-    <run_dir>/<stage>/_STARTED    JSON {stage_key, started_at}: the key of the attempt writing here
-    <run_dir>/<stage>/_SUCCESS    JSON {stage_key, finished_at, duration_s}: written last, atomically
+    <run_dir>/<stage>/_STARTED    JSON {stage_key, started_at, key_leaves}: the attempt writing here
+    <run_dir>/<stage>/_SUCCESS    JSON {stage_key, finished_at, duration_s, key_leaves}: written last
+`key_leaves` ({version, leaves: {dotted key or "input <artifact>": digest}}, from
+`dflashx.run.orchestrator.key_leaves`) lets the next run say which keys changed.
 A stage folder persists across killed runs; only `_SUCCESS` says it is complete. A folder whose
 `_STARTED` or `_SUCCESS` key differs from the current key is moved to `<stage>.superseded-<key8>`.
 """
@@ -73,12 +75,13 @@ class RunDir:
     def success(self, stage: str) -> dict[str, Any] | None:
         return _read_json(self.stage_dir(stage) / SUCCESS)
 
-    def mark_started(self, stage: str, key: str) -> None:
-        atomic_write_json(self.stage_dir(stage) / STARTED, {"stage_key": key, "started_at": utc_now()})
+    def mark_started(self, stage: str, key: str, leaves: dict[str, Any] | None = None) -> None:
+        atomic_write_json(self.stage_dir(stage) / STARTED,
+                          {"stage_key": key, "started_at": utc_now()} | _leaves(leaves))
 
-    def mark_success(self, stage: str, key: str, duration_s: float) -> None:
-        atomic_write_json(self.stage_dir(stage) / SUCCESS,
-                          {"stage_key": key, "finished_at": utc_now(), "duration_s": round(duration_s, 3)})
+    def mark_success(self, stage: str, key: str, duration_s: float, leaves: dict[str, Any] | None = None) -> None:
+        atomic_write_json(self.stage_dir(stage) / SUCCESS, {"stage_key": key, "finished_at": utc_now(),
+                                                            "duration_s": round(duration_s, 3)} | _leaves(leaves))
 
     def supersede(self, stage: str, old_key: str) -> str:
         """Move the stage folder aside; returns the new folder name (relative to the run dir)."""
@@ -119,6 +122,10 @@ class RunDir:
                 return True
             fcntl.flock(handle, fcntl.LOCK_UN)
             return False
+
+
+def _leaves(leaves: dict[str, Any] | None) -> dict[str, Any]:
+    return {} if leaves is None else {"key_leaves": leaves}
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
