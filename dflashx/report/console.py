@@ -378,9 +378,10 @@ def next_commands(result: RunResult, rerun: str, retrain: str | None = None) -> 
         return commands
     commands = [(f"dflashx status {run}", "each stage's state, key, timings and headline figures"),
                 (f"dflashx inventory {run}", "every artifact: tier, size, where it is, checksums")]
-    report = result.run_dir / "qc" / "report" / "report.md"
-    if report.is_file():
-        commands.append((f"less {_shown(report)}", "the QC report of the generated data"))
+    for rel, what in (("qc/report/report.md", "the QC report of the generated data"),
+                      ("export/drafter/README.md", "how to serve the exported drafter (SGLang, vLLM)")):
+        if (result.run_dir / rel).is_file():
+            commands.append((f"less {run}/{rel}", what))
     if retrain:
         commands.append((retrain, "another learning rate: only train, eval and export re-run, and say why"))
     commands.append((f"dflashx compare {run} OTHER_RUN", "two runs side by side: recipe differences, results"))

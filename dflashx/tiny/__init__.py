@@ -17,6 +17,7 @@ end-to-end tests that cannot spend minutes on the full build.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def resolve_builtin(value: str) -> Path:
     if name in MODEL_NAMES:
         from dflashx.tiny.build import ensure_tiny_target
 
-        return ensure_tiny_target(name, small=_small())
+        return ensure_tiny_target(name, small=_small(), log=logging.getLogger("dflashx.tiny").info)
     if name in PROMPT_FILES:
         from dflashx.tiny.build import build_key, BuildSettings
 
