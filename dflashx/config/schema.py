@@ -208,7 +208,16 @@ class HardwareProfile(Strict):
     gpus_per_node: int = Field(0, ge=0, description="GPUs per node (0 for the CPU profile).")
     nodes: int = Field(1, ge=1, description="Nodes used together.")
     interconnect: str = Field("none", description="GPU interconnect, e.g. `NVLink 5` or `PCIe 5`.")
+    interconnect_gbs: FiniteFloat | None = Field(
+        None, gt=0, description="GPU-to-GPU bandwidth inside a node, per GPU and direction, GB/s; null = one GPU."
+    )
+    internode_gbs: FiniteFloat | None = Field(
+        None, gt=0, description="Network bandwidth between nodes, per GPU and direction, GB/s; null = one node."
+    )
+    host_memory_gb: FiniteFloat | None = Field(None, gt=0, description="Host (CPU) memory per node, GB; null = unknown.")
     usd_per_gpu_hour: FiniteFloat = Field(0.0, ge=0, description="Rental price per GPU-hour, for cost estimates.")
+    usd_source: str = Field("", description="Where the price comes from (provider, list or quote).")
+    usd_date: str = Field("", description="When the price was read (YYYY-MM).")
     cpu_tflops: FiniteFloat = Field(0.2, gt=0, description="Used when `gpu` is null.")
     cpu_bandwidth_tbs: FiniteFloat = Field(0.02, gt=0, description="Host memory bandwidth, TB/s; used when `gpu` is null.")
     serving: ServingDefaults = Field(
