@@ -1,36 +1,38 @@
-"""One DFlash training step at real layer shapes: useful TFLOP/s, MFU, memory; optimized vs naive.
+"""The product's DFlash training step at real layer shapes, beside the naive step: ms, MFU, memory.
 
 Targets have the real per-layer shapes of Qwen3-32B (dense) and Qwen3.6-27B (qwen3_5 text: Gated
-DeltaNet 3:1 with full attention), random weights and fewer layers (`--target-layers`), so the
-step fits one GPU; the tapped layers follow the DFlash spread over that many layers. The drafter
-is the 5-layer DFlash drafter at the target's width. Per shape, in the same process:
+DeltaNet 3:1 with full attention), random weights and fewer layers (`--target-layers`), so the step
+fits one GPU; the tapped layers follow the DFlash spread over that many layers. The drafter is the
+5-layer DFlash drafter at the target's width. Per shape, in one process:
 
-- peak:      a bf16 (and fp8, where `torch._scaled_mm` runs) matmul measured now: the MFU reference;
-- optimized: target forward stopped after the deepest tapped layer (hooks, no output_hidden_states,
-             no LM head), drafter with per-anchor block masks (flex attention on CUDA), LM head
-             only on supervised slots, chunked; drafter fwd + bwd + AdamW step;
-- fp8:       the same with the frozen target's linear layers in FP8 (dflashx.dflash.fp8, as training
-             runs it for `target.precision: fp8`);
-- naive:     target with output_hidden_states=True over all layers and its full logits, drafter
-             attention dense over all context + block keys (materialised mask), full-vocabulary
-             logits for every block slot.
-Useful FLOPs (dflashx.dflash.metrics): target forward up to the deepest tapped layer, drafter
-forward + backward with attention only over the keys each query may see, LM head on supervised
-slots; the same count divides every variant's time, so the naive step's extra work is waste.
+- naive:    HF `output_hidden_states=True` over all layers plus the target's logits, the drafter's
+            attention dense over every context and block key (materialised mask, SDPA),
+            full-vocabulary logits for every block slot, plain AdamW on bf16 weights;
+- trainer:  `dflashx.dflash.step.TrainStep` — the DeepSpeed engine `run_training` builds, from a
+            resolved recipe (one-GPU H200 profile, ZeRO 2), stepped on the same batch; one row per
+            recipe variant (`VARIANTS`: eager, the GPU defaults — compiled drafter, liger loss —, bf16
+            master weights, `drafter.precision: fp8`, then `target.precision: fp8`).
+Useful FLOPs (`dflashx.dflash.metrics.step_flops`, the one FLOP model) divide every row's time, so
+the naive step's extra work counts as waste; MFU is against a bf16 8192^3 matmul measured first.
+`--curve-steps N` then trains N steps on a learnable synthetic stream with a bf16 and an fp8 drafter
+(same seed, data and schedule) and compares the loss curves.
 
-    python -m benchmarks.train_step                 # both shapes on the GPU
-    python -m benchmarks.train_step --tiny          # small shapes on CPU (a smoke test)
-Writes benchmarks/results/train_step.json (train_step_tiny.json with --tiny, or --out) and prints a table.
+    python -m benchmarks.train_step                     # both shapes and the curves, on the GPU
+    python -m benchmarks.train_step --tiny              # small shapes on CPU (a smoke test)
+Each row is printed as it completes and the JSON (benchmarks/results/train_step.json, _tiny with
+--tiny, or --out) is rewritten after every row, so a killed run keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,16 +48,17 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
-from dflashx.dflash.anchors import build_block_batch
+from dflashx.config.load import load_profile
 from dflashx.config.schema import Recipe
-from dflashx.dflash.capture import FeatureCapture
-from dflashx.dflash.config import DFlashConfig
+from dflashx.dflash.anchors import build_block_batch, sample_anchors
+from dflashx.dflash.distributed import setup_distributed
 from dflashx.dflash.fp8 import target_to_fp8
-from dflashx.dflash.loss import dflash_loss
+from dflashx.dflash.job import TrainJob
 from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.metrics import step_flops
-from dflashx.dflash.model import DFlashDrafter
-from dflashx.resolve import ResolvedRecipe, resolve
+from dflashx.dflash.step import TrainStep
+from dflashx.dflash.trainer import build_drafter
+from dflashx.resolve import resolve
 from dflashx.resolve.formulas import spread_layer_ids
 from dflashx.targets.read_config import facts_from_config
 
@@ -73,6 +76,19 @@ SHAPES: dict[str, dict[str, Any]] = {
 TINY = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
         "intermediate_size": 128, "vocab_size": 512, "mask_token_id": 511, "linear_num_key_heads": 2,
         "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16}
+# trainer rows: (name, recipe overrides); `target.precision: fp8` converts the target in place: last.
+# "varying lengths" (--vary) first steps two other lengths, so the timed graphs are the dynamic-shape
+# ones a run over real data settles on.
+VARY = "trainer, varying lengths"
+VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    ("trainer eager", {"stages": {"train": {"compile": False, "loss_kernel": "torch"}}}),
+    ("trainer", {}),
+    (VARY, {}),
+    ("trainer, liger loss", {"stages": {"train": {"loss_kernel": "liger"}}}),
+    ("trainer, bf16 master", {"stages": {"train": {"master_weights": "bf16"}}}),
+    ("trainer, fp8 drafter", {"drafter": {"precision": "fp8"}}),
+    ("trainer, fp8 drafter + target", {"drafter": {"precision": "fp8"}, "target": {"precision": "fp8"}}),
+]
 
 
 def build_target(shape: dict[str, Any], layers: int, device: str, dtype: torch.dtype) -> nn.Module:
@@ -82,15 +98,44 @@ def build_target(shape: dict[str, Any], layers: int, device: str, dtype: torch.d
     fields = {k: v for k, v in shape.items() if k not in ("model_type", "mask_token_id")}
     common = dict(num_hidden_layers=layers, max_position_embeddings=65536, tie_word_embeddings=False, **fields)
     if shape["model_type"] == "qwen3":
-        config = Qwen3Config(**common)
-        cls = Qwen3ForCausalLM
+        config, cls = Qwen3Config(**common), Qwen3ForCausalLM
     else:
         types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
-        config = Qwen3_5TextConfig(layer_types=types, **common)
-        cls = Qwen3_5ForCausalLM
+        config, cls = Qwen3_5TextConfig(layer_types=types, **common), Qwen3_5ForCausalLM
     with torch.device(device):
         model = cls(config).to(dtype)
     return model.eval().requires_grad_(False)
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out.get(key, {}), value) if isinstance(value, dict) else value
+    return out
+
+
+def make_job(name: str, shape: dict[str, Any], target: nn.Module, args, overrides: dict[str, Any],
+             stage_dir: str) -> TrainJob:
+    """The TrainJob the train stage would build for this shape and variant (resolved recipe)."""
+    hardware = load_profile("h200_x1").model_dump() if torch.cuda.is_available() else {"name": "cpu"}
+    recipe = _merge({
+        "name": name, "dataset": {"sources": [{"name": "random", "path": "unused.jsonl"}]},
+        "target": {"model": name}, "hardware": hardware,
+        "drafter": {"num_layers": args.drafter_layers, "block_size": args.block, "mask_token_id": shape["mask_token_id"],
+                    "target_layer_ids": spread_layer_ids(args.target_layers, 5)},
+        "stages": {"train": {"zero_stage": 2, "anchors_per_seq": args.anchors, "max_length": args.seq,
+                             }}}, overrides)
+    resolved = resolve(Recipe.model_validate(recipe), facts_from_config(target.config.to_dict(), name=name))
+    return TrainJob.of(resolved, stage_dir, "-", "-")
+
+
+def random_batch(vocab: int, seq: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """One collated row as the data loader gives it: random tokens, the first eighth a prompt without loss."""
+    g = torch.Generator().manual_seed(seed)
+    loss_mask = torch.ones(1, seq, dtype=torch.long)
+    loss_mask[:, : seq // 8] = 0
+    return {"input_ids": torch.randint(0, vocab - 2, (1, seq), generator=g), "loss_mask": loss_mask,
+            "attention_mask": torch.ones(1, seq, dtype=torch.long), "index": torch.tensor([seed])}
 
 
 def _sync() -> None:
@@ -98,16 +143,20 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def timed(fn: Callable[[], Any], warmup: int, iters: int) -> float:
-    """Mean seconds per call after `warmup` calls."""
-    for _ in range(warmup):
+def timed(fn: Callable[[], Any], warmup: int, iters: int) -> tuple[float, float]:
+    """(seconds of the first call, mean seconds per call after `warmup` calls)."""
+    t0 = time.perf_counter()
+    fn()
+    _sync()
+    first = time.perf_counter() - t0
+    for _ in range(warmup - 1):
         fn()
     _sync()
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
     _sync()
-    return (time.perf_counter() - t0) / iters
+    return first, (time.perf_counter() - t0) / iters
 
 
 def matmul_peak(device: str, n: int, fp8: bool) -> float | None:
@@ -121,169 +170,206 @@ def matmul_peak(device: str, n: int, fp8: bool) -> float | None:
     else:
         fn = lambda: a @ b
     try:
-        seconds = timed(fn, 3, 20 if device == "cuda" else 2)
+        _, seconds = timed(fn, 3, 20 if device == "cuda" else 2)
     except (RuntimeError, TypeError):
         return None
     return 2 * n**3 / seconds / 1e12
 
 
-class Step:
-    """One training step's tensors and the two ways of running it."""
+class NaiveStep:
+    """The naive online step: all hidden states and logits of the target, a dense mask over every key,
+    full-vocabulary logits for every slot, plain AdamW."""
 
-    def __init__(self, target: nn.Module, drafter: DFlashDrafter, recipe: ResolvedRecipe, seq: int, anchors: int,
-                 device: str, seed: int = 0):
-        cfg = drafter.config
-        g = torch.Generator().manual_seed(seed)
-        self.target, self.drafter, self.cfg, self.facts = target, drafter, cfg, recipe.target.facts
-        self.input_ids = torch.randint(0, cfg.vocab_size - 2, (1, seq), generator=g)
-        loss_mask = torch.ones(1, seq, dtype=torch.long)
-        loss_mask[:, : seq // 8] = 0  # a prompt without loss
-        valid = torch.nonzero(loss_mask[0, :-1].bool() & loss_mask[0, 1:].bool()).flatten()
-        picked = valid[torch.randperm(len(valid), generator=g)[:anchors]].sort().values
-        self.batch = build_block_batch(self.input_ids, loss_mask, [picked], cfg.block_size, cfg.mask_token_id,
-                                       recipe.stages.train.loss_gamma).to(device)
-        self.input_ids = self.input_ids.to(device)
-        self.capture = FeatureCapture(target, cfg.target_layer_ids)
-        self.embed = target.get_input_embeddings()
+    def __init__(self, target: nn.Module, job: TrainJob, batch: dict[str, torch.Tensor], device: str):
+        self.target, self.device = target, device
+        with torch.device(device):
+            self.drafter = build_drafter(job, target.config).to(torch.bfloat16 if device == "cuda" else torch.float32)
+        cfg, train = self.drafter.config, job.train
+        self.cfg = cfg
+        anchors = sample_anchors(batch["loss_mask"][0], train.anchors_per_seq, train.seed, 0, 0)
+        self.blocks = build_block_batch(batch["input_ids"], batch["loss_mask"], [anchors], cfg.block_size,
+                                        cfg.mask_token_id, train.loss_gamma).to(device)
+        self.input_ids = batch["input_ids"].to(device)
         self.head = target.get_output_embeddings().weight
-        self.ctx_pos = torch.arange(seq, device=device)[None]
-        self.opt = torch.optim.AdamW(drafter.parameters(), lr=1e-5, fused=device == "cuda")
+        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=1e-5, fused=device == "cuda")
 
-    def useful_flops(self) -> float:
-        """The one FLOP model (dflashx.resolve.flops), as the trainer and the planner count."""
-        return step_flops(self.facts, self.cfg, [self.input_ids.shape[1]], self.batch)
-
-    def _train(self, features: torch.Tensor, mask: DraftMask, full_logits: bool) -> torch.Tensor:
-        d, b = self.drafter, self.batch
-        hidden = d(self.embed(b.block_ids), d.fuse(features), b.block_positions, self.ctx_pos, mask)
-        if full_logits:
-            logits = (hidden @ self.head.t()).float()
-            ce = F.cross_entropy(logits.flatten(0, 1), b.labels.flatten(), reduction="none")
-            w = b.weights.flatten()
-            loss = (ce * w).sum() / w.sum()
-        else:
-            loss = dflash_loss(hidden, self.head, b.labels, b.weights, self.cfg.block_size).loss
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return loss.detach()
-
-    def optimized(self) -> torch.Tensor:
-        with torch.no_grad():
-            features = self.capture.capture(self.input_ids)
-        mask = DraftMask(self.batch.anchors, self.input_ids.shape[1], self.cfg.block_size)
-        return self._train(features, mask, full_logits=False)
-
-    def naive(self) -> torch.Tensor:
+    def __call__(self) -> None:
+        d, b, cfg = self.drafter, self.blocks, self.cfg
         with torch.no_grad():
             out = self.target(self.input_ids, output_hidden_states=True, use_cache=False)
-            features = torch.cat([out.hidden_states[i + 1] for i in self.cfg.target_layer_ids], -1)
+            features = torch.cat([out.hidden_states[i + 1] for i in cfg.target_layer_ids], -1)
             out.logits.float().sum()  # the target's full logits are materialised, as a naive step does
-        mask = DraftMask(self.batch.anchors, self.input_ids.shape[1], self.cfg.block_size, backend="sdpa")
-        return self._train(features, mask, full_logits=True)
+        width = self.input_ids.shape[1]
+        mask = DraftMask(b.anchors, width, cfg.block_size, backend="sdpa")
+        positions = torch.arange(width, device=self.device)[None]
+        hidden = d(self.target.get_input_embeddings()(b.block_ids), d.fuse(features), b.block_positions, positions, mask)
+        logits = (hidden @ self.head.t()).float()
+        ce = F.cross_entropy(logits.flatten(0, 1), b.labels.flatten(), reduction="none")
+        w = b.weights.flatten()
+        ((ce * w).sum() / w.sum()).backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
 
 
-def _measure(name: str, fn: Callable[[], Any], flops: float, tokens: int, peak: float | None, args) -> dict[str, Any]:
+def _free() -> None:
+    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+
+
+def _graphs() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _row(name: str, fn: Callable[[], Any], flops: float, tokens: int, peak: float | None, args) -> dict[str, Any]:
     try:
-        seconds = timed(fn, args.warmup, args.iters)
+        first, seconds = timed(fn, args.warmup, args.iters)
     except torch.OutOfMemoryError as exc:
         return {"variant": name, "error": f"out of memory: {str(exc).splitlines()[0]}"}
     tflops = flops / seconds / 1e12
-    return {
-        "variant": name, "step_s": seconds, "tokens_per_s": tokens / seconds, "useful_tflops": tflops,
-        "mfu": tflops / peak if peak else None,
-        "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
-    }
+    return {"variant": name, "step_s": seconds, "first_call_s": first, "tokens_per_s": tokens / seconds,
+            "useful_tflops": tflops, "mfu": tflops / peak if peak else None,
+            "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None}
 
 
-def profile(fn: Callable[[], Any], top: int = 18) -> None:
-    """Print the kernels that take the most device time in one call of `fn`."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with torch_profile(activities=activities) as prof:
-        fn()
-        _sync()
-    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=60))
+def _print_row(shape: str, r: dict[str, Any], naive_s: float | None) -> None:
+    if "error" in r:
+        print(f"{shape:20} {r['variant']:32} {r['error']}", flush=True)
+        return
+    mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
+    mem = f"{r['peak_memory_gb']:.1f}" if r["peak_memory_gb"] is not None else "-"
+    speed = f"{naive_s / r['step_s']:.2f}x" if naive_s else "-"
+    print(f"{shape:20} {r['variant']:32} {r['step_s'] * 1e3:8.1f} {r['useful_tflops']:8.1f} {mfu:>6} {mem:>7} "
+          f"{speed:>7} {r['first_call_s']:7.1f}", flush=True)
 
 
-def run_shape(name: str, shape: dict[str, Any], args, device: str, peaks: dict[str, float | None]) -> dict[str, Any]:
+def run_shape(name: str, shape: dict[str, Any], args, device: str, peaks: dict[str, float | None],
+              save: Callable[[], None], result: dict[str, Any]) -> None:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(0)
     target = build_target(shape, args.target_layers, device, dtype)
-    ids = spread_layer_ids(args.target_layers, 5)
-    recipe = resolve(Recipe.model_validate({
-        "name": name, "dataset": {"sources": [{"name": "random", "path": "unused.jsonl"}]},
-        "target": {"model": name}, "hardware": {"name": "benchmark"},
-        "drafter": {"num_layers": args.drafter_layers, "block_size": args.block, "target_layer_ids": ids,
-                    "mask_token_id": shape["mask_token_id"]}}), facts_from_config(target.config.to_dict(), name=name))
-    with torch.device(device):
-        drafter = DFlashDrafter(DFlashConfig.from_target(recipe.drafter, target.config)).to(dtype)
-    step = Step(target, drafter, recipe, args.seq, args.anchors, device)
-    flops, tokens = step.useful_flops(), args.seq
-    rows = [_measure("optimized", step.optimized, flops, tokens, peaks["bf16"], args),
-            _measure("naive", step.naive, flops, tokens, peaks["bf16"], args)]
-    if args.compile:
-        for layer in drafter.layers:
-            layer.compile()  # fuses the norms, RoPE and SwiGLU around the matmuls
-        rows.append(_measure("optimized+compile", step.optimized, flops, tokens, peaks["bf16"], args))
-    if peaks["fp8"] and not args.no_fp8:
-        swapped = target_to_fp8(target, torch.device(device), depth=max(ids) + 1)
-        label = "optimized+compile+fp8-target" if args.compile else "optimized+fp8-target"
-        row = _measure(label, step.optimized, flops, tokens, peaks["bf16"], args)
-        rows.append(row | {"fp8_linears": swapped})
-    if args.profile:
-        profile(step.optimized)
-    by = {r["variant"]: r for r in rows}
-    speedup = None
-    if "step_s" in by["optimized"] and "step_s" in by["naive"]:
-        speedup = by["naive"]["step_s"] / by["optimized"]["step_s"]
-    return {
-        "shape": name, "target_layers": args.target_layers, "tapped": ids, "drafter_layers": args.drafter_layers,
-        "seq": args.seq, "anchors": int((step.batch.anchors >= 0).sum()), "block": args.block,
-        "useful_tflop_per_step": flops / 1e12, "speedup_vs_naive": speedup, "rows": rows,
-        "target_params_b": sum(p.numel() for p in target.parameters()) / 1e9,
-        "drafter_params_b": sum(p.numel() for p in drafter.parameters()) / 1e9,
-    }
+    batch = random_batch(shape["vocab_size"], args.seq)
+    with tempfile.TemporaryDirectory() as stage:
+        job = make_job(name, shape, target, args, {}, stage)
+        naive = NaiveStep(target, job, batch, device)
+        flops = step_flops(job.target.facts, naive.cfg, [args.seq], naive.blocks)
+        result.update({"shape": name, "target_layers": args.target_layers, "tapped": job.drafter.target_layer_ids,
+                       "drafter_layers": args.drafter_layers, "seq": args.seq, "anchors": int((naive.blocks.anchors >= 0).sum()),
+                       "block": args.block, "useful_tflop_per_step": flops / 1e12, "rows": []})
+        _free()
+        row = _row("naive", naive, flops, args.seq, peaks["bf16"], args)
+        del naive
+        result["rows"].append(row)
+        naive_s = row.get("step_s")
+        _print_row(name, row, None)
+        save()
+        for variant, overrides in VARIANTS:
+            if "target" in overrides and (not peaks["fp8"] or args.no_fp8):
+                continue
+            if ("drafter" in overrides and args.no_fp8) or (variant == VARY and not args.vary):
+                continue
+            job = make_job(name, shape, target, args, overrides, stage)
+            if job.target.precision == "fp8":
+                target_to_fp8(target, torch.device(device), depth=max(job.drafter.target_layer_ids) + 1)
+            _free()
+            with torch.device(device):
+                drafter = build_drafter(job, target.config)
+            trainer = TrainStep(job, target, drafter, 1000, torch.device(device))
+            graphs = _graphs()
+            if variant == VARY:
+                for i, length in enumerate((args.seq * 3 // 4 + 5, args.seq // 2 + 3)):
+                    trainer.step(random_batch(shape["vocab_size"], length, seed=i + 1), 0)
+            row = _row(variant, lambda: trainer.step(batch, 0), flops, args.seq, peaks["bf16"], args)
+            row["graphs_compiled"] = _graphs() - graphs
+            row |= {"kernels": trainer.kernels, "speedup_vs_naive": naive_s / row["step_s"] if naive_s and "step_s" in row else None}
+            trainer.engine.destroy()
+            del trainer, drafter
+            result["rows"].append(row)
+            _print_row(name, row, naive_s)
+            save()
+
+
+def markov_batches(vocab: int, seq: int, steps: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """A learnable stream: each token is a fixed random successor of the previous one 90% of the
+    time, else random (over 4096 token ids), so the loss falls gradually over a few hundred steps."""
+    g = torch.Generator().manual_seed(seed)
+    ids = min(4096, vocab - 2)
+    successor = torch.randperm(ids, generator=g)
+    out = []
+    for i in range(steps):
+        row = torch.empty(seq, dtype=torch.long)
+        row[0] = torch.randint(0, ids, (1,), generator=g)
+        noise = torch.rand(seq, generator=g) < 0.1
+        rand = torch.randint(0, ids, (seq,), generator=g)
+        for t in range(1, seq):
+            row[t] = rand[t] if noise[t] else successor[row[t - 1]]
+        batch = random_batch(vocab, seq, seed=i)
+        batch["input_ids"] = row[None]
+        out.append(batch)
+    return out
+
+
+def loss_curves(args, device: str, save: Callable[[], None], result: dict[str, Any]) -> None:
+    """`--curve-steps` steps with a bf16 and an fp8 drafter on the same stream; compare the losses."""
+    name, shape = "qwen3-32b-dense", SHAPES["qwen3-32b-dense"] | (TINY if args.tiny else {})
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    target = build_target(shape, args.target_layers, device, dtype)
+    batches = markov_batches(shape["vocab_size"], args.curve_seq, args.curve_steps)
+    result.update({"shape": name, "steps": args.curve_steps, "seq": args.curve_seq, "anchors": args.curve_anchors,
+                   "data": "first-order Markov stream: fixed successor 90%, random 10%, 4096 ids", "losses": {}})
+    curve_args = argparse.Namespace(**(vars(args) | {"anchors": args.curve_anchors, "seq": args.curve_seq}))
+    for precision in ("bf16", "fp8"):
+        with tempfile.TemporaryDirectory() as stage:
+            job = make_job(name, shape, target, curve_args, {"drafter": {"precision": precision}}, stage)
+            _free()
+            with torch.device(device):
+                drafter = build_drafter(job, target.config)
+            trainer = TrainStep(job, target, drafter, args.curve_steps, torch.device(device))
+            t0, losses = time.perf_counter(), []
+            for i, batch in enumerate(batches):
+                losses.append(float(trainer.step(batch, 0).loss.detach()))
+                if i == 9:
+                    _sync()
+                    t0 = time.perf_counter()
+            result["losses"][precision] = losses
+            result[f"{precision}_step_s"] = (time.perf_counter() - t0) / max(len(batches) - 10, 1)
+            trainer.engine.destroy()
+            del trainer, drafter
+        print(f"curve {precision}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, {result[f'{precision}_step_s'] * 1e3:.1f} ms/step",
+              flush=True)
+        save()
+    tail = max(1, min(20, args.curve_steps // 4))
+    a, b = (sum(result["losses"][p][-tail:]) / tail for p in ("bf16", "fp8"))
+    result["last_steps_mean"] = {"steps": tail, "bf16": a, "fp8": b, "relative_difference": (b - a) / a}
+    result["fp8_speedup"] = result["bf16_step_s"] / result["fp8_step_s"]
+    print(f"curve: mean loss of the last {tail} steps bf16 {a:.4f}, fp8 {b:.4f} ({(b - a) / a:+.2%}); "
+          f"fp8 step {result['fp8_speedup']:.2f}x bf16", flush=True)
+    save()
 
 
 def environment(device: str) -> dict[str, Any]:
     import transformers
 
-    env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-           "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
-           "flash_linear_attention": importlib.util.find_spec("fla") is not None,
-           "causal_conv1d": importlib.util.find_spec("causal_conv1d") is not None,
-           "torchao": importlib.util.find_spec("torchao") is not None}
-    return env
-
-
-def print_table(results: list[dict[str, Any]], peaks: dict[str, float | None]) -> None:
-    print(f"measured peaks: bf16 {peaks['bf16'] or 0:.1f} TFLOP/s, fp8 {peaks['fp8'] or 0:.1f} TFLOP/s")
-    head = f"{'shape':22} {'variant':28} {'step s':>8} {'tok/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'mem GB':>7}"
-    print(head + "\n" + "-" * len(head))
-    for res in results:
-        for r in res["rows"]:
-            if "error" in r:
-                print(f"{res['shape']:22} {r['variant']:28} {r['error']}")
-                continue
-            mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-            mem = f"{r['peak_memory_gb']:.1f}" if r["peak_memory_gb"] is not None else "-"
-            print(f"{res['shape']:22} {r['variant']:28} {r['step_s']:8.3f} {r['tokens_per_s']:9.0f} "
-                  f"{r['useful_tflops']:8.1f} {mfu:>6} {mem:>7}")
-        if res["speedup_vs_naive"]:
-            print(f"{res['shape']:22} speed-up vs naive: {res['speedup_vs_naive']:.2f}x")
+    versions = {}
+    for name in ("deepspeed", "torchao", "liger_kernel", "fla", "triton"):
+        try:
+            versions[name] = getattr(__import__(name), "__version__", "?")
+        except ImportError:
+            versions[name] = None
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+            "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+            "causal_conv1d": importlib.util.find_spec("causal_conv1d") is not None, **versions}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tiny", action="store_true", help="small shapes (CPU smoke test)")
-    p.add_argument("--shape", choices=["all", *SHAPES], default="all")
+    p.add_argument("--shape", choices=["all", "none", *SHAPES], default="all")
     p.add_argument("--target-layers", type=int, default=16)
     p.add_argument("--drafter-layers", type=int, default=5)
     p.add_argument("--seq", type=int, default=3072)
@@ -292,13 +378,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--no-fp8", action="store_true")
-    p.add_argument("--profile", action="store_true", help="print the top CUDA kernels of one optimized step")
-    p.add_argument("--compile", action="store_true", help="also time the step with torch.compile'd drafter layers")
+    p.add_argument("--vary", action="store_true", help=f"add the row '{VARY}'")
+    p.add_argument("--curve-steps", type=int, default=200, help="fp8 vs bf16 loss curve steps (0: none)")
+    p.add_argument("--curve-seq", type=int, default=1024)
+    p.add_argument("--curve-anchors", type=int, default=128)
     p.add_argument("--out", type=Path, help=f"default {RESULTS.name} ({RESULTS.stem}_tiny.json with --tiny)")
     args = p.parse_args(argv)
     if args.tiny:
         args.target_layers, args.drafter_layers = min(args.target_layers, 6), min(args.drafter_layers, 2)
         args.seq, args.anchors, args.block = min(args.seq, 96), min(args.anchors, 12), min(args.block, 4)
+        args.curve_steps, args.curve_seq, args.curve_anchors = min(args.curve_steps, 12), 64, 8
         args.warmup, args.iters = 1, 1
     return args
 
@@ -306,25 +395,33 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    setup_distributed()
     size = 512 if args.tiny else 8192
     peaks = {"bf16": matmul_peak(device, size, fp8=False),
              "fp8": matmul_peak(device, size, fp8=True) if device == "cuda" else None}
-    names = list(SHAPES) if args.shape == "all" else [args.shape]
-    results = []
-    for name in names:
-        shape = SHAPES[name] | (TINY if args.tiny else {})
-        results.append(run_shape(name, shape, args, device, peaks))
-        if device == "cuda":
-            torch.cuda.empty_cache()
-    print_table(results, peaks)
-    args.out = args.out or RESULTS.with_name(f"{RESULTS.stem}_tiny.json" if args.tiny else RESULTS.name)
+    out = args.out or RESULTS.with_name(f"{RESULTS.stem}_tiny.json" if args.tiny else RESULTS.name)
     report = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-              "environment": environment(device), "peak_tflops": peaks, "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, args.out)
-    print(f"wrote {args.out}")
+              "environment": environment(device), "peak_tflops": peaks, "results": [], "curve": {}}
+
+    def save() -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(json.dumps(report, indent=2) + "\n")
+        os.replace(tmp, out)
+
+    print(f"measured peaks: bf16 {peaks['bf16'] or 0:.1f} TFLOP/s, fp8 {peaks['fp8'] or 0:.1f} TFLOP/s", flush=True)
+    print(f"{'shape':20} {'variant':32} {'step ms':>8} {'TFLOP/s':>8} {'MFU':>6} {'mem GB':>7} {'vs naive':>7} "
+          f"{'first s':>7}", flush=True)
+    names = {"all": list(SHAPES), "none": []}.get(args.shape, [args.shape])
+    for name in names:
+        result: dict[str, Any] = {}
+        report["results"].append(result)
+        run_shape(name, SHAPES[name] | (TINY if args.tiny else {}), args, device, peaks, save, result)
+        _free()
+    if args.curve_steps:
+        loss_curves(args, device, save, report["curve"])
+    save()
+    print(f"wrote {out}")
     return report
 
 

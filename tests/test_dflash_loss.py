@@ -9,7 +9,7 @@ import torch
 
 from dflashx.dflash.anchors import build_block_batch, sample_anchors, valid_anchor_positions
 from dflashx.dflash.loss import (
-    block_labels, chunked_cross_entropy, dflash_loss, expected_acceptance_length, slot_weights,
+    block_labels, dflash_loss, fused_cross_entropy, expected_acceptance_length, slot_weights,
 )
 
 MASK_ID = 1
@@ -58,19 +58,31 @@ def test_block_batch_layout():
     assert bb.labels[0].tolist() == [34, 35, 36, 36, 37, 38]
 
 
-def test_chunked_cross_entropy_equals_full_logits_values_and_grads():
+@pytest.mark.parametrize("chunk", [8, 37, 4096])
+def test_fused_cross_entropy_equals_full_logits_values_and_grads(chunk):
+    """The gradient computed in the forward pass is autograd's through full logits, scaled by the
+    upstream gradient (DeepSpeed divides the loss by the accumulation steps); fp32, atol 1e-5."""
     torch.manual_seed(0)
     hidden = torch.randn(37, 16, requires_grad=True)
     head = torch.randn(300, 16)
     labels = torch.randint(0, 300, (37,))
-    ce, pred = chunked_cross_entropy(hidden, head, labels, chunk_tokens=8)
-    ce.sum().backward()
+    weights = torch.rand(37)
+    loss, ce, pred = fused_cross_entropy(hidden, head, labels, weights, chunk_tokens=chunk)
+    (0.25 * loss).backward()
     grad = hidden.grad.clone()
     hidden.grad = None
     full = torch.nn.functional.cross_entropy(hidden @ head.t(), labels, reduction="none")
-    full.sum().backward()
-    assert torch.allclose(ce, full, atol=1e-5) and torch.allclose(grad, hidden.grad, atol=1e-5)
+    (0.25 * (full * weights).sum()).backward()
+    assert torch.allclose(loss, (full * weights).sum(), atol=1e-5) and torch.allclose(ce, full, atol=1e-5)
+    assert torch.allclose(grad, hidden.grad, atol=1e-5)
     assert torch.equal(pred, (hidden @ head.t()).argmax(-1))
+    assert not head.requires_grad and head.grad is None
+
+
+def test_fused_cross_entropy_without_grad_keeps_no_gradient():
+    hidden, head = torch.randn(5, 8), torch.randn(30, 8)
+    loss, _, _ = fused_cross_entropy(hidden, head, torch.randint(0, 30, (5,)), torch.ones(5))
+    assert not loss.requires_grad and torch.isfinite(loss)
 
 
 def test_loss_is_weight_normalised_and_counts_per_slot():

@@ -159,6 +159,13 @@ class DrafterSpec(Strict):
     )
     intermediate_size: int | None = Field(None, ge=1, description="Default: the target's FFN size.", json_schema_extra=OUTPUT)
     init_from: str | None = Field(None, description="Folder of a DFlash checkpoint to continue training.", json_schema_extra=PATH)
+    precision: Literal["bf16", "fp8"] = Field(
+        "bf16",
+        description="Matmuls of the drafter's linear layers in training: `fp8` runs them in float8 with row-wise "
+                    "scales (torchao float8 training; Hopper or Blackwell GPUs, the plan checks the profile); "
+                    "weights, optimizer states and the exported drafter stay bf16.",
+        json_schema_extra=OUTPUT,
+    )
 
 
 # --------------------------------------------------------------------------- hardware

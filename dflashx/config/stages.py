@@ -123,6 +123,26 @@ class TrainStage(StageBase):
     )
     log_every: int = Field(10, ge=1, description="Optimizer steps between logged metrics.", json_schema_extra=OPERATIONAL)
     seed: int = Field(0, description="Random seed.", json_schema_extra=OUTPUT)
+    compile: bool | Literal["auto"] = Field(
+        "auto",
+        description="torch.compile the drafter's layers (fuses norms, RoPE, SwiGLU and FP8 casts); `auto`: on GPUs "
+                    "only. Context lengths and block counts are padded to buckets so lengths do not recompile.",
+        json_schema_extra=OPERATIONAL,
+    )
+    loss_kernel: Literal["auto", "liger", "torch"] = Field(
+        "auto",
+        description="Fused LM-head + cross-entropy of the supervised slots: `torch` (chunked, the gradient computed "
+                    "in the forward pass) or `liger` (liger-kernel's Triton kernel, CUDA, when installed; else torch); "
+                    "`auto`: torch (as fast on an H200, see docs/training.md). Logits never exist for all tokens at once.",
+        json_schema_extra=OPERATIONAL,
+    )
+    master_weights: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="Precision of the optimizer's master weights, gradients and Adam moments on GPUs: `bf16` keeps "
+                    "all in bf16 (DeepSpeed ZeRO 1 or 2 only; 12 fewer bytes per drafter parameter, on one GPU about "
+                    "25 GB for a 27B-32B target's drafter) at some risk to convergence late in a long run.",
+        json_schema_extra=OUTPUT,
+    )
 
 
 class EvalStage(StageBase):

@@ -7,7 +7,8 @@ one supervised slot and starts inside an assistant turn), without replacement, u
 by (seed, epoch, sample index), so a resumed run draws the same anchors.
 
 Public API: `valid_anchor_positions(loss_mask)`, `sample_anchors(loss_mask, n, seed, epoch, index)`,
-`BlockBatch`, `build_block_batch(input_ids, loss_mask, anchors, block_size, mask_token_id, gamma)`.
+`BlockBatch`, `build_block_batch(input_ids, loss_mask, anchors, block_size, mask_token_id, gamma,
+pad_blocks_to)`.
 """
 
 from __future__ import annotations
@@ -62,10 +63,12 @@ def build_block_batch(
     block_size: int,
     mask_token_id: int,
     gamma: float,
+    pad_blocks_to: int = 1,
 ) -> BlockBatch:
-    """Pad per-sequence anchors to one n and lay out blocks, labels and weights [b, n*B]."""
+    """Pad per-sequence anchors to one n (rounded up to a multiple of `pad_blocks_to`: a compiled
+    drafter sees few distinct shapes) and lay out blocks, labels and weights [b, n*B]."""
     b = input_ids.shape[0]
-    n = max(1, max(len(a) for a in anchors))
+    n = -(-max(1, max(len(a) for a in anchors)) // pad_blocks_to) * pad_blocks_to
     padded = torch.full((b, n), -1, dtype=torch.long)
     for row, a in enumerate(anchors):
         padded[row, : len(a)] = a

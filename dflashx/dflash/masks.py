@@ -36,7 +36,10 @@ MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tor
 def make_mask_mod(
     anchors: torch.Tensor, context_len: int, block_size: int, causal: bool, window: int | None
 ) -> MaskMod:
-    """The visibility predicate `(b, h, q_idx, kv_idx) -> bool` for anchors [batch, n]."""
+    """The visibility predicate `(b, h, q_idx, kv_idx) -> bool` for anchors [batch, n]. The context
+    length is held as a tensor, not a Python int: compiled code guards on the ints a mask function
+    closes over, so an int would recompile the drafter's layers for every new sequence length."""
+    context_len = torch.tensor(context_len, device=anchors.device)
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         block = q_idx // block_size

@@ -24,9 +24,10 @@ def visible_pairs(anchors: torch.Tensor, block_size: int) -> float:
 
 
 def step_flops(facts: TargetFacts, config: DFlashConfig, lengths: list[int], blocks: BlockBatch) -> float:
-    """Useful FLOPs of one micro step: the target to the deepest tapped layer and the drafter pass."""
-    context = len(lengths) * max(lengths)  # the drafter's k/v and fc run over the padded batch
-    drafter = drafter_step_flops(config.dims, blocks.block_ids.numel(), context,
+    """Useful FLOPs of one micro step: the target to the deepest tapped layer and the drafter pass, over
+    the real tokens and blocks (padding of the batch, and of buckets for a compiled drafter, is waste)."""
+    blocks_tokens = int((blocks.anchors >= 0).sum()) * config.block_size
+    drafter = drafter_step_flops(config.dims, blocks_tokens, sum(lengths),
                                  visible_pairs(blocks.anchors, config.block_size), int((blocks.weights > 0).sum()))
     return target_forward_flops(facts, max(config.target_layer_ids), lengths) + drafter
 

@@ -26,7 +26,7 @@ Public API:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -79,12 +79,13 @@ class DFlashAttention(nn.Module):
         return _rope(k, *rope), v
 
     def forward(self, hidden: torch.Tensor, context_kv: KV, rope_block: tuple[torch.Tensor, torch.Tensor],
-                mask: DraftMask) -> torch.Tensor:
-        """Block queries over [context keys ; block keys]; `context_kv` from `project_kv`."""
+                mask: Any) -> torch.Tensor:
+        """Block queries over [context keys ; block keys]; `context_kv` from `project_kv`; `mask` this
+        layer's `DraftMask.for_layer` object (built before the layers run, outside compiled code)."""
         q = _rope(self.q_norm(self._heads(self.q_proj(hidden), self.num_heads)).transpose(1, 2), *rope_block)
         k, v = self.project_kv(hidden, rope_block)
         k, v = torch.cat([context_kv[0], k], dim=2), torch.cat([context_kv[1], v], dim=2)
-        out = attend(q, k, v, mask.for_layer(self.causal, self.window), self.head_dim**-0.5)
+        out = attend(q, k, v, mask, self.head_dim**-0.5)
         return self.o_proj(out.transpose(1, 2).reshape(*hidden.shape[:2], -1))
 
 
@@ -97,7 +98,7 @@ class DFlashDecoderLayer(nn.Module):
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, hidden: torch.Tensor, context_kv: KV, rope_block: tuple[torch.Tensor, torch.Tensor],
-                mask: DraftMask) -> torch.Tensor:
+                mask: Any) -> torch.Tensor:
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), context_kv, rope_block, mask)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
@@ -156,8 +157,9 @@ class DFlashDrafter(nn.Module):
                 context_kv: list[KV]) -> torch.Tensor:
         hidden = block_embeds.to(self.fc.weight.dtype)
         rope_block = self.rotary_emb(hidden, block_positions)
-        for layer, kv in zip(self.layers, context_kv):
-            hidden = layer(hidden, kv, rope_block, mask)
+        masks = [mask.for_layer(layer.self_attn.causal, layer.self_attn.window) for layer in self.layers]
+        for layer, kv, layer_mask in zip(self.layers, context_kv, masks):
+            hidden = layer(hidden, kv, rope_block, layer_mask)
         return self.norm(hidden)
 
     @torch.no_grad()

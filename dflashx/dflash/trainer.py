@@ -3,8 +3,10 @@
 Every rank holds its own frozen target copy and its own shard of the data (DistributedSampler);
 the drafter is the only module DeepSpeed manages (ZeRO 0/1/2, bf16 or fp32, gradient
 accumulation, AdamW + warm-up cosine, clipping), built with the resolved recipe's DeepSpeed config
-exactly as the plan prints it; the job (`TrainJob`) is the resolved target, drafter and train
-sections plus where the inputs are, and the trainer re-derives none of their values.
+exactly as the plan prints it; the job (`TrainJob`, `dflashx.dflash.job`) is the resolved target,
+drafter and train sections plus where the inputs are, and the trainer re-derives none of their
+values. The step itself (engine, FP8 drafter, compiled layers, fused loss) is `dflashx.dflash.step`,
+the one the benchmark times; this module loads, loops, logs (`dflashx.dflash.window`), checkpoints.
 
 Entry points:
   `run_training(job, log=None) -> dict` — one process of the job (rank from the environment,
@@ -12,7 +14,8 @@ Entry points:
   `python -m dflashx.dflash.trainer --stage-dir DIR [--run-dir DIR]` — the same from
   `DIR/train_job.json`, for torchrun / the deepspeed launcher.
 Outputs in the stage folder: `checkpoints/` (atomic DeepSpeed states + `latest`), `checkpoint/`
-(the drafter in the exported DFlash layout), `logs/metrics.jsonl` (one line per log step).
+(the drafter in the exported DFlash layout), `logs/metrics.jsonl` (one line per log step),
+`logs/kernels.json` (which implementation of each speed switch ran).
 """
 
 from __future__ import annotations
@@ -22,93 +25,26 @@ import json
 import logging
 import math
 import random
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-from dflashx.config.fields import TORCH_DTYPE
 from dflashx.dflash import checkpoint as ckpt
-from dflashx.dflash.anchors import BlockBatch, build_block_batch, sample_anchors
 from dflashx.dflash.capture import FeatureCapture
 from dflashx.dflash.config import DFlashConfig, text_config
 from dflashx.dflash.data import load_token_dataset, make_loader, micro_batches_per_epoch
 from dflashx.dflash.distributed import setup_distributed, teardown_distributed
-from dflashx.dflash.loss import accuracy_per_position, dflash_loss, expected_acceptance_length
-from dflashx.dflash.masks import DraftMask
-from dflashx.dflash.metrics import peak_memory_bytes, step_flops
+from dflashx.dflash.job import JOB_FILE, TrainJob, check_world, torch_dtype
 from dflashx.dflash.model import DFlashDrafter
-from dflashx.resolve.formulas import warmup_cosine, warmup_steps
-from dflashx.resolve.model import ResolvedDrafter, ResolvedRecipe, ResolvedTarget, ResolvedTrainStage
+from dflashx.dflash.step import TrainStep
+from dflashx.dflash.window import Window
 from dflashx.store.atomic import atomic_write_text
 
-JOB_FILE = "train_job.json"
-LM_HEAD_CHUNK = 4096  # block tokens per chunk of the fused LM-head cross-entropy
+__all__ = ["TrainJob", "build_drafter", "main", "run_training"]
 Log = Callable[[dict[str, Any], int], None]
-
-
-def torch_dtype(precision: str) -> torch.dtype:
-    return getattr(torch, TORCH_DTYPE[precision])
-
-
-class TrainJob(BaseModel):
-    """Everything one training process needs: where things are, and the resolved recipe's
-    target, drafter and train sections as they are (written as JSON for launched processes)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    stage_dir: str
-    dataset: str
-    target_path: str  # the folder (or hub id) the target loads from
-    target: ResolvedTarget
-    drafter: ResolvedDrafter
-    train: ResolvedTrainStage
-
-    @classmethod
-    def of(cls, recipe: ResolvedRecipe, stage_dir: str | Path, dataset: str | Path, target_path: str | Path) -> "TrainJob":
-        return cls(stage_dir=str(stage_dir), dataset=str(dataset), target_path=str(target_path),
-                   target=recipe.target, drafter=recipe.drafter, train=recipe.stages.train)
-
-    def save(self) -> Path:
-        path = Path(self.stage_dir) / JOB_FILE
-        atomic_write_text(path, self.model_dump_json(indent=2))
-        return path
-
-
-def check_world(train: ResolvedTrainStage, world: int) -> None:
-    """The process group must be the world the plan resolved the batch arithmetic for."""
-    if world != train.world_size:
-        raise ValueError(
-            f"{world} training processes, but the plan resolved stages.train for {train.world_size} "
-            f"(micro_batch {train.micro_batch} x grad_accum {train.grad_accum}); launch "
-            f"{train.world_size} processes, or re-plan with the hardware profile of this machine"
-        )
-
-
-def lr_schedule(train: ResolvedTrainStage, total_steps: int) -> Callable[[torch.optim.Optimizer], Any]:
-    """The learning-rate schedule DeepSpeed steps: warm-up then cosine over the measured steps."""
-    warmup = warmup_steps(total_steps, train.warmup_ratio)
-    return lambda optimizer: torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_cosine(step, total_steps, warmup))
-
-
-class _TrainModule(nn.Module):
-    """What the engine wraps: the drafter and its loss; the frozen LM head comes in as a tensor."""
-
-    def __init__(self, drafter: DFlashDrafter, chunk: int):
-        super().__init__()
-        self.drafter, self.chunk = drafter, chunk
-
-    def forward(self, block_embeds, features, batch, context_positions, mask, lm_head_weight):
-        d = self.drafter
-        hidden = d(block_embeds, d.fuse(features), batch.block_positions, context_positions, mask)
-        out = dflash_loss(hidden, lm_head_weight.to(hidden.dtype), batch.labels, batch.weights, d.config.block_size,
-                          self.chunk)
-        return out.loss, out.correct, out.count
 
 
 def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any, DFlashDrafter]:
@@ -122,7 +58,8 @@ def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any, D
 
     target = AutoModelForCausalLM.from_pretrained(job.target_path, dtype=torch_dtype(job.target.load_precision))
     tokenizer = AutoTokenizer.from_pretrained(job.target_path)
-    drafter = build_drafter(job, target.config, tokenizer).to(device)
+    with device:  # initialised where it trains: a 2.6B drafter takes ~30 s to initialise on CPU cores
+        drafter = build_drafter(job, target.config, tokenizer)
     if job.target.load_precision == "fp8":
         from dflashx.dflash.fp8 import target_to_fp8
 
@@ -131,7 +68,7 @@ def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any, D
     return target.to(device).eval().requires_grad_(False), tokenizer, drafter
 
 
-def build_drafter(job: TrainJob, target_config: Any, tokenizer: Any) -> DFlashDrafter:
+def build_drafter(job: TrainJob, target_config: Any, tokenizer: Any = None) -> DFlashDrafter:
     """A fresh drafter from the resolved drafter, or the checkpoint `drafter.init_from` names,
     checked against the target. The mask token's text is recorded when the tokenizer has one."""
     if job.drafter.init_from:
@@ -146,8 +83,8 @@ def build_drafter(job: TrainJob, target_config: Any, tokenizer: Any) -> DFlashDr
             )
         return drafter
     mask = job.drafter.mask_token_id
-    fresh = DFlashConfig.from_target(job.drafter, target_config,
-                                     tokenizer.convert_ids_to_tokens(mask) if mask < len(tokenizer) else None)
+    text = tokenizer.convert_ids_to_tokens(mask) if tokenizer is not None and mask < len(tokenizer) else None
+    fresh = DFlashConfig.from_target(job.drafter, target_config, text)
     torch.manual_seed(job.train.seed)
     return DFlashDrafter(fresh)
 
@@ -163,45 +100,6 @@ def _restore_rank_state(state: dict[str, Any]) -> None:
         random.setstate(state["python"])
 
 
-class _Window:
-    """Sums of loss, slot accuracy, tokens and FLOPs over the micro steps since the last log;
-    `read` all-reduces them over the ranks."""
-
-    def __init__(self, block_size: int, peak_flops: float, world: int, micro_per_step: int):
-        self.block_size, self.peak_flops, self.world = block_size, peak_flops, world
-        self.micro_per_step = micro_per_step
-        self.reset()
-
-    def reset(self) -> None:
-        self.device_sums: torch.Tensor | None = None  # loss, correct[B], count[B]: stays on the device
-        self.host = [0.0, 0.0, 0.0]  # micro steps, tokens, flops
-        self.start = time.perf_counter()
-
-    def add(self, loss: torch.Tensor, correct: torch.Tensor, count: torch.Tensor, tokens: float, flops: float) -> None:
-        vec = torch.cat([loss.detach().float().view(1), correct.float(), count.float()])
-        self.device_sums = vec if self.device_sums is None else self.device_sums + vec
-        self.host = [self.host[0] + 1, self.host[1] + tokens, self.host[2] + flops]
-
-    def read(self, lr: float) -> dict[str, Any]:
-        import torch.distributed as dist
-
-        sums = self.device_sums if self.device_sums is not None else torch.zeros(1 + 2 * self.block_size)
-        packed = torch.cat([sums.double(), torch.tensor(self.host, dtype=torch.float64, device=sums.device)])
-        if dist.is_initialized() and self.world > 1:
-            dist.all_reduce(packed)
-        packed = packed.cpu()
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
-        b = self.block_size
-        loss, correct, count = float(packed[0]), packed[1 : 1 + b], packed[1 + b : 1 + 2 * b]
-        n, tokens, flops = packed[1 + 2 * b :].tolist()
-        acc = accuracy_per_position(correct, count)
-        steps = max(n, 1) / self.micro_per_step
-        self.reset()
-        return {"loss": loss / max(n, 1), "lr": lr, "accuracy": acc, "acceptance_length": expected_acceptance_length(acc),
-                "tokens_per_s": tokens / elapsed, "flops_per_step": flops / steps, "tflops": flops / elapsed / 1e12,
-                "mfu": flops / elapsed / (self.peak_flops * self.world), "memory_bytes": peak_memory_bytes()}
-
-
 def _trim_metrics(path: Path, step: int) -> None:
     """Drop lines logged after the checkpoint a resumed run starts from (they will be redone)."""
     if path.exists():
@@ -209,20 +107,9 @@ def _trim_metrics(path: Path, step: int) -> None:
         atomic_write_text(path, "".join(f"{line}\n" for line in keep))
 
 
-def _blocks(batch: dict[str, torch.Tensor], lengths: list[int], train: ResolvedTrainStage, cfg: DFlashConfig,
-            epoch: int) -> BlockBatch:
-    """This epoch's anchors for each row of the micro batch, laid out as blocks."""
-    anchors = [sample_anchors(batch["loss_mask"][i, :n], train.anchors_per_seq, train.seed, epoch, int(batch["index"][i]))
-               for i, n in enumerate(lengths)]
-    return build_block_batch(batch["input_ids"], batch["loss_mask"], anchors, cfg.block_size, cfg.mask_token_id,
-                             train.loss_gamma)
-
-
-def _feature_source(job: TrainJob, capture: FeatureCapture, ds: Any, rank: int, world: int, pad_id: int,
-                    device: torch.device) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
-    """Online: run the target's tapped layers per batch. Offline: write shards once, then read."""
-    if job.train.mode != "offline":
-        return lambda batch: capture.capture(batch["input_ids"].to(device), batch["attention_mask"].to(device))
+def _offline_features(job: TrainJob, capture: FeatureCapture, ds: Any, rank: int, world: int, pad_id: int,
+                      device: torch.device) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+    """Offline: each rank writes its rows' features to shards once, then training reads them."""
     from dflashx.dflash.offline import OfflineFeatures, write_features
 
     folder = Path(job.stage_dir) / "features"
@@ -233,8 +120,6 @@ def _feature_source(job: TrainJob, capture: FeatureCapture, ds: Any, rank: int, 
 
 def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     """Train one process's part of the job; rank 0 exports the drafter and returns the metrics."""
-    import deepspeed
-
     rank, world, local = setup_distributed()
     train = job.train
     check_world(train, world)
@@ -242,9 +127,6 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     stage = Path(job.stage_dir)
     (stage / "logs").mkdir(parents=True, exist_ok=True)
     target, tokenizer, drafter = _load_target(job, device)
-    cfg = drafter.config
-    capture = FeatureCapture(target, cfg.target_layer_ids)
-    embed, lm_head_w = target.get_input_embeddings(), target.get_output_embeddings().weight
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     ds = load_token_dataset(job.dataset)
@@ -254,10 +136,10 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
         raise ValueError(f"{job.dataset}: {len(ds)} rows cannot fill one global batch of {train.global_batch}")
     steps_per_epoch = per_epoch // accum
     total = train.max_steps or max(1, math.ceil(train.epochs * steps_per_epoch))
-    engine, _, _, _ = deepspeed.initialize(model=_TrainModule(drafter, LM_HEAD_CHUNK), config=train.deepspeed_config,
-                                           model_parameters=[p for p in drafter.parameters() if p.requires_grad],
-                                           lr_scheduler=lr_schedule(train, total))
-    drafter.restore_rope()
+    trainer = TrainStep(job, target, drafter, total, device)
+    engine = trainer.engine
+    if rank == 0:
+        atomic_write_text(stage / "logs" / "kernels.json", json.dumps(trainer.kernels, indent=2) + "\n")
 
     g = 0  # micro batches consumed (per rank)
     resumed = ckpt.load_training_state(engine, stage / "checkpoints", rank)
@@ -266,28 +148,22 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
         g = int(client["micro"])
         _restore_rank_state(rank_state)
     step = g // accum
-    window = _Window(cfg.block_size, train.peak_flops, world, accum)
+    window = Window(drafter.config.block_size, train.peak_flops, world, accum)
     metrics_file = stage / "logs" / "metrics.jsonl"
     if rank == 0:
         _trim_metrics(metrics_file, step)
     last: dict[str, Any] = {}
 
     epoch_micro = steps_per_epoch * accum
-    features_of = _feature_source(job, capture, ds, rank, world, pad_id, device)
+    if train.mode == "offline":
+        trainer.features_of = _offline_features(job, trainer.capture, ds, rank, world, pad_id, device)
     while step < total:
         epoch, offset = divmod(g, epoch_micro)
         loader = make_loader(ds, train.micro_batch, rank, world, train.seed, epoch, offset, pad_id, train.max_length)
         for batch in loader:
-            lengths = batch["attention_mask"].sum(1).tolist()
-            blocks = _blocks(batch, lengths, train, cfg, epoch).to(device)
-            width = batch["input_ids"].shape[1]
-            positions = torch.arange(width, device=device).expand(len(lengths), -1)
-            mask = DraftMask(blocks.anchors, width, cfg.block_size)
-            loss, correct, count = engine(embed(blocks.block_ids), features_of(batch), blocks, positions, mask, lm_head_w)
-            engine.backward(loss)
-            engine.step()
+            out = trainer.step(batch, epoch)
             g += 1
-            window.add(loss, correct, count, sum(lengths), step_flops(job.target.facts, cfg, lengths, blocks))
+            window.add(out.loss, out.correct, out.count, out.tokens, out.flops)
             if g % accum:
                 continue
             step += 1
@@ -305,7 +181,7 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
                 break
     if rank == 0:
         ckpt.save_drafter(drafter, stage / "checkpoint", dtype=torch_dtype(train.precision))
-    return last
+    return last | {"kernels": trainer.kernels}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -71,11 +71,21 @@ def fp8_supported(ctx: PlanContext) -> Iterable[Finding]:
     where = hw.gpu.name if hw.gpu else "the CPU"
     checks = (("hardware.serving.weight_dtype", hw.serving.weight_dtype == "fp8"),
               ("hardware.serving.kv_cache_dtype", hw.serving.kv_cache_dtype.startswith("fp8")),
-              ("target.precision", ctx.recipe.target.precision == "fp8"))
+              ("target.precision", ctx.recipe.target.precision == "fp8"),
+              ("drafter.precision", ctx.recipe.drafter.precision == "fp8"))
     for key, bad in checks:
         if bad:
             yield error("fp8_unsupported", key, f"FP8 requested but {where} has no FP8 support",
                         f"set {key} to bf16 (or auto), or pick a profile whose GPU supports FP8")
+
+
+def master_weights_need_zero(ctx: PlanContext) -> Iterable[Finding]:
+    train = ctx.recipe.stages.train
+    if train.master_weights == "bf16" and train.precision == "bf16" and train.zero_stage == 0:
+        yield error("master_weights_zero", "stages.train.master_weights",
+                    "bf16 master weights need a ZeRO optimizer (DeepSpeed keeps them only with ZeRO 1 or 2), "
+                    "but stages.train resolves ZeRO stage 0",
+                    "set stages.train.zero_stage to 1 or 2, or stages.train.master_weights to fp32")
 
 
 def target_layer_ids_valid(ctx: PlanContext) -> Iterable[Finding]:
@@ -214,7 +224,7 @@ def batch_divides(ctx: PlanContext) -> Iterable[Finding]:
 
 
 RULES: tuple[Rule, ...] = (
-    tp_dp_matches_gpus, serving_fits, training_fits, fp8_supported, target_layer_ids_valid,
+    tp_dp_matches_gpus, serving_fits, training_fits, fp8_supported, master_weights_need_zero, target_layer_ids_valid,
     sliding_window_coherent, mask_token_known, offline_within_storage, within_budget,
     generate_backend_fits, servers_local, mtp_available, batch_divides, *DATA_RULES,
 )

@@ -20,14 +20,21 @@ QUIET_STEPS = 10**9  # DeepSpeed's own step printing: off (dflashx logs its own 
 
 def deepspeed_config(train: TrainStage, micro_batch: int, grad_accum: int, zero_stage: int, world_size: int,
                      bf16: bool) -> dict[str, Any]:
-    """ZeRO stage, bf16 or fp32, batch arithmetic, clipping, AdamW (torch's implementation)."""
+    """ZeRO stage, bf16 or fp32, batch arithmetic, clipping, AdamW (torch's implementation).
+
+    `master_weights: bf16` keeps master weights, gradients and Adam moments in bf16 (DeepSpeed's
+    `bf16_master_weights_and_grads` + `bf16_optimizer_states`, ZeRO 1 or 2; the plan refuses ZeRO 0).
+    """
+    precision: dict[str, Any] = {"enabled": bf16}
+    if bf16 and train.master_weights == "bf16":
+        precision |= {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
     return {
         "train_batch_size": micro_batch * grad_accum * world_size,
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,
         "gradient_clipping": train.grad_clip,
         "zero_optimization": {"stage": zero_stage, "overlap_comm": world_size > 1, "contiguous_gradients": True},
-        "bf16": {"enabled": bf16},
+        "bf16": precision,
         "optimizer": {"type": "AdamW", "params": {"lr": train.lr, "betas": list(ADAM_BETAS), "eps": 1e-8,
                                                   "weight_decay": train.weight_decay, "torch_adam": True}},
         "steps_per_print": QUIET_STEPS,

@@ -9,7 +9,8 @@ What it fills in, and from what:
                process per GPU; `gpus_per_node` processes on a CPU profile, at least 1),
                grad_accum = ceil(global_batch / (micro_batch x world)), loss_gamma, max_length
                (tokenize.max_length unless given), precision (bf16 on GPUs unless the target is
-               fp32), peak FLOP/s, the DeepSpeed config and the launch argv;
+               fp32), peak FLOP/s, compile (`auto`: on GPUs), loss_kernel (`auto`: torch), the
+               DeepSpeed config and the launch argv;
   target       facts, load_precision (fp32 on a CPU profile for a bf16/fp16 target).
 Inconsistent values (layer ids out of range, a batch that does not divide) are resolved as
 given and reported by the plan's rules; only a value that cannot be decided at all raises
@@ -72,7 +73,8 @@ def _train(recipe: Recipe, block_size: int) -> ResolvedTrainStage:
                            "set stages.train.zero_stage (or the profile's training.zero_stage) to 0, 1 or 2")
     world = world_size(hw)
     accum = max(1, math.ceil(train.global_batch / (micro * world)))
-    bf16 = hw.gpu is not None and recipe.target.precision != "fp32"
+    on_gpu = hw.gpu is not None
+    bf16 = on_gpu and recipe.target.precision != "fp32"
     peak = hw.gpu.bf16_tflops * 1e12 if hw.gpu is not None else hw.cpu_tflops * 1e12
     return ResolvedTrainStage(**{
         **train.model_dump(include=set(TrainStage.model_fields)),
@@ -84,6 +86,8 @@ def _train(recipe: Recipe, block_size: int) -> ResolvedTrainStage:
         "grad_accum": accum,
         "precision": "bf16" if bf16 else "fp32",
         "peak_flops": peak,
+        "compile": on_gpu if train.compile == "auto" else train.compile,
+        "loss_kernel": "torch" if train.loss_kernel == "auto" else train.loss_kernel,
         "deepspeed_config": deepspeed_config(train, micro, accum, zero, world, bf16),
         "launch": launch_argv(hw, world),
     })

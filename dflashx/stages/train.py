@@ -27,7 +27,7 @@ from dflashx.stages.graph import input_name
 from dflashx.store.diskspace import DiskFull
 
 if TYPE_CHECKING:
-    from dflashx.dflash.trainer import TrainJob
+    from dflashx.dflash.job import TrainJob
 
 INPUT = input_name("train")
 
@@ -39,7 +39,7 @@ def _absolute(path: str) -> str:
 
 def build_job(ctx: StageContext) -> "TrainJob":
     """The `TrainJob` of this stage: the resolved recipe's sections and where the inputs are."""
-    from dflashx.dflash.trainer import TrainJob
+    from dflashx.dflash.job import TrainJob
     from dflashx.targets.resolve import resolve_target_path
 
     if INPUT not in ctx.inputs:
@@ -105,8 +105,8 @@ def run(ctx: StageContext) -> StageResult:
         except DiskFull as e:  # the last complete checkpoint is intact: a rerun resumes from it
             raise StageFailed(str(e)) from None
     chat_contract.write(ctx.out_dir / "checkpoint", contract)  # what the drafter was trained for
-    metrics = {k: last[k] for k in ("loss", "acceptance_length", "accuracy", "tokens_per_s", "tflops", "mfu", "step")
-               if k in last}
+    metrics = {k: last[k] for k in ("loss", "acceptance_length", "accuracy", "tokens_per_s", "tflops", "mfu", "step",
+                                     "kernels") if k in last}
     return StageResult(
         artifacts={
             "checkpoint": Artifact("checkpoint", tier="irreplaceable", description="DFlash drafter (config.json + model.safetensors)"),

@@ -1,0 +1,66 @@
+"""What one training process is given: the `TrainJob` (the resolved recipe's target, drafter and
+train sections plus where the inputs are), the world check and the learning-rate schedule.
+
+Public API: `TrainJob` (`.of(recipe, stage_dir, dataset, target_path)`, `.save()`), `JOB_FILE`,
+`torch_dtype(precision)`, `check_world(train, world)`, `lr_schedule(train, total_steps)`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from dflashx.config.fields import TORCH_DTYPE
+from dflashx.resolve.formulas import warmup_cosine, warmup_steps
+from dflashx.resolve.model import ResolvedDrafter, ResolvedRecipe, ResolvedTarget, ResolvedTrainStage
+from dflashx.store.atomic import atomic_write_text
+
+JOB_FILE = "train_job.json"
+
+
+def torch_dtype(precision: str) -> torch.dtype:
+    return getattr(torch, TORCH_DTYPE[precision])
+
+
+class TrainJob(BaseModel):
+    """Everything one training process needs: where things are, and the resolved recipe's
+    target, drafter and train sections as they are (written as JSON for launched processes)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stage_dir: str
+    dataset: str
+    target_path: str  # the folder (or hub id) the target loads from
+    target: ResolvedTarget
+    drafter: ResolvedDrafter
+    train: ResolvedTrainStage
+
+    @classmethod
+    def of(cls, recipe: ResolvedRecipe, stage_dir: str | Path, dataset: str | Path, target_path: str | Path) -> "TrainJob":
+        return cls(stage_dir=str(stage_dir), dataset=str(dataset), target_path=str(target_path),
+                   target=recipe.target, drafter=recipe.drafter, train=recipe.stages.train)
+
+    def save(self) -> Path:
+        path = Path(self.stage_dir) / JOB_FILE
+        atomic_write_text(path, self.model_dump_json(indent=2))
+        return path
+
+
+def check_world(train: ResolvedTrainStage, world: int) -> None:
+    """The process group must be the world the plan resolved the batch arithmetic for."""
+    if world != train.world_size:
+        raise ValueError(
+            f"{world} training processes, but the plan resolved stages.train for {train.world_size} "
+            f"(micro_batch {train.micro_batch} x grad_accum {train.grad_accum}); launch "
+            f"{train.world_size} processes, or re-plan with the hardware profile of this machine"
+        )
+
+
+def lr_schedule(train: ResolvedTrainStage, total_steps: int) -> Callable[[torch.optim.Optimizer], Any]:
+    """The learning-rate schedule DeepSpeed steps: warm-up then cosine over the measured steps."""
+    warmup = warmup_steps(total_steps, train.warmup_ratio)
+    return lambda optimizer: torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine(step, total_steps, warmup))

@@ -1,0 +1,124 @@
+"""The product's training step: one DeepSpeed engine over the drafter and its loss, and the step
+that feeds it a micro batch. `run_training` and `benchmarks/train_step.py` both build it here, so
+the benchmark times exactly what training runs.
+
+A step: draw this epoch's anchors (`anchors.sample_anchors`), lay out the blocks, read the
+target's features of the batch (online: `FeatureCapture`, stopped after the deepest tapped layer;
+offline: the shards), run the drafter over all blocks in one pass under the per-anchor mask, the
+fused LM-head cross-entropy on the supervised slots, `engine.backward`, `engine.step`.
+
+The switches are the resolved recipe's, read as they are: `drafter.precision: fp8` (torchao float8
+linears), `stages.train.compile` (compiled drafter layers; context widths and block counts padded
+to buckets), `stages.train.loss_kernel` (liger or torch; liger falls back to torch where liger-kernel
+or CUDA is missing), and the DeepSpeed config.
+
+Public API: `TrainStep(job, target, drafter, total_steps, device)` — `step(batch, epoch) ->
+StepResult`, `.engine`, `.capture`, `.features_of` (replaceable: offline features), `.kernels`
+(which implementation of each switch runs).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dflashx.dflash.anchors import BlockBatch, build_block_batch, sample_anchors
+from dflashx.dflash.capture import FeatureCapture
+from dflashx.dflash.job import TrainJob, lr_schedule
+from dflashx.dflash.kernels import bucketed, compile_layers, linear_attention_kernel, to_float8_training
+from dflashx.dflash.loss import dflash_loss, liger_available
+from dflashx.dflash.masks import DraftMask
+from dflashx.dflash.metrics import step_flops
+from dflashx.dflash.model import DFlashDrafter
+
+LM_HEAD_CHUNK = 4096  # supervised tokens per chunk of the torch fused LM-head cross-entropy
+CONTEXT_BUCKET = 256  # compiled drafter: context widths padded to a multiple of this
+BLOCK_BUCKET = 64  # compiled drafter: blocks per sequence padded to a multiple of this
+log = logging.getLogger(__name__)
+
+
+class TrainModule(nn.Module):
+    """What the engine wraps: the drafter and its loss; the frozen LM head comes in as a tensor."""
+
+    def __init__(self, drafter: DFlashDrafter, chunk: int, loss_kernel: str):
+        super().__init__()
+        self.drafter, self.chunk, self.loss_kernel = drafter, chunk, loss_kernel
+
+    def forward(self, block_embeds, features, batch, context_positions, mask, lm_head_weight):
+        d = self.drafter
+        hidden = d(block_embeds, d.fuse(features), batch.block_positions, context_positions, mask)
+        out = dflash_loss(hidden, lm_head_weight.to(hidden.dtype), batch.labels, batch.weights, d.config.block_size,
+                          self.chunk, self.loss_kernel)
+        return out.loss, out.correct, out.count
+
+
+@dataclass
+class StepResult:
+    """One micro step: the loss, per-slot correct and supervised counts [B], target tokens, useful FLOPs."""
+
+    loss: torch.Tensor
+    correct: torch.Tensor
+    count: torch.Tensor
+    tokens: int
+    flops: float
+
+
+class TrainStep:
+    """The drafter (FP8 and compiled as resolved) inside its DeepSpeed engine, and one micro step."""
+
+    def __init__(self, job: TrainJob, target: nn.Module, drafter: DFlashDrafter, total_steps: int,
+                 device: torch.device):
+        import deepspeed
+
+        train, self.job, self.device, self.cfg = job.train, job, device, drafter.config
+        self.capture = FeatureCapture(target, self.cfg.target_layer_ids)
+        self.embed = target.get_input_embeddings()
+        self.lm_head_w = target.get_output_embeddings().weight
+        loss_kernel = train.loss_kernel
+        if loss_kernel == "liger" and not liger_available():
+            log.warning("stages.train.loss_kernel is liger but liger-kernel or CUDA is missing: torch fused loss")
+            loss_kernel = "torch"
+        fp8 = to_float8_training(drafter) if job.drafter.precision == "fp8" else 0
+        if train.compile:
+            compile_layers(drafter)
+        self.buckets = (CONTEXT_BUCKET, BLOCK_BUCKET) if train.compile else (1, 1)
+        self.kernels: dict[str, Any] = {"compile": train.compile, "fp8_linears": fp8, "loss_kernel": loss_kernel,
+                                        "linear_attention": linear_attention_kernel(target)}
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=TrainModule(drafter, LM_HEAD_CHUNK, loss_kernel), config=train.deepspeed_config,
+            model_parameters=[p for p in drafter.parameters() if p.requires_grad],
+            lr_scheduler=lr_schedule(train, total_steps))
+        drafter.restore_rope()
+        self.features_of: Callable[[dict[str, torch.Tensor]], torch.Tensor] = self.online_features
+
+    def online_features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The target's tapped features [b, L, k*H] of the batch (forward stopped after the deepest layer)."""
+        return self.capture.capture(batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device))
+
+    def blocks(self, batch: dict[str, torch.Tensor], lengths: list[int], epoch: int) -> BlockBatch:
+        """This epoch's anchors for each row of the micro batch, laid out as blocks."""
+        train = self.job.train
+        anchors = [sample_anchors(batch["loss_mask"][i, :n], train.anchors_per_seq, train.seed, epoch,
+                                  int(batch["index"][i])) for i, n in enumerate(lengths)]
+        return build_block_batch(batch["input_ids"], batch["loss_mask"], anchors, self.cfg.block_size,
+                                 self.cfg.mask_token_id, train.loss_gamma, pad_blocks_to=self.buckets[1])
+
+    def step(self, batch: dict[str, torch.Tensor], epoch: int) -> StepResult:
+        """One micro step of the engine on a collated batch (input_ids, loss_mask, attention_mask, index)."""
+        lengths = batch["attention_mask"].sum(1).tolist()
+        blocks = self.blocks(batch, lengths, epoch).to(self.device)
+        features = self.features_of(batch)
+        width = bucketed(features.shape[1], self.buckets[0])
+        features = F.pad(features, (0, 0, 0, width - features.shape[1]))  # padded keys are never visible
+        positions = torch.arange(width, device=self.device).expand(len(lengths), -1)
+        mask = DraftMask(blocks.anchors, width, self.cfg.block_size)
+        loss, correct, count = self.engine(self.embed(blocks.block_ids), features, blocks, positions, mask,
+                                           self.lm_head_w)
+        self.engine.backward(loss)
+        self.engine.step()
+        return StepResult(loss, correct, count, sum(lengths), step_flops(self.job.target.facts, self.cfg, lengths, blocks))

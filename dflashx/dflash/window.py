@@ -1,0 +1,58 @@
+"""The trainer's figures per log window: loss, slot accuracy, τ, tokens/s, TFLOP/s and MFU.
+
+Sums stay on the device between logs (no host sync per micro step) and are all-reduced over the
+ranks when read. FLOPs are the one FLOP model's (`dflashx.resolve.flops`, via
+`dflashx.dflash.metrics.step_flops`); MFU divides them by the resolved peak FLOP/s of one device
+times the ranks.
+
+Public API: `Window(block_size, peak_flops, world, micro_per_step)` with `.add(...)` and `.read(lr)`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from dflashx.dflash.loss import accuracy_per_position, expected_acceptance_length
+from dflashx.dflash.metrics import peak_memory_bytes
+
+
+class Window:
+    """Sums of loss, slot accuracy, tokens and FLOPs over the micro steps since the last log;
+    `read` all-reduces them over the ranks."""
+
+    def __init__(self, block_size: int, peak_flops: float, world: int, micro_per_step: int):
+        self.block_size, self.peak_flops, self.world = block_size, peak_flops, world
+        self.micro_per_step = micro_per_step
+        self.reset()
+
+    def reset(self) -> None:
+        self.device_sums: torch.Tensor | None = None  # loss, correct[B], count[B]: stays on the device
+        self.host = [0.0, 0.0, 0.0]  # micro steps, tokens, flops
+        self.start = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, correct: torch.Tensor, count: torch.Tensor, tokens: float, flops: float) -> None:
+        vec = torch.cat([loss.detach().float().view(1), correct.float(), count.float()])
+        self.device_sums = vec if self.device_sums is None else self.device_sums + vec
+        self.host = [self.host[0] + 1, self.host[1] + tokens, self.host[2] + flops]
+
+    def read(self, lr: float) -> dict[str, Any]:
+        import torch.distributed as dist
+
+        sums = self.device_sums if self.device_sums is not None else torch.zeros(1 + 2 * self.block_size)
+        packed = torch.cat([sums.double(), torch.tensor(self.host, dtype=torch.float64, device=sums.device)])
+        if dist.is_initialized() and self.world > 1:
+            dist.all_reduce(packed)
+        packed = packed.cpu()
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        b = self.block_size
+        loss, correct, count = float(packed[0]), packed[1 : 1 + b], packed[1 + b : 1 + 2 * b]
+        n, tokens, flops = packed[1 + 2 * b :].tolist()
+        acc = accuracy_per_position(correct, count)
+        steps = max(n, 1) / self.micro_per_step
+        self.reset()
+        return {"loss": loss / max(n, 1), "lr": lr, "accuracy": acc, "acceptance_length": expected_acceptance_length(acc),
+                "tokens_per_s": tokens / elapsed, "flops_per_step": flops / steps, "tflops": flops / elapsed / 1e12,
+                "mfu": flops / elapsed / (self.peak_flops * self.world), "memory_bytes": peak_memory_bytes()}
