@@ -100,7 +100,7 @@ def test_rule_passes(overrides):
 
 
 def test_days_over_budget_on_the_seeds_node():
-    """About 29 days on 4x RTX PRO 6000 exceed a 20-day budget; the fix names the faster node."""
+    """About 31 days on 4x RTX PRO 6000 exceed a 20-day budget; the fix names the faster node."""
     found = codes(seeds_recipe(budget__max_days=20))
     assert "hardware=b200_nvl8" in found["budget_days"]["fix"]
 
