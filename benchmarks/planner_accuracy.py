@@ -17,7 +17,6 @@ per GPU at --mem-fraction-static 0.8, and reports tokens_per_sec_per_gpu = outpu
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 from dataclasses import asdict, dataclass
@@ -153,10 +152,10 @@ def main() -> None:
               "within_goal": within, "validation_rows": len(judged),
               "goal_met": within == len(judged) and median <= GOAL_MEDIAN,
               "rows": [{**asdict(r), "error": r.error} for r in rows]}
+    from dflashx.store.manifest import atomic_write_json
+
     RESULT.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESULT.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, RESULT)
+    atomic_write_json(RESULT, result)
     print(f"wrote {RESULT.relative_to(REPO)}")
 
 
