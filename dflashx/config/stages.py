@@ -106,6 +106,10 @@ class QCThresholds(Strict):
     max_duplicate_response_frac: FiniteFloat = Field(
         0.02, ge=0, le=1, description="Most responses allowed to repeat an earlier one word for word.", json_schema_extra=OUTPUT
     )
+    max_rejected_frac: FiniteFloat = Field(
+        0.01, ge=0, le=1, description="Most prompts allowed to be refused by the server (completion records with "
+        "`error`, e.g. too long for --context-length); they are counted here and dropped by tokenize.",
+        json_schema_extra=OUTPUT)
     max_mask_spike_frac: FiniteFloat = Field(0.20, ge=0, le=1, description="Share of samples at one small loss-mask size.", json_schema_extra=OUTPUT)
     mask_spike_max_tokens: int = Field(32, ge=1, description="'Small' loss-mask size for the spike test.", json_schema_extra=OUTPUT)
 

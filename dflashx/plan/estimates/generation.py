@@ -5,9 +5,11 @@ Per replica (a TP group of `tp` GPUs) decoding `batch` sequences (`serving.runni
                (every step reads the weights and each sequence's KV, reads and writes its state)
   FLOPs/step = batch x (2 x matmul parameters + 4 x context x heads x head_dim x attention layers)
   roofline   = max(bytes / (bandwidth x tp x copy share), FLOPs / (peak x tp x GEMM share))
+               (both shares measured; GEMM share per precision)
   step       = roofline / engine decode share + TP all-reduce (2 per layer, ring over the
                interconnect: latency + 2 (tp-1)/tp x batch x hidden x 2 bytes / link bandwidth)
-  prefill    = prompt FLOPs (`resolve.flops`) / (peak x tp x engine prefill share) + its all-reduces
+  prefill    = prompt FLOPs (`resolve.flops`) / (peak x tp x GEMM share x engine prefill share)
+               + its all-reduces
   tokens/s   = dp x Ō / (Ō x step / batch + prefill) x calibration
 The shares are engine facts with their sources (`engine.py`); `calibration` is
 `hardware.calibrated.serving_ratio` (measured / this model's prediction on the rented node), 1 when
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from dflashx.plan.estimates.device import CALIBRATED_SERVING, device_of, factor
 from dflashx.plan.estimates.engine import (
-    ALLREDUCE_LATENCY_NVLINK, ALLREDUCE_LATENCY_PCIE, COPY_BANDWIDTH, GEMM, NVLINK_CLASS_GBS, engine_row,
+    ALLREDUCE_LATENCY_NVLINK, ALLREDUCE_LATENCY_PCIE, COPY_BANDWIDTH, NVLINK_CLASS_GBS, engine_row, gemm_share,
 )
 from dflashx.plan.estimates.lengths import OutputLengths
 from dflashx.plan.estimates.serving import Batch, running_batch
@@ -101,15 +103,16 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: OutputL
     row = engine_row(recipe.stages.generate.backend, facts.num_linear_layers > 0)
     batch = max(s.batch, 1)
     peak = dev.peak_flops(s.weight_dtype)
+    gemm = gemm_share(s.weight_dtype if recipe.hardware.gpu is not None else "bf16").value
     step_bytes = decode_read_bytes(facts, s.weight_dtype) + batch * (
         facts.kv_bytes_per_token(s.kv_elem_bytes) * b.mean_context + 2 * facts.recurrent_state_bytes)
     step_flops = batch * flops_per_token(facts, b.mean_context)
     t_mem = step_bytes / (dev.bandwidth_bps * s.tp * COPY_BANDWIDTH.value)
-    t_compute = step_flops / (peak * s.tp * GEMM.value)
+    t_compute = step_flops / (peak * s.tp * gemm)
     t_allreduce = allreduce_seconds(recipe, batch)
     step = max(t_mem, t_compute) / row.decode.value + t_allreduce
     prompt = tokens.prompt_mean
-    prefill = (target_forward_flops(facts, facts.num_layers - 1, [prompt]) / (peak * s.tp * row.prefill.value)
+    prefill = (target_forward_flops(facts, facts.num_layers - 1, [prompt]) / (peak * s.tp * gemm * row.prefill.value)
                + allreduce_seconds(recipe, prompt))
     out = max(tokens.output_mean, 1e-9)
     per_replica = out / (out * step / batch + prefill)
@@ -130,10 +133,10 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: OutputL
              "+ TP all-reduce",
              memory_s=t_mem, compute_s=t_compute, allreduce_s=t_allreduce,
              bound="memory" if t_mem >= t_compute else "compute", bandwidth_bps=dev.bandwidth_bps,
-             peak_flops=peak, tp=s.tp, copy_share=COPY_BANDWIDTH.value, gemm_share=GEMM.value,
+             peak_flops=peak, tp=s.tp, copy_share=COPY_BANDWIDTH.value, gemm_share=gemm,
              decode_share=row.decode.value, decode_share_source=f"{row.decode.source}: {row.decode.figure}"),
         term("generate.prefill_seconds", prefill, "s/request",
-             "prompt FLOPs (resolve.flops) / (peak x tp x prefill share) + TP all-reduce",
+             "prompt FLOPs (resolve.flops) / (peak x tp x GEMM share x prefill share) + TP all-reduce",
              prompt_tokens=prompt, prefill_share=row.prefill.value,
              prefill_share_source=f"{row.prefill.source}: {row.prefill.figure}"),
         term("generate.tokens_per_second", tps, "tokens/s",
