@@ -14,7 +14,7 @@ import pytest
 from openai_server import MODEL_NAME, Script, ScriptedOpenAIServer, expected_reply
 
 from dflashx.backends.base import split_think
-from dflashx.backends.servers import ServerError, wait_healthy
+from dflashx.backends.servers import ServerError, ServerSpec, wait_healthy
 from dflashx.backends.sglang import SGLangBackend, backoff_s
 from dflashx.config.schema import ChatTemplateSpec, GenerateStage
 from dflashx.dflash.distributed import free_port
@@ -102,6 +102,21 @@ def test_in_flight_requests_are_bounded_by_concurrency():
     with ScriptedOpenAIServer(Script(delay_s=0.05)) as server:
         generate(SGLangBackend(cfg([server.url], concurrency=3), ChatTemplateSpec(), "m"), prompts(30))
     assert server.max_in_flight == 3
+
+
+def test_without_concurrency_the_planned_batch_is_kept_in_flight():
+    """`concurrency` unset: each URL gets the plan's batch per replica (what the estimate assumed)."""
+    with ScriptedOpenAIServer(Script(delay_s=0.05)) as server:
+        generate(SGLangBackend(cfg([server.url], concurrency=None), ChatTemplateSpec(), "m", batch_per_replica=5),
+                 prompts(40))
+    assert server.max_in_flight == 5
+    with pytest.raises(ValueError, match="no in-flight count"):
+        SGLangBackend(cfg([server.url], concurrency=None), ChatTemplateSpec(), "m")
+
+
+def test_a_dp_size_server_gets_its_in_flight_from_the_plan():
+    spec = ServerSpec.from_plan({"command": "python -m x", "port": 1, "gpus": [0, 1], "in_flight": 64})
+    assert spec.in_flight == 64 and ServerSpec.from_plan({"command": ["x"], "port": 2}).in_flight is None
 
 
 def test_permanent_rejection_is_recorded_not_retried():

@@ -33,11 +33,11 @@ def profiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _planned_tps() -> tuple[float, float]:
-    """The tiny recipe's planned generate tokens/s and the efficiency the plan used."""
+    """The tiny recipe's planned generate tokens/s and the calibration ratio the plan applied."""
     recipe = load_recipe(REPO / "recipes/tiny.yaml").recipe
     terms = {t["key"]: t for t in make_plan(recipe, target_facts(recipe)).to_json(explain=True)["explain"]}
     t = terms["generate.tokens_per_second"]
-    return t["value"], t["inputs"]["efficiency"]
+    return t["value"], t["inputs"]["calibration"]
 
 
 def _run(root: Path, name: str, tokens_per_s: float | None, mfu: float | None) -> Path:
@@ -69,7 +69,7 @@ def test_fits_median_per_profile_and_writes_what_the_loader_merges(tmp_path: Pat
     result = runner.invoke(app, ["calibrate", *map(str, runs), "--write"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     written = yaml.safe_load((profiles / "cpu.calibration.yaml").read_text())
-    assert written["calibrated"]["serving_efficiency"] == pytest.approx(used * 0.6, rel=1e-3)
+    assert written["calibrated"]["serving_ratio"] == pytest.approx(used * 0.6, rel=1e-3)
     assert written["calibrated"]["training_mfu"] == pytest.approx(0.05)
 
     hardware = load_recipe(REPO / "recipes/tiny.yaml").recipe.hardware
@@ -85,7 +85,7 @@ def test_write_keeps_other_factors_and_clips_to_one(tmp_path: Path, profiles: Pa
     run = _run(tmp_path, "fast", planned * 1000, None)
     assert runner.invoke(app, ["calibrate", str(run), "--write"]).exit_code == 0
     written = yaml.safe_load((profiles / "cpu.calibration.yaml").read_text())["calibrated"]
-    assert written == {"other_factor": 0.3, "serving_efficiency": 1.0}
+    assert written == {"other_factor": 0.3, "serving_ratio": 1.0}
 
 
 def test_nothing_measured_exits_1(tmp_path: Path, profiles: Path) -> None:

@@ -91,9 +91,9 @@ def test_plan_json_of_a_good_recipe_keeps_its_shape() -> None:
 
 
 def test_validate_prints_warnings_and_errors_on_one_stream() -> None:
-    result = runner.invoke(app, ["validate", SEEDS, "hardware.serving.tp=3"])
+    result = runner.invoke(app, ["validate", SEEDS, "stages.generate.serving.tp=3"])
     assert result.exit_code == 1
-    assert "hardware.serving" in result.stdout and "FAILED" in result.stdout
+    assert "stages.generate.serving" in result.stdout and "FAILED" in result.stdout
     assert result.stderr == ""
 
 

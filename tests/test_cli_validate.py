@@ -62,9 +62,9 @@ def test_validate_missing_file_exits_2() -> None:
 
 
 def test_validate_plan_errors_exit_1() -> None:
-    result = runner.invoke(app, ["validate", "recipes/qwen36_27b.yaml", "hardware.serving.tp=3"])
+    result = runner.invoke(app, ["validate", "recipes/qwen36_27b.yaml", "stages.generate.serving.tp=3"])
     assert result.exit_code == 1, result.output
-    assert "hardware.serving" in result.stdout
+    assert "stages.generate.serving" in result.stdout
     assert "FAILED" in result.stdout
 
 
@@ -95,7 +95,7 @@ def test_profiles_reports_a_broken_profile(monkeypatch: pytest.MonkeyPatch) -> N
     result = runner.invoke(app, ["profiles"])
     assert result.exit_code == 2
     assert "gpu4" in result.stdout and "TestGPU" in result.stdout
-    assert "broken_profile.yaml:6: serving.dpp: unknown key" in result.stderr
+    assert "broken_profile.yaml:6: host_memory_gbb: unknown key" in result.stderr
 
 
 def test_cli_never_imports_heavy_packages() -> None:

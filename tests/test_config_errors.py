@@ -53,8 +53,8 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("empty.yaml", [], [f"{REL}/empty.yaml:1:", "(it is empty)"]),
     ("not_mapping.yaml", [], [f"{REL}/not_mapping.yaml:1:", "must hold a YAML mapping"]),
     ("child_of_broken.yaml", [], [f"{REL}/broken_base.yaml:8:", "target.precison", "did you mean 'precision'?"]),
-    ("bad_profile_key.yaml", [], [f"{REL}/profiles/broken_profile.yaml:6:", "hardware.serving.dpp",
-                                  "did you mean 'dp'?"]),
+    ("bad_profile_key.yaml", [], [f"{REL}/profiles/broken_profile.yaml:6:", "hardware.host_memory_gbb",
+                                  "did you mean 'host_memory_gb'?"]),
     ("base.yaml", ["train.lrr=1e-4"], ["override 'train.lrr=1e-4'", "stages.train.lrr: unknown key",
                                        "did you mean 'lr'?"]),
     ("base.yaml", ["trian.lr=1"], ["override 'trian.lr=1'", "trian: unknown key", "'stages.train'"]),
@@ -126,5 +126,5 @@ def test_problem_fields_are_structured() -> None:
 def test_broken_profile_alone_names_the_profile_file() -> None:
     with pytest.raises(RecipeError) as info:
         load_profile("broken_profile")
-    assert f"{REL}/profiles/broken_profile.yaml:6: serving.dpp: unknown key" in str(info.value)
-    assert "did you mean 'dp'?" in str(info.value)
+    assert f"{REL}/profiles/broken_profile.yaml:6: host_memory_gbb: unknown key" in str(info.value)
+    assert "did you mean 'host_memory_gb'?" in str(info.value)

@@ -23,7 +23,7 @@ name: gpu4
 gpu: {name: TestGPU, memory_gb: 80, bandwidth_tbs: 2.0, bf16_tflops: 400, fp8_tflops: 800}
 gpus_per_node: 4
 usd_per_gpu_hour: 2.5
-serving: {tp: 1, dp: 4, weight_dtype: bf16}
+interconnect_gbs: 63
 """
 CPU_PROFILE = "name: cpu\ngpu: null\ngpus_per_node: 0\n"
 MINIMAL = """\
@@ -92,8 +92,8 @@ def test_inline_hardware_mapping(work: Path) -> None:
 
 def test_hardware_override_and_dotted_profile_overrides(work: Path) -> None:
     recipe = write(work / "r.yaml", MINIMAL.format(name="r"))
-    hw = load_recipe(recipe, ["hardware.serving.dp=2", "hardware.serving.tp=2"]).recipe.hardware
-    assert (hw.name, hw.serving.tp, hw.serving.dp, hw.usd_per_gpu_hour) == ("gpu4", 2, 2, 2.5)
+    hw = load_recipe(recipe, ["hardware.gpus_per_node=8", "hardware.interconnect_gbs=450"]).recipe.hardware
+    assert (hw.name, hw.gpus_per_node, hw.interconnect_gbs, hw.usd_per_gpu_hour) == ("gpu4", 8, 450, 2.5)
     hw = load_recipe(recipe, ["hardware=cpu"]).recipe.hardware
     assert hw.name == "cpu" and hw.gpu is None
     # the name is switched first, then dotted overrides apply to the new profile
@@ -105,7 +105,7 @@ def test_calibration_file_merges_into_calibrated(work: Path) -> None:
     write(work / "profiles" / "gpu4.calibration.yaml", "calibrated: {generate_efficiency: 0.42}\n")
     loaded = load_recipe(write(work / "r.yaml", MINIMAL.format(name="r")))
     assert loaded.recipe.hardware.calibrated == {"generate_efficiency": 0.42}
-    assert loaded.recipe.hardware.serving.dp == 4  # the rest of the profile is untouched
+    assert loaded.recipe.hardware.gpus_per_node == 4  # the rest of the profile is untouched
     assert load_profile("gpu4").calibrated == {"generate_efficiency": 0.42}
 
 
@@ -152,7 +152,7 @@ def test_interpolation_between_keys_and_from_env(work: Path, monkeypatch: pytest
         "description: drafter for ${target.model}\n"
         "tracking:\n  project: ${name}-${oc.env:DFLASHX_TEST_SUFFIX,default}\n"
         "  entity: ${oc.env:DFLASHX_TEST_ENTITY}\n"
-        "stages: {generate: {concurrency: '${hardware.serving.dp}'}}\n"  # the profile is merged before resolution
+        "stages: {generate: {concurrency: '${hardware.gpus_per_node}'}}\n"  # the profile is merged before resolution
     )
     recipe = write(work / "r.yaml", text)
     monkeypatch.setenv("DFLASHX_TEST_ENTITY", "team")

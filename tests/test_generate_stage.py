@@ -75,8 +75,8 @@ def test_prompts_that_keep_failing_fail_the_stage_and_a_rerun_retries_them(tmp_p
         with pytest.raises(StageFailed, match=r"4 prompts failed after 1 retries.*rerun to retry"):
             generate.run(ctx)
     with ScriptedOpenAIServer() as server2:
-        ctx.recipe.stages.generate.urls = [server2.url]
-        result = generate.run(ctx)
+        ctx2, _, _ = context(tmp_path, server2.url, n=4, retries=1)  # the same run folder, the server back up
+        result = generate.run(ctx2)
     assert result.metrics["completions_total"] == 4 and result.metrics["failed"] == 0
 
 

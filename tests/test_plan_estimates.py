@@ -41,12 +41,14 @@ def test_zero_formulas_match_deepspeeds_estimators(gpus):
     assert per_stage == sorted(per_stage, reverse=True)
 
 
-def test_calibrated_serving_efficiency_replaces_the_profile_default():
+def test_calibrated_serving_ratio_scales_the_prediction():
     base = ctx()
-    calibrated = ctx(hardware__calibrated={"serving_efficiency": base.generation.serving.efficiency / 2})
+    calibrated = ctx(hardware__calibrated={"serving_ratio": 0.5})
     assert calibrated.generation.tokens_per_second == pytest.approx(base.generation.tokens_per_second / 2)
-    assert "calibrated" in term(calibrated.generation.terms, "generate.tokens_per_second").inputs["efficiency_source"]
-    assert "profile default" in term(base.generation.terms, "generate.tokens_per_second").inputs["efficiency_source"]
+    used = term(calibrated.generation.terms, "generate.tokens_per_second").inputs
+    assert used["calibration"] == 0.5 and used["calibrated"] is True and "measured" in used["calibration_source"]
+    plain = term(base.generation.terms, "generate.tokens_per_second").inputs
+    assert plain["calibration"] == 1.0 and plain["calibrated"] is False
 
 
 def test_calibrated_mfu_scales_training_time():
@@ -112,8 +114,10 @@ def test_transformers_backend_batches_by_batch_size():
     assert c.generation.serving.batch == 32 and c.generation.seconds > 0
 
 
-def test_fp8_serving_halves_weight_bytes_and_raises_the_batch():
-    bf16 = ctx(hardware="b200_nvl8", hardware__serving__weight_dtype="bf16", hardware__serving__kv_cache_dtype="auto")
-    fp8 = ctx(hardware="b200_nvl8")
-    assert fp8.generation.serving.weight_bytes == bf16.generation.serving.weight_bytes / 2
+def test_fp8_serving_quantizes_the_decoder_and_raises_the_batch():
+    bf16 = ctx(hardware="b200_nvl8")
+    fp8 = ctx(hardware="b200_nvl8", stages__generate__serving={"weight_dtype": "fp8"})
+    decoder = QWEN36.params_through_layer(QWEN36.num_layers - 1)
+    assert bf16.generation.serving.weight_bytes - fp8.generation.serving.weight_bytes == decoder  # 2 -> 1 byte each
+    assert fp8.generation.serving.batch > bf16.generation.serving.batch
     assert fp8.generation.tokens_per_second > bf16.generation.tokens_per_second

@@ -27,7 +27,8 @@ def test_rtx_one_server_per_gpu_behind_the_router():
         assert argv[:3] == ["python", "-m", "sglang.launch_server"]
         assert flag(argv, "--model-path") == "Qwen/Qwen3.6-27B" and flag(argv, "--tp-size") == "1"
         assert flag(argv, "--port") == str(s["port"]) and s["url"].endswith(f":{s['port']}")
-        assert flag(argv, "--context-length") == "12288" and flag(argv, "--mem-fraction-static") == "0.85"
+        assert flag(argv, "--context-length") == "262144" and flag(argv, "--mem-fraction-static") == "0.85"
+        assert int(flag(argv, "--max-running-requests")) == 256 and s["in_flight"] == gen["batch_per_replica"] > 0
         assert flag(argv, "--reasoning-parser") == "qwen3" and "--enable-hierarchical-cache" in argv
         assert "--dp-size" not in argv and "--quantization" not in argv and "--kv-cache-dtype" not in argv
     router = gen["router"]["command"]
@@ -36,13 +37,27 @@ def test_rtx_one_server_per_gpu_behind_the_router():
     assert len(gen["commands"]) == 5 and gen["commands"][0].startswith("CUDA_VISIBLE_DEVICES=0 ")
 
 
-def test_b200_one_server_with_dp_size_and_fp8():
+def test_b200_one_server_with_dp_size_keeps_the_planned_batch_per_gpu_in_flight():
     gen = stage(seeds_recipe("b200_nvl8"), "generate")
     (server,) = gen["servers"]
     argv = server["command"]
     assert flag(argv, "--dp-size") == "8" and flag(argv, "--tp-size") == "1"
-    assert flag(argv, "--quantization") == "fp8" and flag(argv, "--kv-cache-dtype") == "fp8_e4m3"
+    assert "--quantization" not in argv and "--kv-cache-dtype" not in argv  # the target's precision by default
     assert server["gpus"] == list(range(8)) and gen["router"] is None
+    assert server["in_flight"] == 8 * gen["batch_per_replica"]  # one URL, eight replicas behind it
+
+
+def test_fp8_from_the_official_checkpoint_loads_it_and_online_fp8_quantizes():
+    official = {"weight_dtype": "fp8", "checkpoint": "Qwen/Qwen3.6-27B-FP8", "kv_cache_dtype": "fp8_e4m3"}
+    argv = stage(seeds_recipe("b200_nvl8", stages__generate__serving=official), "generate")["servers"][0]["command"]
+    assert flag(argv, "--model-path") == "Qwen/Qwen3.6-27B-FP8" and "--quantization" not in argv
+    assert flag(argv, "--kv-cache-dtype") == "fp8_e4m3"
+    online = seeds_recipe("b200_nvl8", stages__generate__serving={"weight_dtype": "fp8"})
+    plan = make_plan(online).to_json()
+    argv = next(s for s in plan["stages"] if s["name"] == "generate")["servers"][0]["command"]
+    assert flag(argv, "--model-path") == "Qwen/Qwen3.6-27B" and flag(argv, "--quantization") == "fp8"
+    found = next(w for w in plan["warnings"] if w["code"] == "fp8_online_quantization")
+    assert found["key"] == "stages.generate.serving.checkpoint" and "Qwen/Qwen3.6-27B-FP8" in found["fix"]
 
 
 def test_mtp_flags_follow_the_recipe_and_the_target():
@@ -106,7 +121,7 @@ def test_deepspeed_rejects_what_the_batch_rule_rejects():
 
 
 def test_several_nodes_get_a_hostfile():
-    train = stage(seeds_recipe("h200_x8", hardware__nodes=2, hardware__serving__dp=16), "train")
+    train = stage(seeds_recipe("h200_x8", hardware__nodes=2), "train")
     launch = train["launch"]
     assert launch["hostfile"] == ["node-0 slots=8", "node-1 slots=8"] and launch["world_size"] == 16
     assert flag(launch["command"], "--num_nodes") == "2" and "--hostfile" in launch["command"]
@@ -115,7 +130,7 @@ def test_several_nodes_get_a_hostfile():
 
 @pytest.mark.parametrize(("dp_mode", "servers_per_node"), [("router", 8), ("dp_size", 1)])
 def test_two_nodes_put_servers_on_each_node(dp_mode, servers_per_node):
-    r = seeds_recipe("h200_x8", hardware__nodes=2, hardware__serving__dp=16, hardware__serving__dp_mode=dp_mode)
+    r = seeds_recipe("h200_x8", hardware__nodes=2, stages__generate__serving={"dp_mode": dp_mode})
     plan = make_plan(r).to_json()
     servers = next(s for s in plan["stages"] if s["name"] == "generate")["servers"]
     assert [s["node"] for s in servers] == [0] * servers_per_node + [1] * servers_per_node

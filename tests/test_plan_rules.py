@@ -36,11 +36,18 @@ def test_baseline_has_no_findings():
 
 
 @pytest.mark.parametrize(("overrides", "code", "key", "severity"), [
-    ({"hardware__serving__dp": 3}, "tp_dp_gpus", "hardware.serving.dp", "error"),
-    ({"hardware__gpu__memory_gb": 30, "hardware__serving__weight_dtype": "fp8"},
-     "serving_memory", "hardware.serving.weight_dtype", "error"),
-    ({"stages__train__micro_batch": 8}, "train_memory", "stages.train.micro_batch", "error"),
-    ({"hardware__gpu__fp8_tflops": None}, "fp8_unsupported", "hardware.serving.weight_dtype", "error"),
+    ({"stages__generate__serving__dp": 3}, "tp_dp_gpus", "stages.generate.serving.dp", "error"),
+    ({"hardware__gpu__memory_gb": 30, "stages__generate__serving__weight_dtype": "fp8",
+      "stages__generate__serving__tp": 1}, "serving_memory", "stages.generate.serving.weight_dtype", "error"),
+    ({"stages__train__micro_batch": 12}, "train_memory", "stages.train.micro_batch", "error"),
+    ({"hardware__gpu__fp8_tflops": None, "stages__generate__serving__weight_dtype": "fp8"}, "fp8_unsupported",
+     "stages.generate.serving.weight_dtype", "error"),
+    ({"stages__generate__serving__weight_dtype": "fp8"}, "fp8_online_quantization",
+     "stages.generate.serving.checkpoint", "warning"),
+    ({"stages__generate__serving__max_running_requests": 8}, "serving_batch_capped",
+     "stages.generate.serving.max_running_requests", "warning"),
+    ({"stages__generate__concurrency": 4}, "serving_batch_capped", "stages.generate.concurrency", "warning"),
+    ({"hardware__host_memory_gb": 512}, "hicache_host_memory", "stages.generate.hierarchical_cache", "error"),
     ({"drafter__target_layer_ids": [1, 16, 31, 46, 64]}, "target_layers_range", "drafter.target_layer_ids", "error"),
     ({"drafter__target_layer_ids": [1, 16, 16, 46, 61]}, "target_layers_order", "drafter.target_layer_ids", "error"),
     ({"drafter__target_layer_ids": [1, 16, 31]}, "target_layers_count", "drafter.target_layer_ids", "error"),
@@ -73,7 +80,12 @@ def test_rule_fails_with_key_and_fix(overrides, code, key, severity):
 
 
 @pytest.mark.parametrize("overrides", [
-    {"hardware__serving__dp": 4, "hardware__serving__tp": 2},  # tp x dp = 8
+    {"stages__generate__serving__dp": 4, "stages__generate__serving__tp": 2,  # tp x dp = 8
+     "stages__generate__hierarchical_cache": False},  # 4 TP-2 pools x 2 would outgrow the 2 TB host
+    {"stages__generate__serving__max_running_requests": 512},  # the state pool binds, not the cap
+    {"hardware__host_memory_gb": 512, "stages__generate__hierarchical_cache": False},
+    {"stages__generate__serving": {"weight_dtype": "fp8", "checkpoint": "Qwen/Qwen3.6-27B-FP8"},
+     "stages__generate__hierarchical_cache": False},
     {"drafter__target_layer_ids": [0, 10, 20, 40, 63]},
     {"drafter__block_size": 2},
     {"drafter__layer_types": ["sliding_attention"] * 4 + ["full_attention"], "drafter__sliding_window": 2048},
@@ -88,15 +100,14 @@ def test_rule_passes(overrides):
 
 
 def test_days_over_budget_on_the_seeds_node():
-    """34 days on 4x RTX PRO 6000 exceed a 30-day budget; the fix names the faster node."""
-    found = codes(seeds_recipe(budget__max_days=30))
+    """About 31 days on 4x RTX PRO 6000 exceed a 20-day budget; the fix names the faster node."""
+    found = codes(seeds_recipe(budget__max_days=20))
     assert "hardware=b200_nvl8" in found["budget_days"]["fix"]
 
 
 def test_fp8_kv_cache_needs_fp8_too():
-    found = codes(b200(hardware__gpu__fp8_tflops=None, hardware__serving__weight_dtype="bf16",
-                       hardware__gpu__memory_gb=180))
-    assert found["fp8_unsupported"]["key"] == "hardware.serving.kv_cache_dtype"
+    found = codes(b200(hardware__gpu__fp8_tflops=None, stages__generate__serving__kv_cache_dtype="fp8_e4m3"))
+    assert found["fp8_unsupported"]["key"] == "stages.generate.serving.kv_cache_dtype"
 
 
 def test_mask_token_unknown_without_facts_or_recipe_value():

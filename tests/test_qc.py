@@ -233,3 +233,25 @@ def test_stage_raises_stage_failed_listing_every_failed_check(seed_dir, healthy_
     assert (ctx.out_dir / "report" / "report.md").exists()
     ok = run(stage_context("qc", recipe, tmp_path / "good", {"generate.completions": healthy_dir}))
     assert ok.metrics["passed"] is True and ok.artifacts["report"].path == "report"
+
+
+def _with_rejected(count: int) -> list[dict]:
+    records = healthy(200, seed=3)
+    for r in records[:count]:
+        r.update(reasoning="", answer="", finish_reason="error", error="HTTP 400 from http://x: input too long")
+    return records
+
+
+def test_rejected_prompts_are_counted_not_judged_as_empty(tmp_path):
+    result = run_qc(write(tmp_path, _with_rejected(1)), T)
+    checks = by_name(result)
+    assert checks["rejected"].passed and checks["rejected"].value == pytest.approx(1 / 200)
+    assert checks["empty_reasoning"].value == 0 and checks["short_answers"].value == 0  # not counted there
+    assert sum(s["rejected"] for s in result.stats.per_source().values()) == 1
+
+
+def test_too_many_rejected_prompts_fail_the_gate_naming_the_context_length(tmp_path):
+    result = run_qc(write(tmp_path, _with_rejected(10)), T)
+    rejected = by_name(result)["rejected"]
+    assert not rejected.passed and "context_length" in rejected.cause and rejected.examples
+    assert "rejected" in result.message()

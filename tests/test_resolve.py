@@ -52,7 +52,7 @@ def test_resolved_fills_every_derived_value():
     assert (train["micro_batch"], train["zero_stage"], train["grad_accum"]) == (1, 2, 16)  # 64 / (1 x 4)
     assert (train["loss_gamma"], train["max_length"]) == (7.0, 3072)
     assert resolved["target"]["facts"]["num_layers"] == 64
-    assert resolved["hardware"]["gpu"]["memory_gb"] == 96 and resolved["hardware"]["gpus_per_node"] == 4
+    assert resolved["hardware"]["gpu"]["memory_gb"] == 102.6 and resolved["hardware"]["gpus_per_node"] == 4
     assert ResolvedRecipe.model_validate(resolved).drafter.target_layer_ids == [1, 16, 31, 46, 61]  # plan.json reads back
 
 

@@ -33,19 +33,22 @@ def base_url(url: str) -> str:
 
 @dataclass
 class ServerSpec:
-    """One server the plan lists: `{command, port, url, gpus}`."""
+    """One server the plan lists: `{command, port, url, gpus, in_flight}`."""
 
     command: list[str]
     port: int
     url: str
     gpus: list[int] = field(default_factory=list)
+    in_flight: int | None = None  # requests the plan keeps open on it (batch x replicas it serves)
 
     @classmethod
     def from_plan(cls, entry: dict[str, Any]) -> "ServerSpec":
         command = entry["command"]
         command = shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
         port = int(entry["port"])
-        return cls(command, port, base_url(entry.get("url") or f"http://127.0.0.1:{port}"), list(entry.get("gpus", [])))
+        in_flight = entry.get("in_flight")
+        return cls(command, port, base_url(entry.get("url") or f"http://127.0.0.1:{port}"), list(entry.get("gpus", [])),
+                   int(in_flight) if in_flight else None)
 
 
 def _log_tail(path: Path, lines: int = 20) -> str:

@@ -2,11 +2,13 @@
 
 Servers come from the plan (`ServerPool` launches them) or from `stages.generate.urls` (attach).
 Requests go to `/v1/chat/completions` with the recipe's sampling settings and
-`chat_template_kwargs: {enable_thinking, ...}`. Each replica gets `concurrency` asyncio workers
-that pull from one bounded queue, so faster replicas take more work and memory stays bounded.
+`chat_template_kwargs: {enable_thinking, ...}`. Each URL gets as many asyncio workers as requests
+the plan assumed in flight there (`stages.generate.concurrency` when set, else the server's
+`in_flight` = planned batch x replicas behind it, else the plan's batch per replica for attached
+URLs); they pull from one bounded queue, so faster replicas take more work and memory stays bounded.
 A transient failure (connection error or drop, timeout, HTTP 408/409/425/429/5xx, an unreadable body) is
 retried on the next replica after an exponential back-off with jitter; other 4xx answers are final
-and recorded with `error`. When 2 x (replicas x concurrency) prompts in a row fail every retry,
+and recorded with `error`. When 2 x (all workers) prompts in a row fail every retry,
 the servers are taken to be down and the run stops (what was written is kept). The reasoning comes
 from `reasoning_content` (SGLang's `--reasoning-parser`) or `reasoning`; without either,
 `<think>...</think>` in the content is split.
@@ -48,6 +50,7 @@ class SGLangBackend(Backend):
         model: str,
         servers: list[dict[str, Any]] | None = None,
         log_dir: Path | None = None,
+        batch_per_replica: int | None = None,
     ):
         super().__init__()
         self.cfg = cfg
@@ -56,16 +59,21 @@ class SGLangBackend(Backend):
         self.pool: ServerPool | None = None
         if cfg.urls:
             self.urls = [base_url(u) for u in cfg.urls]
+            self.in_flight = [cfg.concurrency or batch_per_replica or 0 for _ in self.urls]
         elif servers:
             specs = [ServerSpec.from_plan(s) for s in servers]
             self.pool = ServerPool(specs, log_dir or Path("."), cfg.server_startup_timeout_s)
             self.urls = self.pool.urls
+            self.in_flight = [cfg.concurrency or s.in_flight or batch_per_replica or 0 for s in specs]
         else:
             raise ValueError(
                 "stages.generate.backend is 'sglang' but the plan lists no servers and "
                 "stages.generate.urls is empty: give the URLs of running servers, or plan on a GPU profile"
             )
-        self.workers = len(self.urls) * cfg.concurrency
+        if not all(self.in_flight):
+            raise ValueError("no in-flight count for the sglang servers: set stages.generate.concurrency "
+                             "(requests per replica), or run from a plan (it holds the planned batch)")
+        self.workers = sum(self.in_flight)
         self._fail_streak = 0
 
     def __enter__(self) -> "SGLangBackend":
@@ -97,8 +105,8 @@ class SGLangBackend(Backend):
             model = await self._served_model(http)
             queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=2 * workers)
             async with asyncio.TaskGroup() as group:
-                for replica in range(len(self.urls)):
-                    for _ in range(self.cfg.concurrency):
+                for replica, count in enumerate(self.in_flight):
+                    for _ in range(count):
                         group.create_task(self._worker(http, model, replica, queue, emit))
                 for prompt in prompts:
                     await queue.put(prompt)

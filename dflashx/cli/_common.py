@@ -22,7 +22,7 @@ OverridesArg = Annotated[
     list[str] | None,
     typer.Argument(
         help="Dotted overrides applied before validation, e.g. train.lr=1e-4 hardware=b200_nvl8 "
-        "hardware.serving.dp=2 (a first key that is a stage name means stages.<name>).",
+        "generate.serving.dp=2 (a first key that is a stage name means stages.<name>).",
         show_default=False,
     ),
 ]

@@ -11,7 +11,7 @@ from dflashx.config.load import available_profiles, load_profile, profile_dirs
 from dflashx.config.schema import HardwareProfile
 
 COLUMNS = ("profile", "GPU", "GPUs", "memory GB", "TB/s", "BF16 TFLOP/s", "FP8 TFLOP/s", "$/GPU-h",
-           "serving tp/dp", "weights/KV")
+           "link GB/s", "host GB")
 
 
 def row(p: HardwareProfile) -> list[str]:
@@ -26,8 +26,8 @@ def row(p: HardwareProfile) -> list[str]:
         f"{g.bf16_tflops:g}" if g else f"{p.cpu_tflops:g} (CPU)",
         f"{g.fp8_tflops:g}" if g and g.fp8_tflops else "-",
         f"{p.usd_per_gpu_hour:.2f}",
-        f"{p.serving.tp}/{p.serving.dp}",
-        f"{p.serving.weight_dtype}/{p.serving.kv_cache_dtype}",
+        f"{p.interconnect_gbs:g}" if p.interconnect_gbs else "-",
+        f"{p.host_memory_gb:g}" if p.host_memory_gb else "-",
     ]
 
 
@@ -38,7 +38,7 @@ def command() -> None:
         raise typer.Exit(1)
     table = Table(title="hardware profiles")
     for col in COLUMNS:
-        text = col in ("profile", "GPU", "weights/KV")
+        text = col in ("profile", "GPU")
         table.add_column(col, justify="left" if text else "right", no_wrap=col == "profile")
     failed: list[RecipeError] = []
     for name in found:

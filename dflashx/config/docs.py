@@ -47,7 +47,7 @@ Loading happens in this order; each step sees the result of the one before:
 2. **`hardware=NAME`** given on the command line replaces the recipe's `hardware`.
 3. **Hardware profile**: `hardware: NAME` is replaced by the profile file `NAME.yaml`. A mapping
    (`hardware: {name: ..., gpu: {...}}`) is an inline profile and used as it is.
-4. **Other overrides** (`stages.train.lr=1e-4`, `hardware.serving.dp=2`) are merged on top, so
+4. **Other overrides** (`stages.train.lr=1e-4`, `hardware.usd_per_gpu_hour=2.1`) are merged on top, so
    they can change single numbers of a named profile.
 5. **Secrets check**, then **`${...}` interpolation**, then **relative paths**, then
    **validation** against the schema below.

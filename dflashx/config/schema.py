@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, ByteSize, FiniteFloat, Precision, Strict, parse_size
 from dflashx.config.stages import (  # the stage models are part of the schema
-    STAGE_ORDER, StageBase, IngestStage, GenerateStage, QCThresholds, QCStage, TokenizeStage, TrainStage, EvalStage, ExportStage, BackupStage, Stages,
+    STAGE_ORDER, StageBase, IngestStage, GenerateStage, ServingSpec, QCThresholds, QCStage, TokenizeStage, TrainStage, EvalStage, ExportStage, BackupStage, Stages,
 )
 
 __all__ = [
@@ -37,7 +37,7 @@ __all__ = [
     "Recipe",
     "S3Spec",
     "STAGE_ORDER",
-    "ServingDefaults",
+    "ServingSpec",
     "SourceSpec",
     "StageBase",
     "Stages",
@@ -179,25 +179,6 @@ class GpuSpec(Strict):
     fp8_tflops: FiniteFloat | None = Field(None, gt=0, description="Dense FP8 TFLOP/s; null = no FP8.")
 
 
-class ServingDefaults(Strict):
-    tp: int = Field(1, ge=1, description="Tensor-parallel GPUs per server (--tp-size).")
-    dp: int = Field(1, ge=1, description="Data-parallel replicas.")
-    dp_mode: Literal["router", "dp_size"] = Field(
-        "dp_size", description="dp > 1: one server per replica behind sglang_router, or one server with --dp-size."
-    )
-    weight_dtype: Precision = Field(
-        "bf16", description="Serving weight precision (`fp8` adds --quantization fp8)."
-    )
-    kv_cache_dtype: Literal["auto", "bf16", "fp8_e4m3", "fp8_e5m2"] = Field(
-        "auto", description="SGLang --kv-cache-dtype."
-    )
-    mem_fraction_static: FiniteFloat = Field(0.85, gt=0, le=1, description="SGLang --mem-fraction-static.")
-    max_running_requests: int = Field(
-        256, ge=1, description="Sequences decoded at once per server (--max-running-requests)."
-    )
-    efficiency: FiniteFloat = Field(0.5, gt=0, le=1, description="Achieved / roofline decode throughput.")
-
-
 class TrainingDefaults(Strict):
     zero_stage: Literal[0, 1, 2, 3] = Field(
         2, description="DeepSpeed ZeRO stage when stages.train.zero_stage is unset."
@@ -227,14 +208,12 @@ class HardwareProfile(Strict):
     usd_date: str = Field("", description="When the price was read (YYYY-MM).")
     cpu_tflops: FiniteFloat = Field(0.2, gt=0, description="Used when `gpu` is null.")
     cpu_bandwidth_tbs: FiniteFloat = Field(0.02, gt=0, description="Host memory bandwidth, TB/s; used when `gpu` is null.")
-    serving: ServingDefaults = Field(
-        default_factory=ServingDefaults, description="SGLang serving defaults for this node."
-    )
     training: TrainingDefaults = Field(
         default_factory=TrainingDefaults, description="DeepSpeed training defaults for this node."
     )
     calibrated: dict[str, FiniteFloat] = Field(
-        default_factory=dict, description="Efficiency factors fitted by `dflashx calibrate`."
+        default_factory=dict, description="Measured ratios written by `dflashx calibrate` (e.g. serving_ratio: "
+        "measured generation throughput / the serving model's prediction)."
     )
 
     @property

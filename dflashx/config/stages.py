@@ -8,6 +8,8 @@ from pydantic import Field
 
 from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, FiniteFloat, Strict
 
+AUTO = "auto"
+
 
 # --------------------------------------------------------------------------- stages
 
@@ -20,6 +22,33 @@ class IngestStage(StageBase):
     shard_size: int = Field(50_000, ge=1, description="Prompts per output JSONL shard.", json_schema_extra=OUTPUT)
 
 
+class ServingSpec(Strict):
+    """How SGLang serves the target: engine settings, not hardware facts. `auto` values are derived
+    once in `dflashx.resolve` (docs/planner.md, "Derived values")."""
+
+    tp: int | Literal["auto"] = Field(
+        AUTO, description="Tensor-parallel GPUs per server (--tp-size); auto: the smallest that holds the weights "
+        "and one full-length sequence.", json_schema_extra=OPERATIONAL)
+    dp: int | Literal["auto"] = Field(
+        AUTO, description="Data-parallel replicas; auto: the profile's GPUs / tp.", json_schema_extra=OPERATIONAL)
+    dp_mode: Literal["auto", "router", "dp_size"] = Field(
+        AUTO, description="dp > 1: one server per replica (behind sglang_router) or one server with --dp-size; "
+        "auto: router without NVLink-class links (interconnect_gbs < 100), else dp_size.", json_schema_extra=OPERATIONAL)
+    weight_dtype: Literal["auto", "bf16", "fp16", "fp32", "fp8"] = Field(
+        AUTO, description="Weights the servers run; auto: target.precision. FP8 serving changes the completions "
+        "(the training data).", json_schema_extra=OUTPUT)
+    checkpoint: str | None = Field(
+        None, description="Checkpoint the servers load, e.g. an official FP8 one (Qwen/Qwen3.6-27B-FP8); default "
+        "target.model, which `fp8` then quantizes online (--quantization fp8).", json_schema_extra=OUTPUT)
+    kv_cache_dtype: Literal["auto", "bf16", "fp8_e4m3", "fp8_e5m2"] = Field(
+        AUTO, description="SGLang --kv-cache-dtype (auto: the weights' compute dtype).", json_schema_extra=OUTPUT)
+    mem_fraction_static: FiniteFloat = Field(
+        0.85, gt=0, le=1, description="SGLang --mem-fraction-static.", json_schema_extra=OPERATIONAL)
+    max_running_requests: int = Field(
+        256, ge=1, description="Most sequences one replica decodes at once (--max-running-requests); the engine "
+        "lowers it further when its KV or linear-attention state pool is full.", json_schema_extra=OPERATIONAL)
+
+
 class GenerateStage(StageBase):
     backend: Literal["sglang", "transformers"] = Field(
         "sglang",
@@ -29,7 +58,9 @@ class GenerateStage(StageBase):
     max_tokens: int = Field(8192, ge=1, description="Most generated tokens per prompt (reasoning + answer).", json_schema_extra=OUTPUT)
     temperature: FiniteFloat = Field(0.6, ge=0, description="Sampling temperature.", json_schema_extra=OUTPUT)
     top_p: FiniteFloat = Field(0.95, gt=0, le=1, description="Nucleus-sampling threshold.", json_schema_extra=OUTPUT)
-    concurrency: int = Field(256, ge=1, description="In-flight requests per server.", json_schema_extra=OPERATIONAL)
+    concurrency: int | None = Field(
+        None, ge=1, description="In-flight requests per replica; default: the running batch the plan assumed "
+        "(docs/planner.md), so the servers run what was planned.", json_schema_extra=OPERATIONAL)
     request_timeout_s: FiniteFloat = Field(
         1800, gt=0, description="Seconds before one request is given up and retried.", json_schema_extra=OPERATIONAL
     )
@@ -46,8 +77,12 @@ class GenerateStage(StageBase):
         True, description="Start SGLang with --enable-hierarchical-cache (KV cache spills to host memory).", json_schema_extra=OPERATIONAL
     )
     context_length: int | None = Field(
-        None, ge=1, description="SGLang --context-length; default: the target's own.", json_schema_extra=OUTPUT
+        None, ge=1, description="SGLang --context-length; default: the target's own (a longer prompt + max_tokens "
+        "is refused by the server with HTTP 400).", json_schema_extra=OUTPUT
     )
+    serving: ServingSpec = Field(
+        default_factory=ServingSpec, description="SGLang serving settings (parallelism, precision, memory).",
+        json_schema_extra=OUTPUT)
     server_startup_timeout_s: FiniteFloat = Field(
         1800, gt=0, description="Seconds to wait for started servers to report healthy.", json_schema_extra=OPERATIONAL
     )
@@ -71,6 +106,10 @@ class QCThresholds(Strict):
     max_duplicate_response_frac: FiniteFloat = Field(
         0.02, ge=0, le=1, description="Most responses allowed to repeat an earlier one word for word.", json_schema_extra=OUTPUT
     )
+    max_rejected_frac: FiniteFloat = Field(
+        0.01, ge=0, le=1, description="Most prompts allowed to be refused by the server (completion records with "
+        "`error`, e.g. too long for --context-length); they are counted here and dropped by tokenize.",
+        json_schema_extra=OUTPUT)
     max_mask_spike_frac: FiniteFloat = Field(0.20, ge=0, le=1, description="Share of samples at one small loss-mask size.", json_schema_extra=OUTPUT)
     mask_spike_max_tokens: int = Field(32, ge=1, description="'Small' loss-mask size for the spike test.", json_schema_extra=OUTPUT)
 

@@ -64,6 +64,7 @@ class SourceStats:
     loss_size: int = 0  # their loss-mask sizes summed, in QCStats.unit
     finish_known: int = 0
     truncated: int = 0
+    rejected: int = 0
 
 
 @dataclass
@@ -92,11 +93,18 @@ class QCStats:
     reasoning_words: array = field(default_factory=lambda: array("l"))
     min_answer_words: int = 2
     sources: dict[str, SourceStats] = field(default_factory=dict)
+    rejected: int = 0
+    rejected_examples: list[str] = field(default_factory=list)
 
     def add(self, s: QCSample) -> None:
         self.n += 1
         src = self.sources.setdefault(s.source or UNKNOWN_SOURCE, SourceStats())
         src.samples += 1
+        if s.error:  # refused by the server: no response to judge (tokenize drops it too)
+            self.rejected += 1
+            src.rejected += 1
+            _note(self.rejected_examples, s.id)
+            return
         if s.reasoning is not None:
             self.reasoning_known += 1
             self.reasoning_words.append(words(s.reasoning))
@@ -143,7 +151,7 @@ class QCStats:
         return {name: {"samples": s.samples, "share": s.samples / self.n if self.n else 0.0,
                        f"loss_{self.unit}": s.loss_size, "loss_measured": s.loss_measured,
                        "loss_share": s.loss_size / loss_total if loss_total else None,
-                       "truncated": s.truncated,
+                       "truncated": s.truncated, "rejected": s.rejected,
                        "truncated_frac": s.truncated / s.finish_known if s.finish_known else None}
                 for name, s in sorted(self.sources.items())}
 
@@ -198,6 +206,11 @@ def evaluate(stats: QCStats, t: QCThresholds, enable_thinking: bool = True) -> l
                     "prompts were generated more than once or the output collapsed: check dataset.dedupe "
                     "and stages.generate.temperature", stats.duplicate_examples),
         _spike_check(stats, t),
+        _frac_check("rejected", stats.rejected, stats.n, t.max_rejected_frac,
+                    "were refused by the server (HTTP 4xx; the records keep its error)",
+                    "prompts the server will not take, most often prompt + max_tokens over its --context-length: "
+                    "leave stages.generate.context_length unset (the target's own) or drop the long prompts",
+                    stats.rejected_examples),
     ]
     return checks
 

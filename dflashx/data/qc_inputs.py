@@ -34,6 +34,7 @@ class QCSample:
     think_balanced: bool | None = None
     mask_size: int | None = None  # exact loss tokens (tokenized input or measured with a tokenizer)
     conversation: tuple[list[dict[str, Any]], Any] | None = None  # (messages, tools) to render
+    error: str | None = None  # the server refused the prompt (the completion record's `error`)
 
 
 def is_tokenized_dataset(path: str | Path) -> bool:
@@ -53,7 +54,7 @@ def sample_from_record(record: dict[str, Any], where: str) -> QCSample:
         reasoning, answer = record.get("reasoning") or "", record.get("answer") or ""
         return QCSample(rid, source, reasoning, answer, record.get("finish_reason"),
                         not _has_markers(reasoning, answer), None,
-                        (completion_messages(record), record.get("tools")))
+                        (completion_messages(record), record.get("tools")), record.get("error"))
     messages = record.get("messages")
     if not isinstance(messages, list) or not messages:
         raise QCInputError(

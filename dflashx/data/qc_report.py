@@ -61,12 +61,12 @@ def _per_source_lines(result: QCResult) -> list[str]:
     """The per-source table: each source's share of samples, of loss tokens (words) and truncations."""
     unit = result.stats.unit
     lines = ["", "## Per source", "", f"| source | samples | share | loss {unit} | share of loss {unit} | "
-             "loss measured on | truncated | truncated share |", "|---|---|---|---|---|---|---|---|"]
+             "loss measured on | truncated | truncated share | rejected |", "|---|---|---|---|---|---|---|---|---|"]
     for name, s in result.stats.per_source().items():
         label = name.replace("|", "\\|")
         lines.append(f"| {label} | {s['samples']} | {_pct(s['share'])} | {s[f'loss_{unit}']} | "
                      f"{_pct(s['loss_share'])} | {s['loss_measured']} | {s['truncated']} | "
-                     f"{_pct(s['truncated_frac'])} |")
+                     f"{_pct(s['truncated_frac'])} | {s['rejected']} |")
     return lines
 
 

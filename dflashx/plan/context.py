@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from dflashx.plan.estimates.cost import gpu_hours, usd
 from dflashx.plan.estimates.generation import Generation, estimate_generation
 from dflashx.plan.estimates.host import eval_seconds, host_seconds
+from dflashx.plan.estimates.lengths import OutputLengths
 from dflashx.plan.estimates.memory import (
     StageMemory,
     eval_memory,
@@ -48,7 +49,7 @@ class PlanContext:
 def build_context(recipe: ResolvedRecipe) -> PlanContext:
     facts = recipe.target.facts
     tokens = count_tokens(recipe, recipe.stages.train.max_length)
-    gen = estimate_generation(recipe, facts, tokens)
+    gen = estimate_generation(recipe, tokens, OutputLengths.of(recipe.dataset.stats))
     train = estimate_training(recipe, tokens)
     storage = estimate_storage(recipe, tokens, train)
     memory = {

@@ -79,7 +79,7 @@ def _stage_plans(ctx: PlanContext) -> list[StagePlan]:
     by_name = {p.name: p for p in plans}
     sglang = expand_sglang(recipe, ctx.facts, ctx.generation.serving)
     by_name["generate"].commands = sglang.commands
-    by_name["generate"].extra = sglang.to_json()
+    by_name["generate"].extra = {**sglang.to_json(), "batch_per_replica": ctx.generation.serving.batch}
     run = launch(recipe)
     by_name["train"].commands = [run["shell"]]
     by_name["train"].extra = {"deepspeed_config": recipe.stages.train.deepspeed_config, "launch": run}

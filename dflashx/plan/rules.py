@@ -10,41 +10,15 @@ from itertools import pairwise
 
 from dflashx.config.schema import STAGE_ORDER
 from dflashx.plan.context import PlanContext, stage_estimates, totals
-from dflashx.plan.expand.sglang import context_length
 from dflashx.plan.explain import human_bytes
 from dflashx.plan.findings import Finding, acknowledged, error, warning
 from dflashx.plan.rules_data import DATA_RULES
+from dflashx.plan.rules_serving import SERVING_RULES
 from dflashx.resolve.formulas import spread_layer_ids
 
 Rule = Callable[[PlanContext], Iterable[Finding]]
 
 BIG_TARGET_PARAMS = 4e9  # above this, transformers' generate() is too slow for a dataset
-
-
-def tp_dp_matches_gpus(ctx: PlanContext) -> Iterable[Finding]:
-    hw = ctx.recipe.hardware
-    if hw.gpu is None or ctx.recipe.stages.generate.urls:
-        return
-    tp, dp = hw.serving.tp, hw.serving.dp
-    if tp * dp != hw.num_gpus:
-        yield error("tp_dp_gpus", "hardware.serving.dp",
-                    f"serving tp x dp = {tp} x {dp} = {tp * dp}, but profile {hw.name} has {hw.num_gpus} GPUs",
-                    f"set hardware.serving.tp and hardware.serving.dp so that tp x dp = {hw.num_gpus}")
-
-
-def serving_fits(ctx: PlanContext) -> Iterable[Finding]:
-    hw, s = ctx.recipe.hardware, ctx.generation.serving
-    if hw.gpu is None or not ctx.recipe.stages.generate.enabled or ctx.recipe.stages.generate.urls:
-        return
-    one_seq = ctx.memory["generate"].parts["one_full_sequence"] * s.tp
-    if s.pool_bytes is None or s.pool_bytes < one_seq:
-        budget = hw.gpu.memory_gb * 1e9 * hw.serving.mem_fraction_static * s.tp
-        yield error("serving_memory", "hardware.serving.weight_dtype",
-                    f"weights {human_bytes(s.weight_bytes)} + one full-length sequence {human_bytes(one_seq)} "
-                    f"do not fit in {human_bytes(budget)} (tp={s.tp} x {hw.gpu.memory_gb:g} GB x "
-                    f"mem_fraction_static {hw.serving.mem_fraction_static:g})",
-                    "serve FP8 weights (hardware.serving.weight_dtype=fp8), raise hardware.serving.tp, "
-                    "lower stages.generate.max_tokens, or pick a profile with more GPU memory")
 
 
 def training_fits(ctx: PlanContext) -> Iterable[Finding]:
@@ -62,21 +36,6 @@ def training_fits(ctx: PlanContext) -> Iterable[Finding]:
 
 def _parts(parts: dict[str, float]) -> str:
     return ", ".join(f"{k} {human_bytes(v)}" for k, v in parts.items())
-
-
-def fp8_supported(ctx: PlanContext) -> Iterable[Finding]:
-    hw = ctx.recipe.hardware
-    if hw.gpu is not None and hw.gpu.fp8_tflops is not None:
-        return
-    where = hw.gpu.name if hw.gpu else "the CPU"
-    checks = (("hardware.serving.weight_dtype", hw.serving.weight_dtype == "fp8"),
-              ("hardware.serving.kv_cache_dtype", hw.serving.kv_cache_dtype.startswith("fp8")),
-              ("target.precision", ctx.recipe.target.precision == "fp8"),
-              ("drafter.precision", ctx.recipe.drafter.precision == "fp8"))
-    for key, bad in checks:
-        if bad:
-            yield error("fp8_unsupported", key, f"FP8 requested but {where} has no FP8 support",
-                        f"set {key} to bf16 (or auto), or pick a profile whose GPU supports FP8")
 
 
 def master_weights_need_zero(ctx: PlanContext) -> Iterable[Finding]:
@@ -190,10 +149,10 @@ def generate_backend_fits(ctx: PlanContext) -> Iterable[Finding]:
         yield error("context_too_long", "stages.generate.context_length",
                     f"context length {gen.context_length} exceeds the target's {native}",
                     f"set stages.generate.context_length <= {native}")
-    elif needed > context_length(ctx.recipe, ctx.facts):
+    elif needed > gen.context_length:
         yield error("context_too_long", "stages.generate.max_tokens",
                     f"a mean prompt ({ctx.tokens.prompt_mean:g} tokens) + max_tokens {gen.max_tokens} does not fit "
-                    f"the context length {context_length(ctx.recipe, ctx.facts)} (target native {native})",
+                    f"the context length {gen.context_length} (target native {native})",
                     "lower stages.generate.max_tokens (or raise stages.generate.context_length up to the native)")
 
 
@@ -224,7 +183,7 @@ def batch_divides(ctx: PlanContext) -> Iterable[Finding]:
 
 
 RULES: tuple[Rule, ...] = (
-    tp_dp_matches_gpus, serving_fits, training_fits, fp8_supported, master_weights_need_zero, target_layer_ids_valid,
+    *SERVING_RULES, training_fits, master_weights_need_zero, target_layer_ids_valid,
     sliding_window_coherent, mask_token_known, offline_within_storage, within_budget,
     generate_backend_fits, servers_local, mtp_available, batch_divides, *DATA_RULES,
 )

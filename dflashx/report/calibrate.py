@@ -1,9 +1,9 @@
 """`dflashx calibrate`: fit the planner's per-profile efficiency factors from finished runs.
 
-- `serving_efficiency` = measured output tokens/s (generate's `output_tokens_per_s`) / the
-  planner's roofline tokens/s for the same recipe. The roofline is the plan's
-  `generate.tokens_per_second` divided by the efficiency that plan used, so the fit is right
-  whether or not the run itself was planned with a calibrated factor.
+- `serving_ratio` = measured output tokens/s (generate's `output_tokens_per_s`) / the serving
+  model's prediction for the same recipe: the plan's `generate.tokens_per_second` divided by the
+  calibration ratio that plan applied (its `calibration` input), so the fit is right whether or
+  not the run itself was planned with a calibrated ratio.
 - `training_mfu` = the MFU the trainer measured (train's `mfu` metric: achieved model FLOP/s over
   the profile's peak, the same definition the planner's training estimate divides by).
 Several runs of one profile are combined by their median; values are clipped to (0, 1].
@@ -87,7 +87,7 @@ def fit_run(run: RunInfo, facts_for: FactsFor, into: Calibration) -> None:
     measured_tps = run.metrics("generate").get("output_tokens_per_s")
     serving = terms.get("generate.tokens_per_second")
     if measured_tps and serving and serving["value"] > 0:
-        used = float(serving["inputs"]["efficiency"])
+        used = float(serving["inputs"]["calibration"])
         into.fits.append(Fit(run.name, profile, CALIBRATED_SERVING, used, serving["value"],
                              float(measured_tps), used * float(measured_tps) / serving["value"]))
     else:

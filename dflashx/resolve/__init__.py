@@ -5,7 +5,10 @@ schedule, the FLOP model); `deepspeed` builds the engine config and launch comma
 holds `ResolvedRecipe`; `resolve.resolve(recipe, facts)` builds it.
 """
 
-from dflashx.resolve.model import ResolvedDrafter, ResolvedRecipe, ResolvedTarget, ResolvedTrainStage
+from dflashx.resolve.model import (
+    ResolvedDrafter, ResolvedGenerateStage, ResolvedRecipe, ResolvedServing, ResolvedTarget, ResolvedTrainStage,
+)
 from dflashx.resolve.resolve import ResolveError, resolve
 
-__all__ = ["ResolveError", "ResolvedDrafter", "ResolvedRecipe", "ResolvedTarget", "ResolvedTrainStage", "resolve"]
+__all__ = ["ResolveError", "ResolvedDrafter", "ResolvedGenerateStage", "ResolvedRecipe", "ResolvedServing",
+           "ResolvedTarget", "ResolvedTrainStage", "resolve"]

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 
 from dflashx.config.fields import OPERATIONAL, OUTPUT, Precision
-from dflashx.config.schema import DrafterSpec, Recipe, Stages, TargetSpec, TrainStage
+from dflashx.config.schema import DrafterSpec, GenerateStage, Recipe, ServingSpec, Stages, TargetSpec, TrainStage
 from dflashx.resolve.flops import DrafterDims
 from dflashx.targets.registry import TargetFacts
 
@@ -76,8 +76,33 @@ class ResolvedTrainStage(TrainStage):
                               json_schema_extra=OPERATIONAL)
 
 
+class ResolvedServing(ServingSpec):
+    model_config = _FROZEN
+
+    tp: int = Field(ge=1, description="Tensor-parallel GPUs per server.", json_schema_extra=OPERATIONAL)
+    dp: int = Field(ge=1, description="Data-parallel replicas.", json_schema_extra=OPERATIONAL)
+    dp_mode: Literal["router", "dp_size"] = Field(
+        description="One server per replica behind sglang_router, or one server with --dp-size per node.",
+        json_schema_extra=OPERATIONAL)
+    weight_dtype: Precision = Field(description="Weights the servers run.", json_schema_extra=OUTPUT)
+    checkpoint: str = Field(description="Checkpoint the servers load (--model-path).", json_schema_extra=OUTPUT)
+    online_quantization: bool = Field(
+        description="FP8 weights quantized while loading a 16-bit checkpoint (--quantization fp8).",
+        json_schema_extra=OUTPUT)
+
+
+class ResolvedGenerateStage(GenerateStage):
+    model_config = _FROZEN
+
+    context_length: int = Field(ge=1, description="SGLang --context-length.", json_schema_extra=OUTPUT)
+    serving: ResolvedServing = Field(description="Serving settings, resolved.", json_schema_extra=OUTPUT)
+
+
 class ResolvedStages(Stages):
     model_config = _FROZEN
+
+    generate: ResolvedGenerateStage = Field(description="Target completions, serving resolved.",
+                                            json_schema_extra=OUTPUT)
 
     train: ResolvedTrainStage = Field(description="DFlash drafter training, resolved.", json_schema_extra=OUTPUT)
 

@@ -11,7 +11,9 @@ What it fills in, and from what:
                (tokenize.max_length unless given), precision (bf16 on GPUs unless the target is
                fp32), peak FLOP/s, compile (`auto`: on GPUs), loss_kernel (`auto`: torch), the
                DeepSpeed config and the launch argv;
-  target       facts, load_precision (fp32 on a CPU profile for a bf16/fp16 target).
+  target       facts, load_precision (fp32 on a CPU profile for a bf16/fp16 target);
+  generate     context_length and the serving settings (tp, dp, dp_mode, weight dtype, checkpoint,
+               online quantization): `dflashx.resolve.serving`, one function each.
 Inconsistent values (layer ids out of range, a batch that does not divide) are resolved as
 given and reported by the plan's rules; only a value that cannot be decided at all raises
 `ResolveError` (it names the key and the fix).
@@ -21,10 +23,13 @@ from __future__ import annotations
 
 import math
 
-from dflashx.config.schema import DrafterSpec, HardwareProfile, Recipe, TargetSpec, TrainStage
+from dflashx.config.schema import DrafterSpec, GenerateStage, HardwareProfile, Recipe, TargetSpec, TrainStage
 from dflashx.resolve.deepspeed import deepspeed_config, launch_argv
 from dflashx.resolve.formulas import loss_gamma, spread_layer_ids
-from dflashx.resolve.model import ResolvedDrafter, ResolvedRecipe, ResolvedStages, ResolvedTarget, ResolvedTrainStage
+from dflashx.resolve.model import (
+    ResolvedDrafter, ResolvedGenerateStage, ResolvedRecipe, ResolvedStages, ResolvedTarget, ResolvedTrainStage,
+)
+from dflashx.resolve.serving import context_length, resolve_serving
 from dflashx.targets.registry import TargetFacts
 
 
@@ -100,8 +105,18 @@ def _target(recipe: Recipe, facts: TargetFacts) -> ResolvedTarget:
     return ResolvedTarget(**t.model_dump(include=set(TargetSpec.model_fields)), facts=facts, load_precision=load)
 
 
+def _generate(recipe: Recipe, facts: TargetFacts) -> ResolvedGenerateStage:
+    gen = recipe.stages.generate
+    return ResolvedGenerateStage(**{
+        **gen.model_dump(include=set(GenerateStage.model_fields) - {"serving"}),
+        "context_length": context_length(recipe, facts),
+        "serving": resolve_serving(recipe, facts),
+    })
+
+
 def resolve(recipe: Recipe, facts: TargetFacts) -> ResolvedRecipe:
     """The recipe with every derived value filled in (see the module docstring)."""
     drafter = _drafter(recipe, facts)
-    stages = ResolvedStages(**{**dict(recipe.stages), "train": _train(recipe, drafter.block_size)})
+    stages = ResolvedStages(**{**dict(recipe.stages), "train": _train(recipe, drafter.block_size),
+                               "generate": _generate(recipe, facts)})
     return ResolvedRecipe(**{**dict(recipe), "target": _target(recipe, facts), "drafter": drafter, "stages": stages})

@@ -40,7 +40,8 @@ def make_backend(ctx: StageContext) -> Backend:
         )
     from dflashx.backends.sglang import SGLangBackend
 
-    return SGLangBackend(cfg, target.chat_template, target.model, ctx.plan.get("servers"), ctx.out_dir)
+    return SGLangBackend(cfg, target.chat_template, target.model, ctx.plan.get("servers"), ctx.out_dir,
+                         ctx.plan.get("batch_per_replica"))
 
 
 class GenerationMeter:

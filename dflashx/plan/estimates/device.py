@@ -1,4 +1,4 @@
-"""Per-device numbers of a hardware profile (GPU or the CPU fallback) and its efficiency factors."""
+"""Per-device numbers of a hardware profile (GPU or the CPU fallback) and its calibrated ratios."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 from dflashx.config.schema import HardwareProfile
 
-# Keys `dflashx calibrate` writes into `hardware.calibrated`; they replace the profile's defaults.
-CALIBRATED_SERVING = "serving_efficiency"
+# Keys `dflashx calibrate` writes into `hardware.calibrated`. serving_ratio: a measured generation
+# throughput on the rented node / the serving model's prediction for the same conditions.
+CALIBRATED_SERVING = "serving_ratio"
 CALIBRATED_MFU = "training_mfu"
 
 
@@ -38,13 +39,10 @@ def device_of(profile: HardwareProfile) -> Device:
 
 
 def factor(profile: HardwareProfile, key: str, default: float) -> tuple[float, bool]:
-    """(value, calibrated?): a calibrated factor wins over the profile's default."""
+    """(value, calibrated?): a calibrated value wins over the default."""
     if key in profile.calibrated:
         return profile.calibrated[key], True
     return default, False
-
-
-KV_BYTES = {"bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}  # SGLang --kv-cache-dtype, bytes per element
 
 
 def activation_bytes(dtype: str) -> int:

@@ -44,7 +44,7 @@ class StageMemory:
     term: Term
 
 
-def serving_memory(recipe: Recipe, facts: TargetFacts, tokens: Tokens, s: Serving) -> StageMemory:
+def serving_memory(recipe: ResolvedRecipe, facts: TargetFacts, tokens: Tokens, s: Serving) -> StageMemory:
     """Per GPU: SGLang preallocates mem_fraction_static; transformers holds weights + its batch."""
     weights = s.weight_bytes / s.tp
     max_ctx = tokens.prompt_mean + recipe.stages.generate.max_tokens
@@ -53,7 +53,7 @@ def serving_memory(recipe: Recipe, facts: TargetFacts, tokens: Tokens, s: Servin
     activations = 4 * facts.hidden_size * max(s.batch, 1) * activation_bytes(s.weight_dtype)
     if recipe.stages.generate.backend == "sglang" and recipe.hardware.gpu is not None:
         gpu_bytes = recipe.hardware.gpu.memory_gb * 1e9
-        total = gpu_bytes * recipe.hardware.serving.mem_fraction_static
+        total = gpu_bytes * recipe.stages.generate.serving.mem_fraction_static
         formula = "gpu memory x mem_fraction_static (SGLang preallocates weights + KV/state pool)"
     else:
         total = weights + max(s.batch, 1) * one_seq / s.tp + activations

@@ -1,5 +1,8 @@
-"""SGLang server command lines for the profile: one server per GPU behind sglang_router, or one
-server with `--dp-size`, with the precision, KV-cache, MTP, cache and parser flags of the recipe."""
+"""SGLang server command lines for the profile: one server per replica behind sglang_router, or one
+server with `--dp-size` per node, with the checkpoint, precision, KV-cache, MTP, cache and parser
+flags of the resolved recipe. Each server entry carries `in_flight`: the requests the generate
+stage keeps open on it, the planned running batch x the replicas it serves. Every emitted command
+parses with SGLang 0.5.23's own argument parser (tests/test_sglang_commands.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +11,12 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflashx.config.schema import Recipe
 from dflashx.plan.estimates.generation import Serving
+from dflashx.resolve.model import ResolvedRecipe
 from dflashx.targets.registry import TargetFacts
 
 HOST = "127.0.0.1"
 BASE_PORT = 30000  # the router (or the single server); workers behind a router take the next ports
-PROMPT_ALLOWANCE = 4096  # context for the prompt on top of generate.max_tokens
 MTP_FLAGS = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 
@@ -29,25 +31,22 @@ class SglangExpansion:
         return {"servers": self.servers, "router": self.router}
 
 
-def context_length(recipe: Recipe, facts: TargetFacts) -> int:
+def server_argv(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving, host: str, port: int,
+                dp_size: int) -> list[str]:
     gen = recipe.stages.generate
-    return gen.context_length or min(facts.max_position_embeddings, gen.max_tokens + PROMPT_ALLOWANCE)
-
-
-def server_argv(recipe: Recipe, facts: TargetFacts, s: Serving, host: str, port: int, dp_size: int) -> list[str]:
-    gen, serving = recipe.stages.generate, recipe.hardware.serving
+    serving = gen.serving
     argv = [
         "python", "-m", "sglang.launch_server",
-        "--model-path", recipe.target.model,
+        "--model-path", serving.checkpoint,
         "--host", host, "--port", str(port),
         "--tp-size", str(s.tp),
         "--mem-fraction-static", f"{serving.mem_fraction_static:g}",
-        "--context-length", str(context_length(recipe, facts)),
-        "--max-running-requests", str(serving.max_running_requests),
+        "--context-length", str(gen.context_length),
+        "--max-running-requests", str(serving.max_running_requests),  # per DP worker
     ]
     if dp_size > 1:
         argv += ["--dp-size", str(dp_size)]
-    if s.weight_dtype == "fp8":
+    if serving.online_quantization:
         argv += ["--quantization", "fp8"]
     if serving.kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", serving.kv_cache_dtype]
@@ -60,12 +59,12 @@ def server_argv(recipe: Recipe, facts: TargetFacts, s: Serving, host: str, port:
     return argv
 
 
-def _server(recipe: Recipe, facts: TargetFacts, s: Serving, node: int, port: int, gpus: list[int],
+def _server(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving, node: int, port: int, gpus: list[int],
             dp_size: int) -> dict[str, Any]:
     """One server entry; servers on other nodes listen on all interfaces and are named `node-<i>`."""
     bind, name = (HOST, HOST) if node == 0 else ("0.0.0.0", f"node-{node}")
     return {"command": server_argv(recipe, facts, s, bind, port, dp_size), "port": port,
-            "url": f"http://{name}:{port}", "gpus": gpus, "node": node}
+            "url": f"http://{name}:{port}", "gpus": gpus, "node": node, "in_flight": max(s.batch, 1) * dp_size}
 
 
 def _shell_line(server: dict[str, Any]) -> str:
@@ -73,7 +72,7 @@ def _shell_line(server: dict[str, Any]) -> str:
     return f"{where}CUDA_VISIBLE_DEVICES={','.join(map(str, server['gpus']))} {shlex.join(server['command'])}"
 
 
-def expand_sglang(recipe: Recipe, facts: TargetFacts, s: Serving) -> SglangExpansion:
+def expand_sglang(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving) -> SglangExpansion:
     """Servers to start; none when the recipe attaches to `generate.urls` or uses transformers.
 
     `gpus` are the GPU indices on the server's node (`CUDA_VISIBLE_DEVICES`).
@@ -83,7 +82,7 @@ def expand_sglang(recipe: Recipe, facts: TargetFacts, s: Serving) -> SglangExpan
         return SglangExpansion()
     out = SglangExpansion()
     per_node = max(hw.gpus_per_node // s.tp, 1)  # replicas that fit on one node
-    if s.dp > 1 and hw.serving.dp_mode == "router":
+    if s.dp > 1 and gen.serving.dp_mode == "router":
         for replica in range(s.dp):
             node, local = divmod(replica, per_node)
             out.servers.append(_server(recipe, facts, s, node, BASE_PORT + 1 + replica,

@@ -1,0 +1,104 @@
+"""Engine facts the serving model uses: measured ceilings and SGLang's efficiency, each with its source.
+
+No hardware profile holds an efficiency: these belong to the engine, its settings and the kind of
+target, and each comes from a published (or this project's) measurement with the figure it came
+from and its conditions. A figure used to derive a constant is a `source` row of
+`benchmarks/planner_accuracy.py`, never one of the rows the model is then judged on; nothing here
+is tuned to the seeds' 16.5 d / 1.8 d (they are validation rows). docs/planner.md lists them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A constant with where it comes from: `source` (file or page), the `figure` and `conditions`."""
+
+    value: float
+    source: str
+    figure: str
+    conditions: str
+
+
+# Achievable shares of a GPU's datasheet ceilings, measured on this project's lent H200 (one GPU,
+# torch 2.11, benchmarks/results/device_ceilings.json). GPUs without a measurement borrow them.
+COPY_BANDWIDTH = Measured(
+    0.884, "benchmarks/results/device_ceilings.json",
+    "device-to-device copy of 4 GiB: 4.24 TB/s (bytes read + written) of the datasheet's 4.8 TB/s",
+    "NVIDIA H200 SXM, torch 2.11 + CUDA 13, median of 20 copies")
+GEMM = Measured(
+    0.788, "benchmarks/results/device_ceilings.json",
+    "8192^3 bf16 matrix product: 780 TFLOP/s of the datasheet's 989 dense",
+    "NVIDIA H200 SXM, torch 2.11 + CUDA 13, median of 10 products on random data")
+GEMM_FP8 = Measured(
+    0.728, "benchmarks/results/train_step.json (peak_tflops.fp8)",
+    "torch._scaled_mm fp8 matrix product: 1,441 TFLOP/s of the datasheet's 1,979 dense",
+    "NVIDIA H200 SXM, torch 2.11 + CUDA 13 (this project's training benchmark)")
+
+
+def gemm_share(weight_dtype: str) -> Measured:
+    """The measured share of the dense peak a matrix product reaches in the weights' precision."""
+    return GEMM_FP8 if weight_dtype == "fp8" else GEMM
+
+# Small-message all-reduce time (NCCL, all_reduce_perf), the per-call latency of a TP all-reduce.
+ALLREDUCE_LATENCY_PCIE = Measured(
+    42.6e-6, "github.com/NVIDIA/nccl/issues/1530",
+    "all_reduce_perf, 8-byte message: 42.56 us out-of-place", "8x RTX 4090 over PCIe, no NVLink")
+ALLREDUCE_LATENCY_NVLINK = Measured(
+    6.0e-6, "github.com/NVIDIA/nccl/issues/1259",
+    "all_reduce_perf, 128-byte to 64 KiB messages: about 6 us", "2x H100 SXM over NVLink (NVLS)")
+NVLINK_CLASS_GBS = 100.0  # interconnect_gbs at or above this is NVLink-class; below it, PCIe
+
+
+@dataclass(frozen=True)
+class EngineRow:
+    """What one engine setting reaches: decode (share of the step roofline at the measured
+    ceilings) and prefill (share of the measured GEMM ceiling of the weights' precision)."""
+
+    engine: str
+    target_kind: str  # "hybrid" (linear + full attention) or "dense"
+    decode: Measured
+    prefill: Measured
+    note: str = ""
+
+
+_COOKBOOK = ("github.com/sgl-project/sglang docs_new/src/snippets/configs/qwen/qwen3.6-benchmarks.jsx "
+             "@4b7077b (PR #32959)")
+
+SGLANG_HYBRID = EngineRow(
+    "sglang", "hybrid",
+    decode=Measured(
+        0.73, _COOKBOOK,
+        "Qwen3.6-27B BF16 high-throughput, conc 1024: 6,322 tokens/s/GPU (input + output), i.e. 702 output "
+        "tokens/s; the serving model at these conditions with decode share 1 gives 813; the share that "
+        "reproduces 702 with prefill counted is 0.73 (planner_accuracy source row)",
+        "1x H200, SGLang 0.5.16, TP 1, --mem-fraction-static 0.8, MTP off, random 8,192 in / 1,024 out"),
+    prefill=Measured(
+        0.72, _COOKBOOK,
+        "Qwen3.6-27B BF16 low-latency, conc 1: TTFT 734 ms for 8,192 prompt tokens = 561 TFLOP/s, 0.72 of "
+        "the measured 780 TFLOP/s bf16 GEMM ceiling (planner_accuracy source row)",
+        "1x H200, SGLang 0.5.16, TP 1, one request at a time"),
+)
+
+SGLANG_DENSE = EngineRow(
+    "sglang", "dense", decode=SGLANG_HYBRID.decode, prefill=SGLANG_HYBRID.prefill,
+    note="no published measurement of a dense target under these conditions yet: borrows the hybrid row")
+
+# The transformers backend (CPU, tiny targets): no measurement yet; the share is an assumption,
+# said so in --explain (`dflashx calibrate` replaces it with a measured ratio).
+TRANSFORMERS = EngineRow(
+    "transformers", "any",
+    decode=Measured(0.2, "assumption (not measured)", "python and launch overhead dominate tiny models",
+                    "CPU, HF generate(), batch_size prompts per call"),
+    prefill=Measured(0.25, "assumption (not measured)", "as decode, over the GEMM ceiling", "CPU"),
+)
+
+
+def engine_row(backend: str, hybrid: bool) -> EngineRow:
+    """The row for the recipe's backend and target kind. MTP (NEXTN) is planned as off: it only
+    speeds decode up, so the estimate stays conservative."""
+    if backend == "transformers":
+        return TRANSFORMERS
+    return SGLANG_HYBRID if hybrid else SGLANG_DENSE

@@ -1,0 +1,80 @@
+"""The running batch of one replica: SGLang's own pool sizing, and the one function that decides it.
+
+`running_batch` is read by the plan (the decode estimate), by the server expansion (each server's
+`in_flight`) and so by the generate stage's client: the client keeps exactly the batch in flight
+per replica that the estimate assumed.
+
+SGLang 0.5.23 sizes a replica's memory as (python/sglang/srt/mem_cache/kv_cache_configurator.py,
+`_profile_available_bytes`, `_handle_max_mamba_cache`, `resolve_max_num_reqs`):
+  rest    = tp x GPU memory x mem_fraction_static - weights
+  hybrid targets (linear-attention layers): the state pool takes rest x r / (1 + r), with
+          r = --mamba-full-memory-ratio (default 0.9, arg_groups/fields/schedule.py); its slots
+          = pool / state bytes per sequence, and each running request holds 5 of them (3, plus 2
+          tracking slots of the default `extra_buffer` radix-cache strategy with the overlap
+          scheduler: MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO and allocation_sizing.py);
+  KV      = what is left, in tokens of KV bytes/token.
+The batch is the smallest of: the client's in-flight count (`stages.generate.concurrency`, else
+no cap), --max-running-requests, the state slots / 5, and KV tokens / the mean context of a
+running sequence. With continuous batching the running sequences are length-biased: their mean
+context is prompt + E[O_c^2] / (2 E[O_c]), O_c = min(O, max_tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflashx.plan.estimates.lengths import OutputLengths
+from dflashx.resolve.model import ResolvedRecipe
+from dflashx.resolve.serving import kv_elem_bytes, served_weight_bytes
+
+MAMBA_FULL_MEMORY_RATIO = 0.9
+STATE_SLOTS_PER_REQUEST = 5
+HICACHE_RATIO = 2.0  # --hicache-ratio default: host pool = 2 x the device pool (arg_groups/fields/memory.py)
+NO_CAP = 1 << 20
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The running batch of one replica, what binds it, and every cap."""
+
+    value: int
+    binding: str  # which cap binds: client, max_running_requests, state_pool, kv_pool, batch_size
+    caps: dict[str, int]
+    pool_bytes: float | None  # KV + state pool of one replica (None: not an SGLang GPU replica)
+    weight_bytes: float
+    kv_elem_bytes: int
+    mean_context: float
+
+
+def mean_running_context(prompt_mean: float, lengths: OutputLengths, max_tokens: int) -> float:
+    """prompt + E[O_c^2] / (2 E[O_c]): the mean context of a sequence being decoded."""
+    first = lengths.clipped_moment(1, max_tokens)
+    return prompt_mean + (lengths.clipped_moment(2, max_tokens) / (2 * first) if first else 0.0)
+
+
+def running_batch(recipe: ResolvedRecipe, lengths: OutputLengths) -> Batch:
+    """The batch one replica decodes (module doc); on the CPU / transformers: `batch_size`."""
+    gen, hw = recipe.stages.generate, recipe.hardware
+    s, facts = gen.serving, recipe.target.facts
+    kv = kv_elem_bytes(s.kv_cache_dtype, s.weight_dtype)
+    weights = served_weight_bytes(facts, s.weight_dtype)
+    context = mean_running_context(recipe.dataset.stats.prompt_tokens_mean, lengths, gen.max_tokens)
+    if gen.backend == "transformers" or hw.gpu is None:
+        caps = {"batch_size": gen.batch_size}
+        return Batch(gen.batch_size, "batch_size", caps, None, weights, kv, context)
+    rest = s.tp * hw.gpu.memory_gb * 1e9 * s.mem_fraction_static - weights
+    caps = {"client": gen.concurrency or NO_CAP, "max_running_requests": s.max_running_requests}
+    kv_bytes = rest
+    state = facts.recurrent_state_bytes
+    if state:
+        slots = int(max(rest, 0) * MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO) // state) - 1
+        caps["state_pool"] = max(slots, 0) // STATE_SLOTS_PER_REQUEST
+        kv_bytes = rest - (max(slots, 0) + 1) * state
+    caps["kv_pool"] = int(max(kv_bytes, 0) / (facts.kv_bytes_per_token(kv) * context))
+    binding = min(caps, key=lambda k: caps[k])
+    return Batch(max(caps[binding], 0), binding, caps, rest, weights, kv, context)
+
+
+def hicache_host_bytes(batch: Batch) -> float:
+    """Host memory one server's hierarchical cache takes: --hicache-ratio x its device pool."""
+    return HICACHE_RATIO * max(batch.pool_bytes or 0.0, 0.0)
