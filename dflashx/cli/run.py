@@ -47,7 +47,8 @@ def _run(view: RunConsole, recipe: Path, overrides: list[str], run_dir: Path | N
     from dflashx.plan.plan import make_plan
     from dflashx.report.progress import write_progress
     from dflashx.run.graph import select
-    from dflashx.run.orchestrator import default_run_dir, run_pipeline
+    from dflashx.run.layout import default_run_dir
+    from dflashx.run.orchestrator import run_pipeline
     from dflashx.run.preflight import preflight, stages_to_check
     from dflashx.run.rundir import RunDirBusy
 

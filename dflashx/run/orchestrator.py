@@ -387,8 +387,3 @@ def run_pipeline(recipe: ResolvedRecipe, plan: dict[str, Any], run_dir: Path, se
     is called with the run folder as each stage starts and when the run ends (PROGRESS.md);
     `observer` (default: lines through `echo`) sees the run as it goes."""
     return Orchestrator(recipe, plan, run_dir, argv, echo, on_progress, observer).run(selection)
-
-
-def default_run_dir(recipe: ResolvedRecipe) -> Path:
-    """`<storage.root>/<recipe.name>`."""
-    return Path(recipe.storage.root) / recipe.name
