@@ -7,6 +7,7 @@ from _plan_recipes import seeds_recipe, tiny_recipe
 
 from dflashx.plan.context import build_context
 from dflashx.resolve import resolve
+from dflashx.plan.estimates.device import CALIBRATED_SERVING
 from dflashx.plan.estimates.memory import zero_model_state_bytes
 from dflashx.plan.estimates.training import sample_lengths
 from dflashx.plan.plan import make_plan
@@ -44,7 +45,7 @@ def test_zero_formulas_match_deepspeeds_estimators(gpus):
 
 def test_calibrated_serving_efficiency_replaces_the_profile_default():
     base = ctx()
-    calibrated = ctx(hardware__calibrated={"serving_efficiency": base.generation.serving.efficiency / 2})
+    calibrated = ctx(hardware__calibrated={CALIBRATED_SERVING: base.generation.serving.efficiency / 2})
     assert calibrated.generation.tokens_per_second == pytest.approx(base.generation.tokens_per_second / 2)
     assert "calibrated" in term(calibrated.generation.terms, "generate.tokens_per_second").inputs["efficiency_source"]
     assert "profile default" in term(base.generation.terms, "generate.tokens_per_second").inputs["efficiency_source"]

@@ -21,13 +21,17 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from dflashx.config.schema import DatasetStats, Recipe
+from dflashx.plan.context import PlanContext, build_context
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
+from dflashx.resolve import resolve
+from dflashx.targets.registry import TargetFacts
 
 CALIBRATION_VERSION = 1
 _HARDWARE_NOT_FACTS = {"description", "calibrated", "usd_per_gpu_hour", "usd_source", "usd_date"}
 _TRAIN_KEPT = {"mode", "global_batch", "micro_batch", "zero_stage", "anchors_per_seq", "max_length"}
 _GENERATE_RUNTIME = {"enabled", "urls", "request_timeout_s", "retries", "retry_backoff_s", "flush_every", "shard_size",
                      "server_startup_timeout_s"}
+_GENERATE_LENGTHS = {"backend", "max_tokens", "temperature", "top_p", "context_length"}
 
 
 class PilotCalibration(BaseModel):
@@ -63,12 +67,13 @@ def conditions(recipe: Recipe) -> dict[str, dict[str, Any]]:
     data = recipe.model_dump(mode="json")
     target = {k: data["target"][k] for k in ("model", "tokenizer", "precision", "chat_template")}
     generate = {k: v for k, v in data["stages"]["generate"].items() if k not in _GENERATE_RUNTIME}
+    sampling = {k: v for k, v in generate.items() if k in _GENERATE_LENGTHS}
     hardware = {k: v for k, v in data["hardware"].items() if k not in _HARDWARE_NOT_FACTS}
     sources = {"sources": data["dataset"]["sources"], "dedupe": data["dataset"]["dedupe"],
                "eval_holdout": data["dataset"]["eval_holdout"]}
     train = {k: v for k, v in data["stages"]["train"].items() if k in _TRAIN_KEPT}
     groups = {
-        "data": {"dataset": sources, "target": target, "stages.generate": generate},
+        "data": {"dataset": sources, "target": target, "stages.generate": sampling},
         "serving": {"hardware": hardware, "target": target, "stages.generate": generate},
         "training": {"hardware": hardware, "target": target, "drafter": data["drafter"], "stages.train": train,
                      "stages.tokenize.max_length": data["stages"]["tokenize"]["max_length"]},
@@ -122,3 +127,27 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, di
               "applied": applied, "not_applied": not_applied,
               "rse": {g: v for g, v in rse.items() if v is not None and g not in {n["group"] for n in not_applied}}}
     return updated, report
+
+
+def uncalibrated(recipe: Recipe, stats: dict[str, Any], **sections: dict[str, Any]) -> Recipe:
+    """The recipe with measured `dataset.stats` fields, without the measured factors (serving ratio,
+    MFU), and with these stage settings (`generate={...}`, `train={...}`): what the planner's own
+    models predict for the conditions a measurement was taken under."""
+    hardware = recipe.hardware.model_copy(update={"calibrated": {
+        k: v for k, v in recipe.hardware.calibrated.items() if k not in (CALIBRATED_SERVING, CALIBRATED_MFU)}})
+    measured = DatasetStats.model_validate({**recipe.dataset.stats.model_dump(), **stats})
+    stages = recipe.stages.model_copy(update={name: getattr(recipe.stages, name).model_copy(update=values)
+                                              for name, values in sections.items()})
+    return recipe.model_copy(update={"hardware": hardware, "stages": stages,
+                                     "dataset": recipe.dataset.model_copy(update={"stats": measured})})
+
+
+def predicted(recipe: Recipe, facts: TargetFacts, stats: dict[str, Any], **sections: dict[str, Any]) -> PlanContext:
+    """The plan context of `uncalibrated(...)`: the models' figures for a measurement's conditions."""
+    return build_context(resolve(uncalibrated(recipe, stats, **sections), facts))
+
+
+def predicted_tokens_per_s(ctx: PlanContext) -> float:
+    """Generated tokens per second of the whole generation (prefill included), as measured runs count them."""
+    seconds = ctx.seconds["generate"]
+    return ctx.tokens.output / seconds if seconds else 0.0
