@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dflashx.store.atomic import atomic_write_text
+
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "benchmarks" / "results" / "tiny_run.json"
 RECIPE = REPO / "recipes" / "tiny.yaml"
@@ -94,10 +96,7 @@ def main() -> None:
         print(f"pilot: {p['wall_s']:.0f} s; MFU {p['training']['mfu']:.3f} (table {p['training']['mfu_planned']:.3f}); "
               f"generation {p['generation']['measured_tokens_per_s']:.0f} tok/s "
               f"(model {p['generation']['predicted_tokens_per_s']:.0f}, ratio {p['serving_ratio']:.3f})")
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    tmp_file = RESULT.with_suffix(".json.tmp")
-    tmp_file.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp_file, RESULT)
+    atomic_write_text(RESULT, json.dumps(result, indent=2) + "\n")
     print(f"wrote {RESULT.relative_to(REPO)}")
 
 

@@ -46,23 +46,27 @@ def sample_lengths(lengths: Lengths, room: float) -> list[float]:
     return [min(lengths.quantile((i + 0.5) / QUADRATURE), room) for i in range(QUADRATURE)]
 
 
-def flops_per_sample(recipe: ResolvedRecipe, prompt: float, output: float) -> tuple[float, float, float]:
-    """(target FLOPs, drafter + LM head FLOPs, drafter block tokens) of one sample."""
+def flops_per_sample(recipe: ResolvedRecipe, prompt: float, outputs: list[float]) -> tuple[float, float, float]:
+    """(target FLOPs, drafter + LM head FLOPs, drafter block tokens) per sample, averaged over samples
+    of these output lengths."""
     train, facts, block = recipe.stages.train, recipe.target.facts, recipe.drafter.block_size
-    anchors = min(train.anchors_per_seq, output)
     deepest = max(recipe.drafter.target_layer_ids)
-    length = prompt + output
-    pairs = block_pairs(anchors * (prompt + output / 2), anchors, block)
-    drafter = drafter_step_flops(recipe.drafter.dims, anchors * block, length, pairs, anchors * (block - 1))
-    return target_forward_flops(facts, deepest, [length]), drafter, anchors * block
+    target = target_forward_flops(facts, deepest, [prompt + o for o in outputs])
+    drafter = tokens = 0.0
+    for output in outputs:
+        anchors = min(train.anchors_per_seq, output)
+        pairs = block_pairs(anchors * (prompt + output / 2), anchors, block)
+        drafter += drafter_step_flops(recipe.drafter.dims, anchors * block, prompt + output, pairs, anchors * (block - 1))
+        tokens += anchors * block
+    n = len(outputs)
+    return target / n, drafter / n, tokens / n
 
 
 def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Training:
     train, hw, facts = recipe.stages.train, recipe.hardware, recipe.target.facts
     drafter = recipe.drafter.dims
     room = max(min(train.max_length - tokens.prompt_mean, recipe.stages.generate.max_tokens), 0.0)
-    points = [flops_per_sample(recipe, tokens.prompt_mean, o) for o in sample_lengths(lengths, room)]
-    target_f, drafter_f, dtoks = (sum(p[i] for p in points) / len(points) for i in range(3))
+    target_f, drafter_f, dtoks = flops_per_sample(recipe, tokens.prompt_mean, sample_lengths(lengths, room))
     per_sample = target_f + drafter_f
     if train.max_steps is not None:
         steps = train.max_steps
