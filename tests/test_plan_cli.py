@@ -10,6 +10,7 @@ from _plan_recipes import REPO
 from typer.testing import CliRunner
 
 from dflashx.cli.main import app
+from dflashx.plan.explain import human_seconds
 
 SEEDS = str(REPO / "recipes" / "qwen36_27b.yaml")
 TINY = str(REPO / "recipes" / "tiny.yaml")
@@ -24,7 +25,7 @@ def test_json_is_one_object_with_the_documented_keys():
     result = plan(SEEDS, "hardware=b200_nvl8", "--dry-run", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)  # the whole output is exactly one JSON object
-    assert list(data) == ["errors", "warnings", "stages", "totals", "resolved"]
+    assert list(data) == ["errors", "warnings", "stages", "totals", "ranges", "calibration", "resolved"]
     assert [s["name"] for s in data["stages"]] == ["ingest", "generate", "qc", "tokenize", "train", "eval",
                                                     "export", "backup"]
     for s in data["stages"]:
@@ -58,8 +59,10 @@ def test_human_view_shows_stages_totals_commands_and_fixes():
     result = plan(SEEDS, "budget.max_days=20", "--dry-run")
     assert result.exit_code == 1  # about 31 days > a 20-day budget on the seeds' node
     out = result.output
+    data = json.loads(plan(SEEDS, "budget.max_days=30", "--json").stdout)
+    generate = human_seconds(next(s for s in data["stages"] if s["name"] == "generate")["estimates"]["seconds"])
     for text in ("generate", "train", "total", "sglang.launch_server", "deepspeed --num_gpus 4", "fix:",
-                 "[budget_days]", "12.9 d"):
+                 "[budget_days]", generate):
         assert text in out, text
 
 

@@ -7,7 +7,9 @@ from _plan_recipes import seeds_recipe, tiny_recipe
 
 from dflashx.plan.context import build_context
 from dflashx.resolve import resolve
+from dflashx.plan.estimates.device import CALIBRATED_SERVING
 from dflashx.plan.estimates.memory import zero_model_state_bytes
+from dflashx.plan.estimates.training import sample_lengths
 from dflashx.plan.plan import make_plan
 from dflashx.resolve.flops import target_forward_flops
 from dflashx.targets.registry import lookup
@@ -51,9 +53,14 @@ def test_calibrated_serving_ratio_scales_the_prediction():
     assert plain["calibration"] == 1.0 and plain["calibrated"] is False
 
 
-def test_calibrated_mfu_scales_training_time():
+def test_calibrated_mfu_replaces_the_table_row_and_includes_the_gradient_sync():
     base, fast = ctx(), ctx(hardware__calibrated={"training_mfu": 0.8})
-    assert fast.training.seconds == pytest.approx(base.training.seconds * 0.4 / 0.8)
+    b = term(base.training.terms, "train.seconds").inputs
+    f = term(fast.training.terms, "train.seconds").inputs
+    assert f["compute_s"] == pytest.approx(b["compute_s"] * b["mfu"] / 0.8)
+    assert b["grad_sync_s"] > 0 and f["grad_sync_s"] == 0  # a measured MFU already includes it
+    assert fast.training.seconds == pytest.approx(f["compute_s"])
+    assert not b["calibrated"] and f["calibrated"] and "measured on this node" in f["mfu_source"]
 
 
 def test_training_flops_follow_the_last_target_layer_and_epochs():
@@ -62,9 +69,11 @@ def test_training_flops_follow_the_last_target_layer_and_epochs():
     # the target forward stops at the last captured layer: 5 of 64 layers vs 62
     target_early = term(early.training.terms, "train.flops_per_sample").inputs["target"]
     target_late = term(late.training.terms, "train.flops_per_sample").inputs["target"]
-    length = early.tokens.train_len_mean
-    assert target_early == pytest.approx(target_forward_flops(QWEN36, 5, [length]))
-    assert target_late == pytest.approx(target_forward_flops(QWEN36, 61, [length]))
+    room = 3072 - early.tokens.prompt_mean
+    lengths = [early.tokens.prompt_mean + o for o in sample_lengths(early.lengths, room)]
+    assert sum(lengths) / len(lengths) == pytest.approx(early.tokens.train_len_mean, rel=0.01)
+    assert target_early == pytest.approx(target_forward_flops(QWEN36, 5, lengths) / len(lengths))
+    assert target_late == pytest.approx(target_forward_flops(QWEN36, 61, lengths) / len(lengths))
     assert target_early < target_late * QWEN36.params_through_layer(5) / QWEN36.params_through_layer(61) * 1.2
     double = ctx(stages__train__epochs=12)
     assert double.training.flops == pytest.approx(2 * late.training.flops)

@@ -49,6 +49,17 @@ def test_review_shows_changed_keys_and_plan_diff(tmp_path: Path) -> None:
     assert "| ingest |" not in out  # unchanged stages are left out
 
 
+def test_review_shows_the_p10_p90_ranges(tmp_path: Path) -> None:
+    base = _recipe(tmp_path / "base")
+    head = _recipe(tmp_path / "head", dataset__stats__output_tokens_mean=104)  # twice the tiny corpus' mean
+    out = _review(str(base), str(head)).output
+    row = next(line for line in out.splitlines() if line.startswith("| time P10 – P90 |"))
+    base_range, head_range, change = (c.strip() for c in row.split("|")[2:5])
+    assert " – " in base_range and " – " in head_range and base_range != head_range
+    assert change.startswith("P90 +")
+    assert any(line.startswith("| USD P10 – P90 |") for line in out.splitlines())
+
+
 def test_new_plan_error_is_reported_and_fails(tmp_path: Path) -> None:
     base = _recipe(tmp_path / "base")
     head = _recipe(tmp_path / "head", budget__max_days=1e-9)

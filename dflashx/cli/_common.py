@@ -15,8 +15,12 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from dflashx.config.schema import Recipe
+    from dflashx.plan.calibration import PilotCalibration
     from dflashx.targets.registry import TargetFacts
 
+RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="Default: <storage.root>/<recipe name>.")]
+UncalibratedOpt = Annotated[bool, typer.Option(
+    "--uncalibrated", help="Ignore the figures a pilot measured (<run dir>/pilot/calibration.json).")]
 RecipeArg = Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)]
 OverridesArg = Annotated[
     list[str] | None,
@@ -67,3 +71,22 @@ def make_console(**kwargs: Any) -> Console:
     from dflashx.report.console import wide_console
 
     return wide_console(**kwargs)
+
+
+def pilot_calibration(recipe: Recipe, run_dir: Path | None) -> PilotCalibration | None:
+    """The pilot's measurements for this recipe's run dir, None when no pilot ran there; an unreadable
+    file is exit 2, naming it and the fix."""
+    from pydantic import ValidationError
+
+    from dflashx.plan.calibration import PilotCalibration
+    from dflashx.run.layout import calibration_path, default_run_dir
+
+    path = calibration_path(run_dir or default_run_dir(recipe))
+    if not path.is_file():
+        return None
+    try:
+        return PilotCalibration.model_validate_json(path.read_bytes())
+    except (ValidationError, ValueError, OSError) as exc:
+        typer.echo(f"{path}: not a pilot calibration ({str(exc).splitlines()[0]}); run `dflashx pilot` again to "
+                   "rewrite it, delete it, or plan with --uncalibrated", err=True)
+        raise typer.Exit(RecipeError.exit_code) from None

@@ -28,6 +28,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("validate", "validate", "Check a recipe (schema and planner rules) without planning output."),
     ("schema", "schema", "Print the JSON Schema of recipes (for editors)."),
     ("profiles", "profiles", "List the hardware profiles."),
+    ("pilot", "pilot", "Measure the plan's assumptions on a few hundred prompts, then re-plan."),
     ("run", "run", "Run (or resume) a recipe's stages."),
     ("preflight", "preflight", "Check the world before a run: data, target, disk, S3, GPUs, servers."),
     ("status", "status", "Show each stage's state, outputs and timings of a run."),
@@ -37,7 +38,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("backup", "backup", "Copy a run's artifacts to S3 and verify them."),
     ("gc", "gc", "Delete a run's garbage artifacts after confirmation."),
     ("compare", "compare", "Compare runs side by side."),
-    ("calibrate", "calibrate", "Fit the planner's efficiency factors from finished runs."),
+    ("calibrate", "calibrate", "Fit the planner's measured factors from finished runs and pilots."),
     ("review", "review", "Markdown review of a recipe change for a pull request."),
 ]
 

@@ -1,9 +1,10 @@
-"""`dflashx plan RECIPE [OVERRIDES...] [--dry-run] [--json] [--explain]`.
+"""`dflashx plan RECIPE [OVERRIDES...] [--dry-run] [--json] [--explain] [--run-dir DIR] [--uncalibrated]`.
 
 Loads the recipe (exit 2 when it cannot be read or validated), reads a local target's
-config.json (the planner itself never reads files), plans, and prints either a rich view or
-exactly one JSON object. Exit 0 without plan errors, 1 with. With `--json` a recipe or target
-config that cannot be read is one JSON object too: its `errors` say why, the rest is empty (exit 2).
+config.json and the run dir's pilot calibration (the planner itself never reads files), plans,
+and prints either a rich view or exactly one JSON object. Exit 0 without plan errors, 1 with.
+With `--json` a recipe or target config that cannot be read is one JSON object too: its `errors`
+say why, the rest is empty (exit 2).
 """
 
 from __future__ import annotations
@@ -11,11 +12,22 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 
-from dflashx.cli._common import OverridesArg, RecipeArg, format_finding, load_or_exit, make_console, target_facts
+from dflashx.cli._common import (
+    OverridesArg,
+    RecipeArg,
+    RunDirOpt,
+    UncalibratedOpt,
+    format_finding,
+    load_or_exit,
+    make_console,
+    pilot_calibration,
+    target_facts,
+)
 from dflashx.config.errors import Problem, RecipeError
 from dflashx.config.load import LoadedRecipe, load_recipe
 from dflashx.plan.explain import human_bytes, human_count, human_seconds
@@ -42,25 +54,62 @@ def _inputs(inputs: dict[str, Any]) -> str:
     return ", ".join(f"{k}={fmt(v)}" for k, v in inputs.items())
 
 
+def span(band: dict[str, float] | None, fmt: Callable[[float], str]) -> str:
+    """`P10 – P90` of a range; `-` without one, empty when the stage's estimate has no spread."""
+    if not band:
+        return "-"
+    if band["p90"] - band["p10"] <= 0.005 * band["p50"]:
+        return ""
+    return f"{fmt(band['p10'])} – {fmt(band['p90'])}"
+
+
+def _usd(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def calibration_lines(cal: dict[str, Any] | None) -> list[str]:
+    """Which figures a pilot measured (and which it could not vouch for any more), in words."""
+    if not cal:
+        return []
+    lines = [f"calibrated by the pilot of run {cal['run_id']} ({cal['measured_at']}, {cal['run_dir']}):"]
+    lines += [f"  {key} = {_short(value)}" for key, value in cal["applied"].items()]
+    for skipped in cal["not_applied"]:
+        more = f" and {len(skipped['changed']) - 3} more" if len(skipped["changed"]) > 3 else ""
+        lines.append(f"  not applied ({skipped['group']}): {', '.join(skipped['figures'])} — measured under other "
+                     f"values of {', '.join(skipped['changed'][:3])}{more}")
+    return lines
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def render(plan: dict[str, Any], title: str, explain: bool) -> None:
-    """The human view: stages table, totals, commands, findings (and formulas with --explain)."""
+    """The human view: stages table with P10–P90, totals, commands, calibration, findings (and
+    formulas with --explain)."""
     from rich.markup import escape
     from rich.table import Table
 
     console = make_console()
     table = Table(title=title)
-    for col in ("stage", "on", "time", "GPU-h", "USD", "storage", "peak mem/GPU"):
+    for col in ("stage", "on", "time", "P10 – P90", "GPU-h", "USD", "USD P10 – P90", "storage", "peak mem/GPU"):
         table.add_column(col, justify="left" if col in ("stage", "on") else "right")
+    ranges = plan.get("ranges") or {"stages": {}, "totals": {}}
     for stage in plan["stages"]:
-        e = stage["estimates"]
+        e, r = stage["estimates"], ranges["stages"].get(stage["name"], {})
         table.add_row(stage["name"], "yes" if stage["enabled"] else "no", human_seconds(e["seconds"]),
-                      f"{e['gpu_hours']:,.1f}", f"{e['usd']:,.0f}", human_bytes(e["storage_bytes"]),
-                      human_bytes(e["peak_gpu_memory_bytes"]))
-    t = plan["totals"]
-    table.add_row("[bold]total", "", f"[bold]{human_seconds(t['seconds'])}", f"[bold]{t['gpu_hours']:,.1f}",
-                  f"[bold]{t['usd']:,.0f}", f"[bold]{human_bytes(t['storage_bytes'])}",
-                  f"[bold]{human_bytes(t['peak_gpu_memory_bytes'])}")
+                      span(r.get("seconds"), human_seconds), f"{e['gpu_hours']:,.1f}", _usd(e["usd"]),
+                      span(r.get("usd"), _usd), human_bytes(e["storage_bytes"]), human_bytes(e["peak_gpu_memory_bytes"]))
+    t, r = plan["totals"], ranges["totals"]
+    table.add_row("[bold]total", "", f"[bold]{human_seconds(t['seconds'])}", f"[bold]{span(r.get('seconds'), human_seconds)}",
+                  f"[bold]{t['gpu_hours']:,.1f}", f"[bold]{_usd(t['usd'])}", f"[bold]{span(r.get('usd'), _usd)}",
+                  f"[bold]{human_bytes(t['storage_bytes'])}", f"[bold]{human_bytes(t['peak_gpu_memory_bytes'])}")
     console.print(table)
+    if plan.get("ranges"):
+        console.print("P10 – P90: the mean output length's uncertainty and each model's error (--explain says which)",
+                      highlight=False)
+    for line in calibration_lines(plan.get("calibration")):
+        console.print(line, highlight=False, markup=False)
     for stage in plan["stages"]:
         if stage["enabled"] and stage["commands"]:
             console.print(f"[bold]{stage['name']}[/bold] runs:")
@@ -82,7 +131,8 @@ def render(plan: dict[str, Any], title: str, explain: bool) -> None:
 
 def _json_failure(problems: list[Problem]) -> typer.Exit:
     """The one JSON object of a recipe that cannot be planned; returns the exit to raise (code 2)."""
-    document = {"errors": [p.to_json() for p in problems], "warnings": [], "stages": [], "totals": None, "resolved": None}
+    document = {"errors": [p.to_json() for p in problems], "warnings": [], "stages": [], "totals": None,
+                "ranges": None, "calibration": None, "resolved": None}
     sys.stdout.write(json.dumps(document) + "\n")
     return typer.Exit(RecipeError.exit_code)
 
@@ -103,7 +153,8 @@ def _load_or_json_failure(recipe: Path, overrides: list[str] | None) -> tuple[Lo
 
 
 def command(recipe: RecipeArg, overrides: OverridesArg = None, dry_run: DryRunOpt = False,
-            json_output: JsonOpt = False, explain: ExplainOpt = False) -> None:
+            json_output: JsonOpt = False, explain: ExplainOpt = False, run_dir: RunDirOpt = None,
+            uncalibrated: UncalibratedOpt = False) -> None:
     from dflashx.plan.plan import make_plan
 
     if json_output:
@@ -111,7 +162,8 @@ def command(recipe: RecipeArg, overrides: OverridesArg = None, dry_run: DryRunOp
     else:
         loaded = load_or_exit(recipe, overrides)
         facts = target_facts(loaded.recipe)
-    plan = make_plan(loaded.recipe, facts).to_json(explain=explain)
+    calibration = None if uncalibrated else pilot_calibration(loaded.recipe, run_dir)
+    plan = make_plan(loaded.recipe, facts, calibration).to_json(explain=explain)
     if json_output:
         sys.stdout.write(json.dumps(plan) + "\n")
     else:

@@ -63,7 +63,7 @@ def command(
     json_out: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object (for CI).")] = False,
 ) -> None:
     from dflashx.plan.plan import make_plan
-    from dflashx.run.orchestrator import default_run_dir
+    from dflashx.run.layout import default_run_dir
     from dflashx.run.preflight import check_plan, preflight
 
     loaded = load_or_exit(recipe, overrides)

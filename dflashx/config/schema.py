@@ -38,6 +38,8 @@ __all__ = [
     "S3Spec",
     "STAGE_ORDER",
     "ServingSpec",
+    "OutputHistogram",
+    "PilotSpec",
     "SourceSpec",
     "StageBase",
     "Stages",
@@ -48,7 +50,6 @@ __all__ = [
     "TokenizeStage",
     "TrackingSpec",
     "TrainStage",
-    "TrainingDefaults",
     "parse_size",
     "recipe_json_schema",
 ]
@@ -84,6 +85,27 @@ class SourceSpec(Strict):
         return self
 
 
+class OutputHistogram(Strict):
+    """Output lengths as bins: `counts[i]` completions between `edges[i]` and `edges[i+1]` tokens
+    (spread evenly inside a bin), and `above` completions longer than the last edge (cut there:
+    how much longer is unknown)."""
+
+    edges: list[FiniteFloat] = Field(min_length=2, description="Bin edges in tokens, increasing, from >= 0.")
+    counts: list[FiniteFloat] = Field(description="Completions (or shares) per bin; one fewer than edges.")
+    above: FiniteFloat = Field(0.0, ge=0, description="Completions longer than the last edge (e.g. cut at max_tokens).")
+
+    @model_validator(mode="after")
+    def _bins(self) -> "OutputHistogram":
+        if len(self.counts) != len(self.edges) - 1:
+            raise ValueError(f"counts has {len(self.counts)} entries for {len(self.edges)} edges: give one count per "
+                             "bin (edges - 1)")
+        if self.edges[0] < 0 or any(b < a for a, b in zip(self.edges, self.edges[1:])):
+            raise ValueError("edges must start at 0 or more and never decrease")
+        if any(c < 0 for c in self.counts) or sum(self.counts) + self.above <= 0:
+            raise ValueError("counts must be non-negative and hold at least one completion")
+        return self
+
+
 class DatasetStats(Strict):
     """Planning figures for data not generated yet; measured values replace them after a run."""
 
@@ -93,6 +115,15 @@ class DatasetStats(Strict):
     output_tokens_p90: FiniteFloat | None = Field(
         None, gt=0, description="90th percentile of generated tokens; with the mean it fixes the length "
         "distribution (log-normal) behind truncation estimates. Default: a spread of CV 1.",
+    )
+    output_tokens_histogram: OutputHistogram | None = Field(
+        None, description="Measured output lengths as a histogram; when given it is the length distribution "
+        "(the mean and p90 above are then not used). `dflashx pilot` measures one.",
+    )
+    output_tokens_mean_se: FiniteFloat | None = Field(
+        None, ge=0, description="Standard error of the mean output length (sd / sqrt(n) of the completions it was "
+        "measured on; 0 when measured on the whole dataset). Null: the mean is a person's estimate, and the "
+        "plan's P10-P90 range assumes it is within a factor 1.5 of the truth.",
     )
     prompt_bytes_mean: FiniteFloat = Field(
         1200.0, gt=0, description="Bytes of one prompt record on disk (storage estimates)."
@@ -179,14 +210,6 @@ class GpuSpec(Strict):
     fp8_tflops: FiniteFloat | None = Field(None, gt=0, description="Dense FP8 TFLOP/s; null = no FP8.")
 
 
-class TrainingDefaults(Strict):
-    zero_stage: Literal[0, 1, 2, 3] = Field(
-        2, description="DeepSpeed ZeRO stage when stages.train.zero_stage is unset."
-    )
-    micro_batch: int = Field(
-        1, ge=1, description="Sequences per GPU per step when stages.train.micro_batch is unset."
-    )
-    mfu: FiniteFloat = Field(0.35, gt=0, le=1, description="Expected model-FLOPs utilisation.")
 
 
 class HardwareProfile(Strict):
@@ -208,12 +231,9 @@ class HardwareProfile(Strict):
     usd_date: str = Field("", description="When the price was read (YYYY-MM).")
     cpu_tflops: FiniteFloat = Field(0.2, gt=0, description="Used when `gpu` is null.")
     cpu_bandwidth_tbs: FiniteFloat = Field(0.02, gt=0, description="Host memory bandwidth, TB/s; used when `gpu` is null.")
-    training: TrainingDefaults = Field(
-        default_factory=TrainingDefaults, description="DeepSpeed training defaults for this node."
-    )
     calibrated: dict[str, FiniteFloat] = Field(
-        default_factory=dict, description="Measured ratios written by `dflashx calibrate` (e.g. serving_ratio: "
-        "measured generation throughput / the serving model's prediction)."
+        default_factory=dict, description="Measured factors written by `dflashx calibrate` (serving_ratio: "
+        "measured / predicted generation throughput; training_mfu: measured MFU)."
     )
 
     @property
@@ -272,6 +292,21 @@ class BudgetSpec(Strict):
     )
 
 
+class PilotSpec(Strict):
+    """`dflashx pilot`: a small real run that measures what the plan assumed, before the big spend."""
+
+    enabled: Literal["auto"] | bool = Field(
+        "auto", description="Run the pilot first in `dflashx run`: `auto` on a GPU profile (not on the CPU profile), "
+        "or true/false. `--skip-pilot` turns it off for one run.",
+    )
+    prompts: int = Field(512, ge=1, description="Prompts the pilot generates (kept: the full generation reuses them).")
+    max_minutes: FiniteFloat | None = Field(
+        30.0, gt=0, description="Stop sending new pilot prompts after this many minutes of generation (those "
+        "in flight finish); null: no limit.",
+    )
+    train_steps: int = Field(200, ge=1, description="Optimizer steps the pilot trains, to measure MFU and tokens/s.")
+
+
 # --------------------------------------------------------------------------- recipe
 
 
@@ -295,6 +330,7 @@ class Recipe(Strict):
         default_factory=StorageSpec, description="Where run directories and backups live."
     )
     budget: BudgetSpec = Field(default_factory=BudgetSpec, description="Limits the plan is checked against.")
+    pilot: PilotSpec = Field(default_factory=PilotSpec, description="The calibrating pilot run (`dflashx pilot`).")
     acknowledge: list[str] = Field(
         default_factory=list,
         description="Blocking plan findings accepted on purpose, by code (e.g. [thinking_off]); reviewed in PRs.",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from dflashx.plan.estimates.cost import gpu_hours, usd
 from dflashx.plan.estimates.generation import Generation, estimate_generation
 from dflashx.plan.estimates.host import eval_seconds, host_seconds
-from dflashx.plan.estimates.lengths import OutputLengths
+from dflashx.plan.estimates.lengths import Lengths, OutputLengths
 from dflashx.plan.estimates.memory import (
     StageMemory,
     eval_memory,
@@ -25,6 +25,7 @@ from dflashx.targets.registry import TargetFacts
 @dataclass(frozen=True)
 class PlanContext:
     recipe: ResolvedRecipe
+    lengths: Lengths  # the output-length distribution every estimate and rule reads
     tokens: Tokens
     generation: Generation
     training: Training
@@ -48,9 +49,10 @@ class PlanContext:
 
 def build_context(recipe: ResolvedRecipe) -> PlanContext:
     facts = recipe.target.facts
-    tokens = count_tokens(recipe, recipe.stages.train.max_length)
-    gen = estimate_generation(recipe, tokens, OutputLengths.of(recipe.dataset.stats))
-    train = estimate_training(recipe, tokens)
+    lengths = OutputLengths.of(recipe.dataset.stats)
+    tokens = count_tokens(recipe, recipe.stages.train.max_length, lengths)
+    gen = estimate_generation(recipe, tokens, lengths)
+    train = estimate_training(recipe, tokens, lengths)
     storage = estimate_storage(recipe, tokens, train)
     memory = {
         "generate": serving_memory(recipe, facts, tokens, gen.serving),
@@ -63,7 +65,7 @@ def build_context(recipe: ResolvedRecipe) -> PlanContext:
     }
     seconds = {stage: t.value for stage, t in time_terms.items()}
     seconds.update(generate=gen.seconds, train=train.seconds)
-    return PlanContext(recipe, tokens, gen, train, storage, memory, seconds,
+    return PlanContext(recipe, lengths, tokens, gen, train, storage, memory, seconds,
                        tuple(time_terms.values()))
 
 

@@ -2,8 +2,9 @@
 
 The plan holds the findings of every rule, one entry per stage (its commands, estimates and
 extras: `servers`/`router` for generate, `deepspeed_config`/`launch` for train), the totals,
-the recipe with every derived value filled in (`resolved`) and, for `--explain`, the formula and
-inputs of every number. The JSON layout is documented in docs/planner.md.
+their P10/P50/P90 (`ranges`), the recipe with every derived value filled in (`resolved`), which
+figures a pilot calibrated (`calibration`) and, for `--explain`, the formula and inputs of every
+number. The JSON layout is documented in docs/planner.md.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from dflashx.plan.context import (
 )
 from dflashx.plan.expand.deepspeed import launch
 from dflashx.plan.expand.sglang import expand_sglang
+from dflashx.plan.calibration import PilotCalibration, apply_calibration
 from dflashx.plan.explain import Term
-from dflashx.plan.findings import Finding, error
+from dflashx.plan.findings import Finding, error, warning
+from dflashx.plan.ranges import Ranges, plan_ranges
 from dflashx.plan.rules import check
 from dflashx.resolve import ResolvedRecipe, ResolveError, resolve
 from dflashx.targets.registry import REGISTRY, TargetFacts, lookup
@@ -48,6 +51,8 @@ class Plan:
     totals: dict[str, float]
     resolved: ResolvedRecipe | None  # None when the target is unknown or a value cannot be resolved
     terms: list[Term] = field(default_factory=list)
+    ranges: Ranges | None = None
+    calibration: dict[str, Any] | None = None  # which figures a pilot measured (apply_calibration's report)
 
     @property
     def errors(self) -> list[Finding]:
@@ -63,6 +68,8 @@ class Plan:
             "warnings": [f.to_json() for f in self.warnings],
             "stages": [s.to_json() for s in self.stages],
             "totals": self.totals,
+            "ranges": self.ranges.to_json() if self.ranges is not None else None,
+            "calibration": self.calibration,
             "resolved": self.resolved.model_dump(mode="json") if self.resolved is not None else None,
         }
         if explain:
@@ -100,8 +107,29 @@ def _unknown_target(recipe: Recipe) -> Finding:
                  "at a folder with config.json")
 
 
-def make_plan(recipe: Recipe, facts: TargetFacts | None = None) -> Plan:
-    """Plan a validated recipe. `facts` come from the caller (a local config.json); else the registry."""
+def range_findings(ranges: Ranges, recipe: Recipe) -> list[Finding]:
+    """Warnings for a budget the P50 plan keeps but its P90 breaks (the P50 is checked by the rules)."""
+    b, out = recipe.budget, []
+    days = ranges.total.times(1 / 86_400)
+    if b.max_days is not None and days.p50 <= b.max_days < days.p90:
+        out.append(warning("budget_days_p90", "budget.max_days",
+                           f"the plan takes {days.p50:.1f} days at P50 but {days.p90:.1f} at P90, over budget.max_days "
+                           f"{b.max_days:g}", "measure before renting: `dflashx pilot` narrows the range"))
+    usd = ranges.usd["total"]
+    if b.max_usd is not None and usd.p50 <= b.max_usd < usd.p90:
+        out.append(warning("budget_usd_p90", "budget.max_usd",
+                           f"the plan costs ${usd.p50:,.0f} at P50 but ${usd.p90:,.0f} at P90, over budget.max_usd "
+                           f"${b.max_usd:,.0f}", "measure before renting: `dflashx pilot` narrows the range"))
+    return out
+
+
+def make_plan(recipe: Recipe, facts: TargetFacts | None = None,
+              calibration: PilotCalibration | None = None) -> Plan:
+    """Plan a validated recipe. `facts` come from the caller (a local config.json); else the registry.
+    `calibration` (a pilot's measurements, read by the caller) replaces the figures it measured."""
+    report = None
+    if calibration is not None:
+        recipe, report = apply_calibration(recipe, calibration)
     facts = facts or lookup(recipe.target.model) or (lookup(recipe.target.arch) if recipe.target.arch else None)
     if facts is None:
         return _unresolved(recipe, _unknown_target(recipe))
@@ -111,7 +139,9 @@ def make_plan(recipe: Recipe, facts: TargetFacts | None = None) -> Plan:
         return _unresolved(recipe, error(e.code, e.key, e.message, e.fix))
     ctx = build_context(resolved)
     stages = _stage_plans(ctx)
-    return Plan(check(ctx), stages, totals({s.name: s.estimates for s in stages}), resolved, ctx.terms)
+    ranges = plan_ranges(ctx, (report or {}).get("rse"))
+    return Plan([*check(ctx), *range_findings(ranges, recipe)], stages, totals({s.name: s.estimates for s in stages}),
+                resolved, [*ctx.terms, *ranges.terms], ranges, report)
 
 
 __all__ = ["Plan", "StagePlan", "make_plan"]

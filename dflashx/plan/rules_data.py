@@ -8,7 +8,7 @@ import difflib
 from collections.abc import Callable, Iterable
 
 from dflashx.plan.context import PlanContext
-from dflashx.plan.estimates.lengths import OutputLengths
+from dflashx.plan.estimates.lengths import Lengths
 from dflashx.plan.findings import Finding, blocking, error, warning
 
 Rule = Callable[[PlanContext], Iterable[Finding]]
@@ -30,12 +30,12 @@ def _share(value: float) -> str:
 
 def generation_not_truncated(ctx: PlanContext) -> Iterable[Finding]:
     gen, limit = ctx.recipe.stages.generate, ctx.recipe.stages.qc.thresholds.max_truncated_frac
-    lengths = OutputLengths.of(ctx.recipe.dataset.stats)
+    lengths = ctx.lengths
     share = lengths.share_above(gen.max_tokens)
     if gen.enabled and share > limit:
         yield blocking("generate_truncation", "stages.generate.max_tokens",
                        f"about {_share(share)} of completions are expected to stop at max_tokens {gen.max_tokens} "
-                       f"(mean output {ctx.recipe.dataset.stats.output_tokens_mean:g} tokens, {lengths.source}), "
+                       f"(mean output {lengths.mean:,.0f} tokens, {lengths.source}), "
                        f"over the QC limit of {_share(limit)}: the QC gate would fail after the generation is paid",
                        f"raise stages.generate.max_tokens (about {_tokens_for(lengths, limit):,} keeps it under "
                        f"{_share(limit)})")
@@ -44,7 +44,7 @@ def generation_not_truncated(ctx: PlanContext) -> Iterable[Finding]:
 def training_not_truncated(ctx: PlanContext) -> Iterable[Finding]:
     tok, limit = ctx.recipe.stages.tokenize, ctx.recipe.stages.qc.thresholds.max_truncated_frac
     stats = ctx.recipe.dataset.stats
-    lengths = OutputLengths.of(stats)
+    lengths = ctx.lengths
     room = min(tok.max_length - stats.prompt_tokens_mean, ctx.recipe.stages.generate.max_tokens)
     share = lengths.share_above(room)
     if tok.enabled and share > limit and tok.max_length - stats.prompt_tokens_mean < ctx.recipe.stages.generate.max_tokens:
@@ -57,7 +57,7 @@ def training_not_truncated(ctx: PlanContext) -> Iterable[Finding]:
                        f"{int(stats.prompt_tokens_mean + _tokens_for(lengths, limit)):,} keeps it under {_share(limit)})")
 
 
-def _tokens_for(lengths: OutputLengths, share: float) -> int:
+def _tokens_for(lengths: Lengths, share: float) -> int:
     """Smallest round length whose expected share above is at most `share`."""
     tokens = 256
     while lengths.share_above(tokens) > share and tokens < 1 << 20:

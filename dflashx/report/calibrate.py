@@ -1,15 +1,17 @@
-"""`dflashx calibrate`: fit the planner's per-profile efficiency factors from finished runs.
+"""`dflashx calibrate`: the planner's measured factors per hardware profile, from finished runs and pilots.
 
-- `serving_ratio` = measured output tokens/s (generate's `output_tokens_per_s`) / the serving
-  model's prediction for the same recipe: the plan's `generate.tokens_per_second` divided by the
-  calibration ratio that plan applied (its `calibration` input), so the fit is right whether or
-  not the run itself was planned with a calibrated ratio.
-- `training_mfu` = the MFU the trainer measured (train's `mfu` metric: achieved model FLOP/s over
-  the profile's peak, the same definition the planner's training estimate divides by).
-Several runs of one profile are combined by their median; values are clipped to (0, 1].
+- `serving_ratio` (`CALIBRATED_SERVING`) = measured generation tokens/s over what the planner's own
+  serving model predicts for the same conditions: the run's recipe with the lengths it measured and
+  without any serving calibration (`plan.calibration.predicted`), so the ratio is right whether or
+  not the run itself was planned with one.
+- `training_mfu` = the MFU the trainer measured (achieved model FLOP/s over the profile's peak, the
+  definition the planner's training estimate divides by).
+A run's finished generate/train stages are fitted from their metrics; a run whose pilot measured
+(`pilot/calibration.json`) adds the pilot's figures, fitted the same way by `dflashx pilot`.
+Several fits of one profile are combined by their median; values are clipped to (0, 1] for the MFU.
 `--write` stores them as `hardware_profiles/<profile>.calibration.yaml` ({calibrated: {...}}),
-which `load_recipe` merges into `HardwareProfile.calibrated`; `dflashx plan` then marks those
-factors as calibrated.
+which `load_recipe` merges into `HardwareProfile.calibrated` for every recipe on that profile;
+`dflashx plan` then marks those factors as calibrated.
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ from pydantic import ValidationError
 
 from dflashx.config.load import CALIBRATION_SUFFIX, available_profiles
 from dflashx.config.schema import Recipe
+from dflashx.plan.calibration import PilotCalibration, predicted, predicted_tokens_per_s
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
-from dflashx.plan.plan import make_plan
+from dflashx.plan.estimates.lengths import scaled_stats
 from dflashx.report.fmt import Section, human_value
 from dflashx.report.runinfo import RunInfo
+from dflashx.resolve.model import ResolvedRecipe
+from dflashx.run.layout import calibration_path as pilot_file
 from dflashx.store.manifest import atomic_write_text, utc_now
 
 FactsFor = Callable[[Recipe], Any]  # recipe -> TargetFacts | None (the CLI's target_facts)
@@ -39,8 +44,7 @@ class Fit:
     run: str
     profile: str
     factor: str
-    used: float  # the factor the plan used
-    planned: float  # the plan's figure (tokens/s, or MFU)
+    planned: float  # the model's figure (tokens/s, or MFU)
     measured: float
     fitted: float
 
@@ -52,54 +56,80 @@ class Calibration:
 
     @property
     def factors(self) -> dict[str, dict[str, float]]:
-        """{profile: {factor: median of the fits, clipped to (0, 1]}}."""
+        """{profile: {factor: median of the fits}} (an MFU clipped to 1)."""
         grouped: dict[str, dict[str, list[float]]] = {}
         for f in self.fits:
             grouped.setdefault(f.profile, {}).setdefault(f.factor, []).append(f.fitted)
-        return {p: {k: round(min(statistics.median(v), 1.0), 4) for k, v in fs.items()}
-                for p, fs in grouped.items()}
+        return {p: {k: round(min(statistics.median(v), 1.0) if k == CALIBRATED_MFU else statistics.median(v), 4)
+                    for k, v in fs.items()} for p, fs in grouped.items()}
 
     def sections(self) -> list[Section]:
-        fits = Section("Fits per run", ["run", "profile", "factor", "plan used", "planned", "measured",
-                                        "fitted"],
-                       [[f.run, f.profile, f.factor, human_value(f.used), human_value(f.planned),
-                         human_value(f.measured), human_value(f.fitted)] for f in self.fits],
+        fits = Section("Fits per run", ["run", "profile", "factor", "model", "measured", "fitted"],
+                       [[f.run, f.profile, f.factor, human_value(f.planned), human_value(f.measured),
+                         human_value(f.fitted)] for f in self.fits],
                        "; ".join(self.notes))
         factors = Section("Calibrated factors (median per profile)", ["profile", "factor", "value"],
                           [[p, k, human_value(v)] for p, fs in self.factors.items() for k, v in fs.items()])
         return [fits, factors]
 
 
-def _planned_terms(recipe: Recipe, facts_for: FactsFor) -> dict[str, dict[str, Any]]:
-    plan = make_plan(recipe, facts_for(recipe)).to_json(explain=True)
-    return {t["key"]: t for t in plan.get("explain", [])}
+def run_recipe(run: RunInfo) -> Recipe:
+    """The run's saved recipe: a resolved one (what `dflashx run` saves), or a plain recipe."""
+    try:
+        return ResolvedRecipe.model_validate(run.recipe)
+    except ValidationError:
+        return Recipe.model_validate(run.recipe)
+
+
+def _serving_fit(run: RunInfo, recipe: Recipe, facts: Any) -> Fit | None:
+    """The finished generation's tokens/s over the model's, at the lengths it measured."""
+    m = run.metrics("generate")
+    tps, mean, written = m.get("output_tokens_per_s"), m.get("output_tokens_mean"), m.get("completions_written")
+    if not (tps and mean and written) or facts is None:
+        return None
+    stats = recipe.dataset.stats
+    measured = scaled_stats(stats, mean / stats.output_tokens_mean).model_dump()
+    measured |= {"samples": int(written), "prompt_tokens_mean": m.get("prompt_tokens_mean") or stats.prompt_tokens_mean}
+    model = predicted_tokens_per_s(predicted(recipe, facts, measured))
+    return Fit(run.name, recipe.hardware.name, CALIBRATED_SERVING, model, float(tps), float(tps) / model) if model else None
+
+
+def _pilot_fits(run: RunInfo, profile: str) -> list[Fit]:
+    path = pilot_file(run.path)
+    if not path.is_file():
+        return []
+    cal = PilotCalibration.model_validate_json(path.read_bytes())
+    gen, train = cal.measured.get("generation") or {}, cal.measured.get("training") or {}
+    fits = []
+    if cal.serving_ratio:
+        fits.append(Fit(f"{run.name} (pilot)", profile, CALIBRATED_SERVING, gen["predicted_tokens_per_s"],
+                        gen["measured_tokens_per_s"], cal.serving_ratio))
+    if cal.training_mfu:
+        fits.append(Fit(f"{run.name} (pilot)", profile, CALIBRATED_MFU, train["mfu_planned"], train["mfu"],
+                        cal.training_mfu))
+    return fits
 
 
 def fit_run(run: RunInfo, facts_for: FactsFor, into: Calibration) -> None:
     """Add the run's fits (or a note saying why there are none) to `into`."""
     try:
-        recipe = Recipe.model_validate(run.recipe)
+        recipe = run_recipe(run)
     except ValidationError as exc:
         into.notes.append(f"{run.name}: recipe.yaml does not validate ({exc.error_count()} error(s)); skipped")
         return
-    terms = _planned_terms(recipe, facts_for)
-    profile = recipe.hardware.name
-    measured_tps = run.metrics("generate").get("output_tokens_per_s")
-    serving = terms.get("generate.tokens_per_second")
-    if measured_tps and serving and serving["value"] > 0:
-        used = float(serving["inputs"]["calibration"])
-        into.fits.append(Fit(run.name, profile, CALIBRATED_SERVING, used, serving["value"],
-                             float(measured_tps), used * float(measured_tps) / serving["value"]))
-    else:
-        into.notes.append(f"{run.name}: no measured generate throughput")
-    measured_mfu = run.metrics("train").get("mfu")
-    training = terms.get("train.seconds")
-    if measured_mfu and training:
-        used = float(training["inputs"]["mfu"])
-        into.fits.append(Fit(run.name, profile, CALIBRATED_MFU, used, used, float(measured_mfu),
-                             float(measured_mfu)))
-    else:
-        into.notes.append(f"{run.name}: no measured training MFU")
+    profile, facts = recipe.hardware.name, facts_for(recipe)
+    fits = _pilot_fits(run, profile)
+    serving = _serving_fit(run, recipe, facts)
+    if serving:
+        fits.append(serving)
+    mfu = run.metrics("train").get("mfu")
+    if mfu and facts is not None:
+        model = next(t for t in predicted(recipe, facts, {}).training.terms if t.key == "train.seconds").inputs["mfu"]
+        fits.append(Fit(run.name, profile, CALIBRATED_MFU, model, float(mfu), float(mfu)))
+    into.fits += fits
+    factors = {f.factor for f in fits}
+    into.notes += [f"{run.name}: no measured {what}" for key, what in
+                   ((CALIBRATED_SERVING, "generation throughput"), (CALIBRATED_MFU, "training MFU")) if key not in factors]
 
 
 def calibrate(runs: list[RunInfo], facts_for: FactsFor) -> Calibration:

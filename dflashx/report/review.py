@@ -153,12 +153,23 @@ def changed_keys(base: Side, head: Side) -> Section:
     return Section("Changed keys", ["key", "base", "head"], rows, "" if rows else "No key changed.")
 
 
+def _range(plan: dict[str, Any] | None, key: str, fmt: Callable[[float | None], str]) -> tuple[str, float | None]:
+    """`P10 – P90` of a total (and its P90, for the change column); `-` without ranges."""
+    band = ((plan or {}).get("ranges") or {}).get("totals", {}).get(key)
+    return ("-", None) if not band else (f"{fmt(band['p10'])} – {fmt(band['p90'])}", band["p90"])
+
+
 def plan_totals(base: Side, head: Side) -> Section:
     old = (base.plan or {}).get("totals", {})
     new = (head.plan or {}).get("totals", {})
-    return Section("Plan", ["", "base", "head", "change"],
-                   [[label, fmt(old.get(key)), fmt(new.get(key)), _change(old.get(key), new.get(key))]
-                    for label, key, fmt in MEASURES])
+    rows = [[label, fmt(old.get(key)), fmt(new.get(key)), _change(old.get(key), new.get(key))]
+            for label, key, fmt in MEASURES]
+    for label, key, fmt in [m for m in MEASURES if m[1] in ("seconds", "usd")]:
+        (a, a90), (b, b90) = _range(base.plan, key, fmt), _range(head.plan, key, fmt)
+        rows.insert(next(i for i, r in enumerate(rows) if r[0] == label) + 1,
+                    [f"{label} P10 – P90", a, b, f"P90 {_change(a90, b90)}"])
+    return Section("Plan", ["", "base", "head", "change"], rows,
+                   "P10 – P90: the mean output length's uncertainty and each model's error (`dflashx plan --explain`).")
 
 
 def stage_changes(base: Side, head: Side) -> Section:

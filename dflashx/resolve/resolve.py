@@ -5,8 +5,9 @@ What it fills in, and from what:
                (the recipe's, else the target's), layer_types (all full attention unless given),
                the shapes the drafter shares with the target (hidden, heads, head_dim, vocab) and
                its FFN width (the target's unless given);
-  train        micro_batch and zero_stage (the recipe's, else the profile's), world_size (one
-               process per GPU; `gpus_per_node` processes on a CPU profile, at least 1),
+  train        micro_batch and zero_stage (the recipe's, else `default_micro_batch` and
+               `default_zero_stage` below), world_size (one process per GPU; `gpus_per_node`
+               processes on a CPU profile, at least 1),
                grad_accum = ceil(global_batch / (micro_batch x world)), loss_gamma, max_length
                (tokenize.max_length unless given), precision (bf16 on GPUs unless the target is
                fp32), peak FLOP/s, compile (`auto`: on GPUs), loss_kernel (`auto`: torch), the
@@ -46,6 +47,26 @@ def world_size(hw: HardwareProfile) -> int:
     return max(hw.num_gpus, 1)
 
 
+# Sequences per rank per micro step when the recipe leaves stages.train.micro_batch unset. On a GPU one
+# sequence is already anchors_per_seq x block_size drafter tokens (8,192 for the seeds' 512 x 16): the
+# matmuls are full, and memory is the limit (the plan's `train_memory` rule says when even one does not
+# fit; a recipe may raise it). On the CPU profile 2: the figure the tiny run was measured with (the
+# planner's CPU MFU row and the CI's run time come from it).
+GPU_MICRO_BATCH, CPU_MICRO_BATCH = 1, 2
+
+
+def default_micro_batch(hw: HardwareProfile) -> int:
+    return CPU_MICRO_BATCH if hw.gpu is None else GPU_MICRO_BATCH
+
+
+def default_zero_stage(world: int) -> int:
+    """ZeRO stage when the recipe leaves it unset: 0 for one process (nothing to partition), else 2:
+    gradients and optimizer states partitioned (2 P + 18 P / N bytes per rank, against 20 P for stage 0),
+    for the same all-reduce volume per micro step as plain data parallelism (Rajbhandari et al. 2020,
+    sec. 7); ZeRO-3 is not run by the trainer."""
+    return 0 if world == 1 else 2
+
+
 def _drafter(recipe: Recipe, facts: TargetFacts) -> ResolvedDrafter:
     d = recipe.drafter
     mask = d.mask_token_id if d.mask_token_id is not None else facts.mask_token_id
@@ -71,12 +92,9 @@ def _drafter(recipe: Recipe, facts: TargetFacts) -> ResolvedDrafter:
 
 def _train(recipe: Recipe, block_size: int) -> ResolvedTrainStage:
     train, hw = recipe.stages.train, recipe.hardware
-    micro = train.micro_batch or hw.training.micro_batch
-    zero = train.zero_stage if train.zero_stage is not None else hw.training.zero_stage
-    if zero > 2:
-        raise ResolveError("zero_stage", "hardware.training.zero_stage", f"ZeRO stage {zero}: the trainer runs ZeRO 0, 1 or 2",
-                           "set stages.train.zero_stage (or the profile's training.zero_stage) to 0, 1 or 2")
     world = world_size(hw)
+    micro = train.micro_batch or default_micro_batch(hw)
+    zero = train.zero_stage if train.zero_stage is not None else default_zero_stage(world)
     accum = max(1, math.ceil(train.global_batch / (micro * world)))
     on_gpu = hw.gpu is not None
     bf16 = on_gpu and recipe.target.precision != "fp32"

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from dflashx.run.graph import Selection
 from dflashx.run.keys import StageKey, key_material, stage_key
 from dflashx.resolve.model import ResolvedRecipe
-from dflashx.run.rundir import RunDir
+from dflashx.run.rundir import RunDir, moved_line, set_aside
 from dflashx.stages.base import StageContext, StageFailed, StageResult, load_stage
 from dflashx.stages.graph import GRAPH
 from dflashx.store.manifest import Manifest, atomic_write_json, atomic_write_text, utc_now
@@ -258,21 +258,10 @@ class Orchestrator:
 
     def _set_aside(self, name: str, key: str, manifest: Manifest, forced: bool) -> None:
         """Move an outdated (or forced) stage folder aside and mark its artifacts garbage."""
-        folder = self.rundir.stage_dir(name)
-        if not folder.exists():
-            return
-        marker = self.rundir.success(name) or self.rundir.started(name)
-        old_key = (marker or {}).get("stage_key")
-        if old_key is None or (old_key == key and not (forced and self.rundir.success(name))):
-            return  # resume into the same folder
-        moved = self.rundir.supersede(name, old_key)
-        if not manifest.supersede(name, moved):
-            manifest.register(name, f"partial@{moved}", moved, "garbage", hash_content=False,
-                              stage_key=old_key, description="unfinished output of an outdated attempt")
-        manifest.save()
-        self.records.append("warning", stage=name, message=f"moved outdated {name}/ to {moved}/ (garbage)")
-        self.observer.message(f"~ {name}: outputs of key {old_key[:12]} moved to {moved}/ "
-                              "(garbage; `dflashx gc` deletes it)")
+        moved = set_aside(self.rundir, name, key, manifest, forced)
+        if moved:
+            self.records.append("warning", stage=name, message=f"moved outdated {name}/ to {moved[1]}/ (garbage)")
+            self.observer.message(moved_line(name, *moved))
 
     def _execute(self, name: str, fn: Callable[[StageContext], StageResult], key: StageKey,
                  leaves: dict[str, Any], reason: str | None) -> StageOutcome:
@@ -387,8 +376,3 @@ def run_pipeline(recipe: ResolvedRecipe, plan: dict[str, Any], run_dir: Path, se
     is called with the run folder as each stage starts and when the run ends (PROGRESS.md);
     `observer` (default: lines through `echo`) sees the run as it goes."""
     return Orchestrator(recipe, plan, run_dir, argv, echo, on_progress, observer).run(selection)
-
-
-def default_run_dir(recipe: ResolvedRecipe) -> Path:
-    """`<storage.root>/<recipe.name>`."""
-    return Path(recipe.storage.root) / recipe.name

@@ -24,7 +24,7 @@ from typing import IO, Any
 
 import yaml
 
-from dflashx.store.manifest import atomic_write_json, atomic_write_text, utc_now
+from dflashx.store.manifest import Manifest, atomic_write_json, atomic_write_text, utc_now
 
 RUN_FILE, RECIPE_FILE, PLAN_FILE, LOCK_FILE = "run.json", "recipe.yaml", "plan.json", ".lock"
 STARTED, SUCCESS = "_STARTED", "_SUCCESS"
@@ -122,6 +122,27 @@ class RunDir:
                 return True
             fcntl.flock(handle, fcntl.LOCK_UN)
             return False
+
+
+def set_aside(rundir: RunDir, name: str, key: str, manifest: Manifest, forced: bool = False) -> tuple[str, str] | None:
+    """Move the stage folder aside when it holds another key's attempt (or a forced finished one) and
+    mark its artifacts garbage; (old key, new folder name), or None when the folder is resumed."""
+    if not rundir.stage_dir(name).exists():
+        return None
+    marker = rundir.success(name) or rundir.started(name)
+    old_key = (marker or {}).get("stage_key")
+    if old_key is None or (old_key == key and not (forced and rundir.success(name))):
+        return None  # resume into the same folder
+    moved = rundir.supersede(name, old_key)
+    if not manifest.supersede(name, moved):
+        manifest.register(name, f"partial@{moved}", moved, "garbage", hash_content=False,
+                          stage_key=old_key, description="unfinished output of an outdated attempt")
+    manifest.save()
+    return old_key, moved
+
+
+def moved_line(name: str, old_key: str, moved: str) -> str:
+    return f"~ {name}: outputs of key {old_key[:12]} moved to {moved}/ (garbage; `dflashx gc` deletes it)"
 
 
 def _leaves(leaves: dict[str, Any] | None) -> dict[str, Any]:

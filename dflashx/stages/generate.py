@@ -14,6 +14,7 @@ plan says is still needed); the fsync'ed batches stay, and rerunning resumes aft
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
@@ -101,12 +102,17 @@ def _progress() -> Progress:
 
 
 def run(ctx: StageContext) -> StageResult:
-    cfg = ctx.config
     prompts_dir = ctx.inputs[input_name("generate")]
-    total = count_records(prompts_dir)
+    return generate(ctx, iter_shards(prompts_dir), count_records(prompts_dir))
+
+
+def generate(ctx: StageContext, prompts: Iterable[dict[str, Any]], total: int) -> StageResult:
+    """Complete `prompts` (of `total`) into `completions/`, skipping ids already there. The stage runs it on
+    every ingested prompt; `dflashx pilot` on its first few hundred, so the stage later resumes after them."""
+    cfg = ctx.config
     try:
         with ShardWriter(ctx.out_dir / "completions", cfg.shard_size, cfg.flush_every) as writer:
-            todo = (p for p in iter_shards(prompts_dir) if p["id"] not in writer.ids)
+            todo = (p for p in prompts if p["id"] not in writer.ids)
             backend = make_backend(ctx)
             started = time.monotonic()
             with _progress() as progress, backend:

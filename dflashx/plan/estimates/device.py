@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from dflashx.config.schema import HardwareProfile
 
-# Keys `dflashx calibrate` writes into `hardware.calibrated`. serving_ratio: a measured generation
-# throughput on the rented node / the serving model's prediction for the same conditions.
+# Keys `dflashx calibrate` and `dflashx pilot` write into `hardware.calibrated`: measured generation
+# tokens/s over the serving model's prediction for the same conditions, and the MFU the trainer measured.
 CALIBRATED_SERVING = "serving_ratio"
 CALIBRATED_MFU = "training_mfu"
 

@@ -1,10 +1,16 @@
-"""Token counts: samples, prompt/output tokens and the share of tokens that carry loss."""
+"""Token counts: samples, prompt/output tokens and the share of tokens that carry loss.
+
+Output tokens are what the `max_tokens` cap lets through, E[min(O, max_tokens)], and a training
+sample's length what `max_length` keeps, P + E[min(O, max_tokens, max_length - P)], both from the
+one output-length distribution (`lengths.OutputLengths.of`), not the capped mean.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from dflashx.config.schema import Recipe
+from dflashx.plan.estimates.lengths import Lengths
 from dflashx.plan.explain import Term, term
 
 
@@ -43,13 +49,14 @@ def raw_prompt_count(recipe: Recipe) -> int:
     return total
 
 
-def count_tokens(recipe: Recipe, max_length: int) -> Tokens:
-    stats = recipe.dataset.stats
+def count_tokens(recipe: Recipe, max_length: int, lengths: Lengths) -> Tokens:
+    stats, cap = recipe.dataset.stats, recipe.stages.generate.max_tokens
     counted = raw_prompt_count(recipe)
     samples = stats.samples if stats.samples is not None else counted
     raw = max(counted, samples)  # filtering only removes prompts
-    output_mean = min(stats.output_tokens_mean, recipe.stages.generate.max_tokens)
-    train_len = min(stats.prompt_tokens_mean + output_mean, max_length)
+    output_mean = lengths.clipped_moment(1, cap)
+    room = max(min(max_length - stats.prompt_tokens_mean, cap), 0.0)
+    train_len = stats.prompt_tokens_mean + lengths.clipped_moment(1, room)
     out = samples * output_mean
     total = samples * (stats.prompt_tokens_mean + output_mean)
     terms = (
@@ -58,13 +65,16 @@ def count_tokens(recipe: Recipe, max_length: int) -> Tokens:
              sources=len(recipe.dataset.sources)),
         term("tokens.samples", samples, "samples", "dataset.stats.samples, else the counted raw prompts",
              stats_samples=stats.samples, counted=counted),
-        term("tokens.output", out, "tokens", "samples x min(output_tokens_mean, generate.max_tokens)",
+        term("tokens.output_mean", output_mean, "tokens/sample", "E[min(O, generate.max_tokens)] of the output-length "
+             "distribution", max_tokens=cap, uncapped_mean=lengths.mean, distribution=lengths.source),
+        term("tokens.output", out, "tokens", "samples x E[min(O, generate.max_tokens)]",
              samples=samples, output_tokens_mean=output_mean),
-        term("tokens.total", total, "tokens", "samples x (prompt_tokens_mean + output_tokens_mean)",
+        term("tokens.total", total, "tokens", "samples x (prompt_tokens_mean + output tokens per sample)",
              samples=samples, prompt_tokens_mean=stats.prompt_tokens_mean, output_tokens_mean=output_mean),
         term("tokens.loss_fraction", out / total if total else 0.0, "fraction",
              "output tokens / all tokens (prompt tokens carry no loss)", output=out, total=total),
         term("tokens.train_length_mean", train_len, "tokens/sample",
-             "min(prompt_tokens_mean + output_tokens_mean, train max_length)", max_length=max_length),
+             "prompt_tokens_mean + E[min(O, max_tokens, train max_length - prompt_tokens_mean)]",
+             max_length=max_length),
     )
     return Tokens(raw, samples, stats.prompt_tokens_mean, output_mean, train_len, terms)

@@ -1,11 +1,16 @@
-"""Training time: the one FLOP model (`dflashx.resolve.flops`) at mean lengths, over peak x MFU.
+"""Training time: the one FLOP model (`dflashx.resolve.flops`) over the length distribution, at a
+measured MFU, plus the drafter's gradient synchronisation.
 
-Per sample, with L the mean training length, n = min(anchors_per_seq, loss tokens) anchors and
-B the block size: the target forward to the deepest tapped layer over L tokens, and one drafter
-pass over D = n x B block tokens with L context tokens, n x (B - 1) supervised slots and the
-block attention pairs of anchors spread evenly over the completion. The trainer logs its MFU with
-the same functions on the real lengths and anchors, so `dflashx calibrate` compares like with like.
-Time = FLOPs x samples x epochs / (peak BF16 x GPUs x MFU).
+Per sample of training length L (prompt + what max_tokens and max_length keep of the output),
+n = min(anchors_per_seq, loss tokens) anchors and B the block size: the target forward to the
+deepest tapped layer over L tokens, and one drafter pass over D = n x B block tokens with L
+context tokens, n x (B - 1) supervised slots and the block attention pairs of anchors spread
+evenly over the completion. The trainer logs its MFU with the same functions on the real lengths;
+the planner averages them over `QUADRATURE` equal-probability lengths of the output distribution
+(so the attention terms see E[L^2], not the square of the mean).
+Time = FLOPs x sequences / (peak x GPUs x MFU) + optimizer steps x gradient sync (`gradsync.py`).
+MFU: `hardware.calibrated.training_mfu` (measured on this node, all-reduce included: the sync is
+then not added again), else the cited table row (`mfu.py`).
 """
 
 from __future__ import annotations
@@ -13,7 +18,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dflashx.plan.estimates.device import CALIBRATED_MFU, device_of, factor
+from dflashx.plan.estimates.device import CALIBRATED_MFU, device_of
+from dflashx.plan.estimates.gradsync import grad_sync
+from dflashx.plan.estimates.lengths import Lengths
+from dflashx.plan.estimates.mfu import mfu_row
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.explain import Term, term
 from dflashx.resolve.flops import DrafterDims, block_pairs, drafter_step_flops, target_forward_flops
@@ -30,18 +38,35 @@ class Training:
     terms: tuple[Term, ...]
 
 
-def estimate_training(recipe: ResolvedRecipe, tokens: Tokens) -> Training:
+QUADRATURE = 32  # equal-probability output lengths the per-sample FLOPs are averaged over
+
+
+def sample_lengths(lengths: Lengths, room: float) -> list[float]:
+    """Output tokens a training sample keeps, at the midpoints of QUADRATURE equal-probability slices."""
+    return [min(lengths.quantile((i + 0.5) / QUADRATURE), room) for i in range(QUADRATURE)]
+
+
+def flops_per_sample(recipe: ResolvedRecipe, prompt: float, outputs: list[float]) -> tuple[float, float, float]:
+    """(target FLOPs, drafter + LM head FLOPs, drafter block tokens) per sample, averaged over samples
+    of these output lengths."""
+    train, facts, block = recipe.stages.train, recipe.target.facts, recipe.drafter.block_size
+    deepest = max(recipe.drafter.target_layer_ids)
+    target = target_forward_flops(facts, deepest, [prompt + o for o in outputs])
+    drafter = tokens = 0.0
+    for output in outputs:
+        anchors = min(train.anchors_per_seq, output)
+        pairs = block_pairs(anchors * (prompt + output / 2), anchors, block)
+        drafter += drafter_step_flops(recipe.drafter.dims, anchors * block, prompt + output, pairs, anchors * (block - 1))
+        tokens += anchors * block
+    n = len(outputs)
+    return target / n, drafter / n, tokens / n
+
+
+def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Training:
     train, hw, facts = recipe.stages.train, recipe.hardware, recipe.target.facts
     drafter = recipe.drafter.dims
-    block = recipe.drafter.block_size
-    length = tokens.train_len_mean
-    loss_tokens = max(length - tokens.prompt_mean, 0.0)
-    anchors = min(train.anchors_per_seq, loss_tokens)
-    dtoks = anchors * block
-    deepest = max(recipe.drafter.target_layer_ids)
-    target_f = target_forward_flops(facts, deepest, [length])
-    pairs = block_pairs(anchors * (tokens.prompt_mean + loss_tokens / 2), anchors, block)
-    drafter_f = drafter_step_flops(drafter, dtoks, length, pairs, anchors * (block - 1))
+    room = max(min(train.max_length - tokens.prompt_mean, recipe.stages.generate.max_tokens), 0.0)
+    target_f, drafter_f, dtoks = flops_per_sample(recipe, tokens.prompt_mean, sample_lengths(lengths, room))
     per_sample = target_f + drafter_f
     if train.max_steps is not None:
         steps = train.max_steps
@@ -51,24 +76,36 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens) -> Training:
         steps = math.ceil(sequences / train.global_batch)
     total = per_sample * sequences
     dev = device_of(hw)
-    mfu, calibrated = factor(hw, CALIBRATED_MFU, hw.training.mfu)
-    seconds = total / (train.peak_flops * dev.count * mfu)
+    row = mfu_row(hw, recipe.target.load_precision, facts.num_linear_layers > 0)
+    calibrated = CALIBRATED_MFU in hw.calibrated
+    mfu = hw.calibrated[CALIBRATED_MFU] if calibrated else row.mfu
+    sync = grad_sync(recipe, drafter.trainable)
+    sync_s = 0.0 if calibrated else sync.seconds * steps
+    compute_s = total / (train.peak_flops * dev.count * mfu)
+    seconds = compute_s + sync_s
+    mfu_source = (f"measured on this node: hardware.calibrated.training_mfu (includes the gradient sync)" if calibrated
+                  else f"{row.generation}/{row.precision}/{row.kind}: {row.source}"
+                  + (f" — borrowed: {row.borrowed}" if row.borrowed else ""))
     terms = (
         term("train.drafter_params", drafter.trainable, "params",
              "num_layers x (2 h q + 2 h kv + 3 h ffn) + k h^2 (fc)",
              layer_params=drafter.layer_params, fc_params=drafter.fc_params, num_layers=drafter.num_layers),
         term("train.drafter_tokens_per_sample", dtoks, "tokens",
-             "min(anchors_per_seq, mean loss tokens) x block_size",
-             anchors_per_seq=train.anchors_per_seq, loss_tokens=loss_tokens, block_size=block),
+             "E[min(anchors_per_seq, loss tokens)] x block_size over the length distribution",
+             anchors_per_seq=train.anchors_per_seq, block_size=recipe.drafter.block_size),
         term("train.flops_per_sample", per_sample, "FLOP",
-             "target forward to the deepest tapped layer over L + drafter forward/backward over D block tokens "
-             "and L context tokens + frozen LM head on the supervised slots (dflashx.resolve.flops)",
-             target=target_f, drafter_and_head=drafter_f, L=length, last_target_layer=deepest,
+             f"mean over {QUADRATURE} quantiles of the training length L: target forward to the deepest tapped layer "
+             "over L + drafter forward/backward over the block tokens and L context tokens + frozen LM head on the "
+             "supervised slots (dflashx.resolve.flops)",
+             target=target_f, drafter_and_head=drafter_f, L_mean=tokens.train_len_mean,
+             last_target_layer=max(recipe.drafter.target_layer_ids),
              source="Kaplan et al. 2020 (2N forward / 6N training FLOPs per token), plus attention"),
         term("train.steps", steps, "optimizer steps", "max_steps, else ceil(samples x epochs / global_batch)",
              samples=tokens.samples, epochs=train.epochs, global_batch=train.global_batch),
-        term("train.seconds", seconds, "s", "FLOPs per sample x sequences / (peak x GPUs x MFU)",
-             sequences=sequences, peak_flops=train.peak_flops, gpus=dev.count, mfu=mfu,
-             mfu_source="calibrated (hardware.calibrated.training_mfu)" if calibrated else "profile default"),
+        sync.term,
+        term("train.seconds", seconds, "s",
+             "FLOPs per sample x sequences / (peak x GPUs x MFU) + steps x gradient sync",
+             sequences=sequences, peak_flops=train.peak_flops, gpus=dev.count, mfu=mfu, mfu_source=mfu_source,
+             compute_s=compute_s, grad_sync_s=sync_s, calibrated=calibrated),
     )
     return Training(drafter, steps, dtoks, total, seconds, terms)

@@ -1,0 +1,104 @@
+"""The tiny recipe's plan against a real run of it on this machine, and its pilot.
+
+    python -m benchmarks.tiny_run                      # run recipes/tiny.yaml in a temporary folder
+    python -m benchmarks.tiny_run --from RUN_DIR       # read a finished run of it instead
+    python -m benchmarks.tiny_run --pilot              # also `dflashx pilot recipes/tiny.yaml`
+
+Prints, per stage, the plan's seconds (the run's own plan.json) next to the measured duration, and
+the trainer's MFU windows (`train/logs/metrics.jsonl`: useful FLOP/s of the one FLOP model over the
+cpu profile's `cpu_tflops`), whose median is the CPU row of the planner's MFU table
+(`dflashx/plan/estimates/mfu.py`). With `--pilot`, the pilot's estimate-vs-measured figures.
+Writes benchmarks/results/tiny_run.json. Other processes on the same cores slow every figure down:
+the JSON keeps the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from dflashx.store.atomic import atomic_write_text
+
+REPO = Path(__file__).resolve().parents[1]
+RESULT = REPO / "benchmarks" / "results" / "tiny_run.json"
+RECIPE = REPO / "recipes" / "tiny.yaml"
+
+
+def dflashx(*args: str, cwd: Path) -> float:
+    """Run the CLI; its wall time (raises on a failure)."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "dflashx.cli.main", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "WANDB_MODE": "disabled"})
+    if proc.returncode:
+        raise SystemExit(f"dflashx {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def read_run(run: Path) -> dict[str, Any]:
+    plan = json.loads((run / "plan.json").read_text())
+    planned = {s["name"]: s["estimates"]["seconds"] for s in plan["stages"] if s["enabled"]}
+    ends = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    measured = {r["stage"]: r["duration_s"] for r in ends if r.get("event") == "stage_end"}
+    windows = [json.loads(line) for line in (run / "train/logs/metrics.jsonl").read_text().splitlines()]
+    mfu = [w["mfu"] for w in windows]
+    provenance = json.loads((run / "train/provenance.json").read_text())
+    return {
+        "run_dir": str(run), "commit": provenance["dflashx"]["git"],
+        "stages": {n: {"planned_s": planned.get(n), "measured_s": measured.get(n)} for n in planned},
+        "train_mfu": {"windows": len(mfu), "median": statistics.median(mfu), "min": min(mfu), "max": max(mfu),
+                      "reference_tflops": plan["resolved"]["stages"]["train"]["peak_flops"] / 1e12},
+    }
+
+
+def pilot(folder: Path) -> dict[str, Any]:
+    run = folder / "pilot-run"
+    wall = dflashx("pilot", str(RECIPE), "--run-dir", str(run), "--skip-preflight", cwd=folder)
+    cal = json.loads((run / "pilot" / "calibration.json").read_text())
+    m = cal["measured"]
+    return {"wall_s": wall, "load_avg_1m": os.getloadavg()[0], "seconds": m["seconds"], "samples": m["samples"], "lengths": m["lengths"],
+            "generation": m["generation"], "training": m["training"],
+            "serving_ratio": cal["serving_ratio"], "training_mfu": cal["training_mfu"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--from", dest="run", type=Path, help="a finished run of recipes/tiny.yaml")
+    parser.add_argument("--pilot", action="store_true", help="also run `dflashx pilot` on the tiny recipe")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        run = args.run
+        wall = None
+        if run is None:
+            run = folder / "tiny"
+            wall = dflashx("run", str(RECIPE), "--run-dir", str(run), cwd=folder)
+        load = os.getloadavg()[0] if wall is not None else None  # a run read --from ran at another time
+        result = {"cpu_count": os.cpu_count(), "load_avg_1m": load, "run_wall_s": wall,
+                  **read_run(run.resolve())}
+        if args.pilot:
+            result["pilot"] = pilot(folder)
+    print(f"{'stage':10} {'planned s':>10} {'measured s':>11}")
+    for name, s in result["stages"].items():
+        print(f"{name:10} {s['planned_s'] or 0:10.1f} {s['measured_s'] or 0:11.1f}")
+    m = result["train_mfu"]
+    print(f"train MFU over {m['windows']} windows: median {m['median']:.3f} (min {m['min']:.3f}, max {m['max']:.3f}) "
+          f"of {m['reference_tflops']:g} TFLOP/s")
+    if "pilot" in result:
+        p = result["pilot"]
+        print(f"pilot: {p['wall_s']:.0f} s; MFU {p['training']['mfu']:.3f} (table {p['training']['mfu_planned']:.3f}); "
+              f"generation {p['generation']['measured_tokens_per_s']:.0f} tok/s "
+              f"(model {p['generation']['predicted_tokens_per_s']:.0f}, ratio {p['serving_ratio']:.3f})")
+    atomic_write_text(RESULT, json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULT.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()

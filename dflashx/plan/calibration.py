@@ -1,0 +1,153 @@
+"""Measured figures a pilot run hands the planner, each applied only where it was measured.
+
+`dflashx pilot` writes a `PilotCalibration` to `<run_dir>/pilot/calibration.json`; the CLI (the
+composition root) reads it and passes it to `make_plan(..., calibration=)`, which stays pure. Each
+figure carries the recipe values it was measured under (`conditions`, three groups); a group whose
+values differ from the recipe being planned is not applied, and the plan says which key changed:
+
+  data      samples (the ingest's count), prompt and output lengths (a histogram of the measured
+            completions, the standard error of their mean): the prompt sources, the target and its
+            chat template, the generation's sampling settings and max_tokens;
+  serving   `hardware.calibrated[CALIBRATED_SERVING]`, measured tokens/s over the planner's own
+            prediction for the pilot's conditions: the node, the target, the generation settings;
+  training  `hardware.calibrated[CALIBRATED_MFU]`, the MFU the trainer measured (gradient sync
+            included): the node, the target, the drafter, the batch and lengths of training.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dflashx.config.schema import DatasetStats, Recipe
+from dflashx.plan.context import PlanContext, build_context
+from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
+from dflashx.resolve import resolve
+from dflashx.targets.registry import TargetFacts
+
+CALIBRATION_VERSION = 1
+_HARDWARE_NOT_FACTS = {"description", "calibrated", "usd_per_gpu_hour", "usd_source", "usd_date"}
+_TRAIN_KEPT = {"mode", "global_batch", "micro_batch", "zero_stage", "anchors_per_seq", "max_length"}
+_GENERATE_RUNTIME = {"enabled", "urls", "request_timeout_s", "retries", "retry_backoff_s", "flush_every", "shard_size",
+                     "server_startup_timeout_s"}
+_GENERATE_LENGTHS = {"backend", "max_tokens", "temperature", "top_p", "context_length"}
+
+
+class PilotCalibration(BaseModel):
+    """What `dflashx pilot` measured, with where and under which recipe values (JSON on disk)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = CALIBRATION_VERSION
+    run_id: str = Field(description="The run whose pilot measured it.")
+    run_dir: str
+    measured_at: str
+    conditions: dict[str, dict[str, Any]] = Field(description="group -> {dotted recipe key: value} at measurement.")
+    stats: dict[str, Any] = Field(description="Measured `dataset.stats` fields (samples, lengths, histogram, "
+                                  "standard error of the mean, bytes).")
+    serving_ratio: float | None = Field(None, gt=0, description="Measured / predicted generation tokens/s.")
+    serving_ratio_rse: float | None = Field(None, ge=0, description="Relative standard error of the ratio.")
+    training_mfu: float | None = Field(None, gt=0, le=1, description="MFU the trainer measured.")
+    training_mfu_rse: float | None = Field(None, ge=0, description="Relative standard error of the MFU.")
+    measured: dict[str, Any] = Field(default_factory=dict, description="The pilot's raw figures, for reports.")
+
+
+def _flat(value: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            _flat(v, f"{prefix}.{k}", out)
+    else:
+        out[prefix] = value
+    return out
+
+
+def conditions(recipe: Recipe) -> dict[str, dict[str, Any]]:
+    """The recipe values each group of figures depends on, flattened to dotted keys (JSON values)."""
+    data = recipe.model_dump(mode="json")
+    target = {k: data["target"][k] for k in ("model", "tokenizer", "precision", "chat_template")}
+    generate = {k: v for k, v in data["stages"]["generate"].items() if k not in _GENERATE_RUNTIME}
+    sampling = {k: v for k, v in generate.items() if k in _GENERATE_LENGTHS}
+    hardware = {k: v for k, v in data["hardware"].items() if k not in _HARDWARE_NOT_FACTS}
+    sources = {"sources": data["dataset"]["sources"], "dedupe": data["dataset"]["dedupe"],
+               "eval_holdout": data["dataset"]["eval_holdout"]}
+    train = {k: v for k, v in data["stages"]["train"].items() if k in _TRAIN_KEPT}
+    groups = {
+        "data": {"dataset": sources, "target": target, "stages.generate": sampling},
+        "serving": {"hardware": hardware, "target": target, "stages.generate": generate},
+        "training": {"hardware": hardware, "target": target, "drafter": data["drafter"], "stages.train": train,
+                     "stages.tokenize.max_length": data["stages"]["tokenize"]["max_length"]},
+    }
+    return {name: {k: v for section, value in g.items() for k, v in _flat(value, section, {}).items()}
+            for name, g in groups.items()}
+
+
+def changed(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two flattened condition groups."""
+    return [k for k in dict.fromkeys([*now, *then]) if then.get(k) != now.get(k)]
+
+
+def _shown(key: str, value: Any) -> Any:
+    """A figure as the plan's JSON lists it (a histogram by its size)."""
+    if key == "output_tokens_histogram":
+        return f"{len(value['counts'])} bins, {sum(value['counts']) + value.get('above', 0):.0f} completions"
+    return value
+
+
+def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, dict[str, Any]]:
+    """The recipe with the pilot's figures in place, and what was (not) applied, for the plan's JSON."""
+    now = conditions(recipe)
+    stats, calibrated = recipe.dataset.stats, dict(recipe.hardware.calibrated)
+    figures = {
+        "data": {f"dataset.stats.{k}": _shown(k, v) for k, v in cal.stats.items()},
+        "serving": {f"hardware.calibrated.{CALIBRATED_SERVING}": cal.serving_ratio},
+        "training": {f"hardware.calibrated.{CALIBRATED_MFU}": cal.training_mfu},
+    }
+    applied: dict[str, Any] = {}
+    not_applied: list[dict[str, Any]] = []
+    for group, values in figures.items():
+        values = {k: v for k, v in values.items() if v is not None}
+        diff = changed(cal.conditions.get(group, {}), now[group]) if values else []
+        if diff:
+            not_applied.append({"group": group, "figures": sorted(values), "changed": diff})
+            continue
+        applied |= values
+        if group == "data" and values:
+            stats = DatasetStats.model_validate({**stats.model_dump(), **cal.stats})
+        elif group == "serving" and values:
+            calibrated[CALIBRATED_SERVING] = float(cal.serving_ratio)  # type: ignore[arg-type]
+        elif values:
+            calibrated[CALIBRATED_MFU] = float(cal.training_mfu)  # type: ignore[arg-type]
+    updated = recipe.model_copy(update={
+        "dataset": recipe.dataset.model_copy(update={"stats": stats}),
+        "hardware": recipe.hardware.model_copy(update={"calibrated": calibrated}),
+    })
+    rse = {"serving": cal.serving_ratio_rse, "training": cal.training_mfu_rse}
+    report = {"run_id": cal.run_id, "run_dir": cal.run_dir, "measured_at": cal.measured_at,
+              "applied": applied, "not_applied": not_applied,
+              "rse": {g: v for g, v in rse.items() if v is not None and g not in {n["group"] for n in not_applied}}}
+    return updated, report
+
+
+def uncalibrated(recipe: Recipe, stats: dict[str, Any], **sections: dict[str, Any]) -> Recipe:
+    """The recipe with measured `dataset.stats` fields, without the measured factors (serving ratio,
+    MFU), and with these stage settings (`generate={...}`, `train={...}`): what the planner's own
+    models predict for the conditions a measurement was taken under."""
+    hardware = recipe.hardware.model_copy(update={"calibrated": {
+        k: v for k, v in recipe.hardware.calibrated.items() if k not in (CALIBRATED_SERVING, CALIBRATED_MFU)}})
+    measured = DatasetStats.model_validate({**recipe.dataset.stats.model_dump(), **stats})
+    stages = recipe.stages.model_copy(update={name: getattr(recipe.stages, name).model_copy(update=values)
+                                              for name, values in sections.items()})
+    return recipe.model_copy(update={"hardware": hardware, "stages": stages,
+                                     "dataset": recipe.dataset.model_copy(update={"stats": measured})})
+
+
+def predicted(recipe: Recipe, facts: TargetFacts, stats: dict[str, Any], **sections: dict[str, Any]) -> PlanContext:
+    """The plan context of `uncalibrated(...)`: the models' figures for a measurement's conditions."""
+    return build_context(resolve(uncalibrated(recipe, stats, **sections), facts))
+
+
+def predicted_tokens_per_s(ctx: PlanContext) -> float:
+    """Generated tokens per second of the whole generation (prefill included), as measured runs count them."""
+    seconds = ctx.seconds["generate"]
+    return ctx.tokens.output / seconds if seconds else 0.0

@@ -1,0 +1,142 @@
+"""P10 / P50 / P90 of each stage's time and cost, and of the totals.
+
+Over hundreds of thousands of samples the per-sample spread of output lengths averages out; what
+is uncertain is (1) the mean output length, and (2) the models themselves.
+
+(1) The mean: measured on n completions its standard error is sd / sqrt(n) (per source, weighted
+    by each source's share, when a pilot is stratified): `dataset.stats.output_tokens_mean_se`.
+    A mean without one is a person's estimate, taken to be within a factor GUESS_FACTOR of the
+    truth at P10 and P90 (an assumption, said so in `--explain`). The plan is made again with every
+    output length scaled to the P10 and P90 means (`scaled_stats` -> the same `build_context`),
+    so truncation, batch sizes and the attention terms move with them.
+(2) The models: each stage with a model error (`MODEL_ERROR`, P90/P50 factor, with its source)
+    widens its range; a stage calibrated on this node by a pilot uses the measurement's relative
+    standard error instead. Stage errors are independent; the length scenario moves every stage at
+    once. Per stage, in logs: low = sqrt(ln(P50/P10_len)^2 + ln(f)^2), and the same above.
+Cost follows time: every stage bills the whole node.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from dflashx.plan.context import PlanContext, build_context, stage_estimates
+from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
+from dflashx.plan.estimates.lengths import scaled_stats
+from dflashx.plan.explain import Term, term
+
+Z90 = 1.2815515655446004  # standard normal 90th percentile
+GUESS_FACTOR = 1.5
+# P90 / P50 of each model's error, uncalibrated.
+MODEL_ERROR: dict[str, tuple[float, str]] = {
+    "generate": (1.35, "the serving model's validation bound: every reference point of "
+                       "benchmarks/planner_accuracy.py within ±35% (issue 15)"),
+    "train": (1 / 0.865, "the product trainer reached 0.865x the MFU of the benchmarked step it is planned with "
+                         "(54.6% vs 63.1% of the measured peak, Qwen3-32B shape on the H200, issue 13)"),
+}
+CALIBRATED_KEY = {"generate": CALIBRATED_SERVING, "train": CALIBRATED_MFU}
+PILOT_GROUP = {"generate": "serving", "train": "training"}
+
+
+@dataclass(frozen=True)
+class Band:
+    p10: float
+    p50: float
+    p90: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"p10": self.p10, "p50": self.p50, "p90": self.p90}
+
+    def times(self, factor: float) -> "Band":
+        return Band(self.p10 * factor, self.p50 * factor, self.p90 * factor)
+
+
+@dataclass(frozen=True)
+class Ranges:
+    mean: Band  # output tokens per completion (uncapped mean)
+    truncated: Band  # share of completions stopping at max_tokens
+    stages: dict[str, Band]  # stage -> seconds
+    total: Band  # seconds
+    usd: dict[str, Band]  # stage -> USD, and "total"
+    terms: tuple[Term, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "output_tokens_mean": self.mean.to_json(), "truncated_share": self.truncated.to_json(),
+            "stages": {name: {"seconds": b.to_json(), "usd": self.usd[name].to_json()} for name, b in self.stages.items()},
+            "totals": {"seconds": self.total.to_json(), "usd": self.usd["total"].to_json(),
+                       "days": self.total.times(1 / 86_400).to_json()},
+        }
+
+
+def mean_factors(ctx: PlanContext) -> tuple[float, float, str]:
+    """The P10 and P90 output-length mean as factors of the stated one, and where they come from."""
+    stats, mean = ctx.recipe.dataset.stats, ctx.lengths.mean
+    se = stats.output_tokens_mean_se
+    if se is None:
+        return 1 / GUESS_FACTOR, GUESS_FACTOR, (
+            f"no dataset.stats.output_tokens_mean_se: the mean is taken as an estimate within a factor "
+            f"{GUESS_FACTOR:g} at P10/P90 (an assumption; `dflashx pilot` measures it)")
+    rel = Z90 * se / mean if mean else 0.0
+    return max(1 - rel, 0.05), 1 + rel, f"standard error {se:.3g} tokens (dataset.stats.output_tokens_mean_se): mean ± {Z90:.2f} se"
+
+
+def model_error(ctx: PlanContext, stage: str, rse: dict[str, float]) -> tuple[float, str]:
+    """ln(P90/P50) of the stage's model and its source; a pilot's calibration replaces the model's."""
+    if stage not in MODEL_ERROR:
+        return 0.0, ""
+    factor, source = MODEL_ERROR[stage]
+    if CALIBRATED_KEY[stage] in ctx.recipe.hardware.calibrated:
+        group = PILOT_GROUP[stage]
+        if group in rse:
+            return Z90 * rse[group], f"measured by the pilot on this node: relative standard error {rse[group]:.1%}"
+        return math.log(factor), f"calibrated (hardware.calibrated.{CALIBRATED_KEY[stage]}) without a stated error: {source}"
+    return math.log(factor), source
+
+
+def _band(low: float, mid: float, high: float, spread: float) -> Band:
+    """A band around `mid` from the length scenarios `low`/`high` widened by a model error (log)."""
+    if mid <= 0:
+        return Band(0.0, 0.0, 0.0)
+    down = math.log(mid / low) if low > 0 else 0.0
+    up = math.log(high / mid) if high > 0 else 0.0
+    return Band(mid * math.exp(-math.hypot(down, spread)), mid, mid * math.exp(math.hypot(up, spread)))
+
+
+def plan_ranges(ctx: PlanContext, rse: dict[str, float] | None = None) -> Ranges:
+    """Re-plans the P10 and P90 mean-length scenarios and combines them with each model's error."""
+    rse = rse or {}
+    f10, f90, mean_source = mean_factors(ctx)
+    recipe, stats = ctx.recipe, ctx.recipe.dataset.stats
+    low, high = (build_context(recipe.model_copy(update={"dataset": recipe.dataset.model_copy(
+        update={"stats": scaled_stats(stats, f)})})) for f in (f10, f90))
+    names = [name for name, stage in recipe.stages if stage.enabled]
+    seconds = {n: [stage_estimates(c, n)["seconds"] for c in (low, ctx, high)] for n in names}
+    errors = {n: model_error(ctx, n, rse) for n in names}
+    stages = {n: _band(*seconds[n], errors[n][0]) for n in names}
+    mid_total = sum(s[1] for s in seconds.values())
+    model_total = math.sqrt(sum((seconds[n][1] * errors[n][0]) ** 2 for n in names)) / mid_total if mid_total else 0.0
+    total = _band(sum(s[0] for s in seconds.values()), mid_total, sum(s[2] for s in seconds.values()), model_total)
+    rate = ctx.recipe.hardware.num_gpus * ctx.recipe.hardware.usd_per_gpu_hour / 3600  # USD per second of the node
+    usd = {n: b.times(rate) for n, b in stages.items()} | {"total": total.times(rate)}
+    cap = recipe.stages.generate.max_tokens
+    mean = Band(low.lengths.mean, ctx.lengths.mean, high.lengths.mean)
+    truncated = Band(*(c.lengths.share_above(cap) for c in (low, ctx, high)))
+    terms = (
+        term("ranges.output_tokens_mean", mean.p50, "tokens", "P10 / P90 of the mean output length", p10=mean.p10,
+             p90=mean.p90, source_of_range=mean_source),
+        term("ranges.truncated_share", truncated.p50, "fraction",
+             "share of completions longer than generate.max_tokens at the P10 / P50 / P90 mean", p10=truncated.p10,
+             p90=truncated.p90, max_tokens=cap, qc_limit=recipe.stages.qc.thresholds.max_truncated_frac),
+        *(term(f"ranges.{n}.seconds", stages[n].p50, "s",
+               "P50 x exp(-/+ sqrt(ln(length scenario / P50)^2 + ln(model error)^2))",
+               p10=stages[n].p10, p90=stages[n].p90, length_p10=seconds[n][0], length_p90=seconds[n][2],
+               model_error=math.exp(errors[n][0]), model_error_source=errors[n][1]) for n in names if errors[n][0]),
+        term("ranges.total_seconds", total.p50, "s",
+             "length scenarios re-planned; stage model errors independent, combined in quadrature",
+             p10=total.p10, p90=total.p90, length_p10=sum(s[0] for s in seconds.values()),
+             length_p90=sum(s[2] for s in seconds.values()), model_error=math.exp(model_total)),
+    )
+    return Ranges(mean, truncated, stages, total, usd, terms)

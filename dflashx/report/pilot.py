@@ -1,0 +1,97 @@
+"""What `dflashx pilot` prints: the plan's figures against the pilot's, and the plan before and after.
+
+`sections(outcome)` -> [estimate vs measured, the plan's P10/P50/P90 before and after, the pilot's
+own time]; `budget_breaks(plan)` -> the budget errors of the re-plan (the pilot stops on them unless
+told to continue).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dflashx.plan.estimates.lengths import OutputLengths
+from dflashx.plan.plan import Plan
+from dflashx.report.fmt import Section, human_seconds
+from dflashx.run.pilot import PilotOutcome
+
+BUDGET_CODES = ("budget_usd", "budget_days", "budget_storage")
+
+
+def _term(plan: Plan, key: str) -> Any:
+    return next((t for t in plan.terms if t.key == key), None)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def _num(v: float | None, digits: int = 4) -> str:
+    return "-" if v is None else f"{v:,.{digits}g}"
+
+
+def _range(band: dict[str, float] | None, fmt: Any) -> str:
+    return "" if not band else f" ({fmt(band['p10'])} – {fmt(band['p90'])})"
+
+
+def comparison(outcome: PilotOutcome) -> Section:
+    """The plan's figure (without the pilot) next to what the pilot measured."""
+    before, m = outcome.before, outcome.calibration.measured
+    recipe = before.resolved
+    assert recipe is not None and before.ranges is not None
+    stats, lengths, gen, train = recipe.dataset.stats, m["lengths"], m.get("generation") or {}, m.get("training") or {}
+    dist = OutputLengths.of(stats)
+    room = min(recipe.stages.train.max_length - stats.prompt_tokens_mean, recipe.stages.generate.max_tokens)
+    r = before.ranges
+    limit = recipe.stages.qc.thresholds.max_truncated_frac
+    rows = [
+        ["prompts to generate", _num(_term(before, "tokens.samples").value, 9), _num(m["samples"], 9),
+         "ingest (the run's own stage)"],
+        ["prompt tokens, mean", _num(stats.prompt_tokens_mean), _num(lengths["prompt_tokens_mean"]), ""],
+        ["output tokens, mean", _num(dist.mean) + _range(r.mean.to_json(), _num),
+         f"{_num(lengths['output_tokens_mean'])} ± {_num(lengths['output_tokens_mean_se'], 2)}",
+         f"{lengths['completions']} completions (± one standard error, by source)"],
+        ["output tokens, p90", _num(dist.quantile(0.9)), _num(lengths["output_tokens_p90"]), dist.source],
+        [f"stopped at max_tokens {recipe.stages.generate.max_tokens:,}", _pct(r.truncated.p50)
+         + _range(r.truncated.to_json(), _pct), _pct(lengths["truncated_share"]), f"QC limit {_pct(limit)}"],
+        [f"cut at max_length {recipe.stages.train.max_length:,}", _pct(dist.share_above(room)),
+         _pct(lengths["train_cut_share"]), "prompt + output tokens"],
+    ]
+    if gen:
+        batch = f", a draining batch of {gen['batch']}/server" if gen.get("batch") else ""
+        rows.append(["generation tokens/s", _num(gen["predicted_tokens_per_s"]), _num(gen["measured_tokens_per_s"]),
+                     f"the pilot's {gen['completions']} prompts{batch}: ratio {_num(gen['ratio'], 3)}"])
+    if train:
+        rows += [["training MFU", _num(train["mfu_planned"], 3), _num(train["mfu"], 3),
+                  f"median of {train['windows']} windows; plan: the table's {train['mfu_source'].split(':')[0]} row"],
+                 ["training step", human_seconds(train["step_s_planned"]), human_seconds(train["step_s"]),
+                  "per optimizer step, the pilot's data"],
+                 ["training tokens/s per GPU", "", _num(train["tokens_per_s_per_gpu"]), ""]]
+    return Section("Estimate vs measured", ["figure", "plan", "pilot", "note"], rows)
+
+
+def _plan_row(label: str, plan: Plan) -> list[str]:
+    t, r = plan.totals, plan.ranges
+    assert r is not None
+    return [label, human_seconds(t["seconds"]) + _range(r.total.to_json(), human_seconds),
+            f"{t['usd']:,.0f}" + _range(r.usd["total"].to_json(), lambda v: f"{v:,.0f}"),
+            f"{len(plan.errors)} error(s)"]
+
+
+def replan(outcome: PilotOutcome) -> Section:
+    return Section("The plan: P50 (P10 – P90)", ["", "time", "USD", "findings"],
+                   [_plan_row("before the pilot", outcome.before), _plan_row("with the pilot's figures", outcome.after)],
+                   f"calibration: {outcome.path}")
+
+
+def timing(outcome: PilotOutcome) -> Section:
+    return Section("The pilot's own time", ["step", "time"],
+                   [[k, human_seconds(v)] for k, v in outcome.seconds.items()])
+
+
+def sections(outcome: PilotOutcome) -> list[Section]:
+    return [comparison(outcome), replan(outcome), timing(outcome)]
+
+
+def budget_breaks(plan: Plan) -> list[str]:
+    """The re-plan's budget errors, as lines."""
+    return [f"[{f.code}] {f.key}: {f.message}" for f in plan.errors if f.code in BUDGET_CODES]

@@ -1,0 +1,146 @@
+"""`dflashx pilot`: real stages on the tiny recipe (in-process transformers, and SGLang's HTTP API served
+by the scripted OpenAI-compatible server), calibration read by the next plan, the budget stop, and the
+full generation reusing the pilot's completions (every prompt reaches the backend once)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from _plan_recipes import REPO, seeds_recipe
+from openai_server import Script, ScriptedOpenAIServer, last_user
+from typer.testing import CliRunner
+
+from dflashx.backends.transformers_local import TransformersBackend
+from dflashx.cli.main import app
+from dflashx.data.jsonl import count_records, iter_shards
+from dflashx.plan.calibration import PilotCalibration, conditions
+from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
+from dflashx.run.layout import calibration_path
+from dflashx.run.pilot import pilot_due
+
+runner = CliRunner()
+PROMPTS, PILOT = 44, 16  # prompts after the eval holdout, and those the pilot generates
+
+
+def tiny_file(tmp: Path, **changes: Any) -> Path:
+    """recipes/tiny.yaml with a 48-prompt source, a short pilot and its run folder under `tmp`."""
+    data = yaml.safe_load((REPO / "recipes/tiny.yaml").read_text())
+    data["dataset"]["sources"][0]["cap"] = PROMPTS + 4
+    data["dataset"]["eval_holdout"] = 4
+    data["storage"]["root"] = str(tmp / "runs")
+    data["pilot"] = {"prompts": PILOT, "train_steps": 6}
+    data["tracking"]["mode"] = "disabled"
+    for dotted, value in changes.items():
+        *parents, last = dotted.split("__")
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    path = tmp / "recipe.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+def plan_json(recipe: Path, *extra: str) -> dict[str, Any]:
+    return json.loads(invoke("plan", str(recipe), "--json", *extra).stdout)
+
+
+@pytest.mark.timeout(300)
+def test_pilot_in_process_calibrates_the_next_plan_and_its_completions_are_reused(tmp_path, monkeypatch):
+    seen: list[str] = []
+    real = TransformersBackend._generate_batch
+
+    def counting(self, batch):  # the real generation; only the ids are noted
+        seen.extend(p["id"] for p in batch)
+        return real(self, batch)
+
+    monkeypatch.setattr(TransformersBackend, "_generate_batch", counting)
+    recipe = tiny_file(tmp_path)
+    run_dir = tmp_path / "runs" / "tiny"
+    before = plan_json(recipe)
+    result = invoke("pilot", str(recipe))
+    assert result.exit_code == 0, result.output
+    for text in ("Estimate vs measured", "output tokens, mean", "training MFU", "generation tokens/s",
+                 "with the pilot's figures", "dflashx plan` of this recipe now uses it"):
+        assert text in result.output, text
+    assert len(seen) == PILOT
+
+    cal = PilotCalibration.model_validate_json(calibration_path(run_dir).read_bytes())
+    assert cal.stats["samples"] == PROMPTS  # the ingest's count, not the recipe's 256
+    assert cal.measured["lengths"]["completions"] == PILOT
+    assert 0 < cal.training_mfu <= 1 and cal.measured["training"]["windows"] >= 3
+    assert cal.serving_ratio and cal.serving_ratio > 0
+    assert not (run_dir / "pilot" / "train" / "checkpoints").exists()  # full training states deleted
+
+    after = plan_json(recipe)
+    assert before["calibration"] is None and after["calibration"]["run_id"] == cal.run_id
+    applied = after["calibration"]["applied"]
+    assert applied["dataset.stats.samples"] == PROMPTS
+    assert applied[f"hardware.calibrated.{CALIBRATED_MFU}"] == pytest.approx(cal.training_mfu)
+    assert f"hardware.calibrated.{CALIBRATED_SERVING}" in applied
+    assert after["ranges"]["output_tokens_mean"]["p50"] == pytest.approx(cal.stats["output_tokens_mean"], rel=0.02)
+    human = invoke("plan", str(recipe)).output
+    assert f"calibrated by the pilot of run {cal.run_id}" in human and "dataset.stats.samples = 44" in human
+    uncalibrated = plan_json(recipe, "--uncalibrated")
+    assert uncalibrated["calibration"] is None and uncalibrated["totals"] == before["totals"]
+
+    # measured under other generation settings: the lengths and the serving ratio no longer apply
+    changed = plan_json(recipe, "stages.generate.max_tokens=64")["calibration"]
+    skipped = {n["group"]: n["changed"] for n in changed["not_applied"]}
+    assert skipped["data"] == ["stages.generate.max_tokens"] and "serving" in skipped
+    assert f"hardware.calibrated.{CALIBRATED_MFU}" in changed["applied"]
+
+    run = invoke("run", str(recipe), "--until", "generate", "--skip-preflight")
+    assert run.exit_code == 0, run.output
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == PROMPTS  # the rest, none twice
+    assert count_records(run_dir / "generate" / "completions") == PROMPTS
+
+
+@pytest.mark.timeout(300)
+def test_pilot_over_http_stops_on_the_budget_and_the_run_reuses_its_completions(tmp_path):
+    with ScriptedOpenAIServer(Script(delay_s=0.01)) as server:
+        recipe = tiny_file(tmp_path, stages__generate__backend="sglang", stages__generate__urls=[server.url],
+                           stages__generate__concurrency=4, dataset__stats__samples=4)
+        before = plan_json(recipe)
+        budget = before["totals"]["days"] * 2  # the recipe guessed 4 samples; the ingest finds 44
+        recipe = tiny_file(tmp_path, stages__generate__backend="sglang", stages__generate__urls=[server.url],
+                           stages__generate__concurrency=4, dataset__stats__samples=4, budget__max_days=budget)
+        stopped = invoke("pilot", str(recipe))
+        assert stopped.exit_code == 1, stopped.output
+        assert "breaks the budget" in stopped.output and "[budget_days] budget.max_days" in stopped.output
+        assert "--continue-over-budget" in stopped.output
+        pilot_requests = len(server.requests)
+        assert pilot_requests == PILOT
+
+        replanned = plan_json(recipe)
+        assert [e["code"] for e in replanned["errors"]] == ["budget_days"]
+        assert replanned["calibration"]["applied"]["dataset.stats.samples"] == PROMPTS
+        refused = invoke("run", str(recipe), "--until", "generate", "--skip-preflight")
+        assert refused.exit_code == 1 and "nothing was run" in refused.output
+        run = invoke("run", str(recipe), "--until", "generate", "--skip-preflight", "--continue-over-budget")
+        assert run.exit_code == 0, run.output
+    asked = Counter(last_user(body["messages"]) for body in server.requests)
+    assert len(asked) == PROMPTS and set(asked.values()) == {1}  # every prompt once: the pilot's kept
+    completions = list(iter_shards(tmp_path / "runs" / "tiny" / "generate" / "completions"))
+    assert len({c["id"] for c in completions}) == len(completions) == PROMPTS
+
+
+def test_run_pilots_first_on_a_gpu_profile_only_until_measured(tmp_path):
+    gpu, cpu = seeds_recipe(), seeds_recipe("h200_x1", hardware__gpu=None, hardware__gpus_per_node=0)
+    assert pilot_due(gpu, tmp_path, None) and not pilot_due(cpu, tmp_path, None)
+    assert not pilot_due(seeds_recipe(pilot__enabled=False), tmp_path, None)
+    assert pilot_due(seeds_recipe("h200_x1", hardware__gpu=None, hardware__gpus_per_node=0, pilot__enabled=True),
+                     tmp_path, None)
+    measured = PilotCalibration(run_id="r", run_dir=str(tmp_path), measured_at="now", conditions=conditions(gpu),
+                                stats={})
+    assert not pilot_due(gpu, tmp_path, measured)  # measured under these values: not again
+    assert pilot_due(seeds_recipe(stages__generate__max_tokens=4096), tmp_path, measured)
