@@ -135,7 +135,7 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: OutputL
              bound="memory" if t_mem >= t_compute else "compute", bandwidth_bps=dev.bandwidth_bps,
              peak_flops=peak, tp=s.tp, copy_share=COPY_BANDWIDTH.value, gemm_share=gemm,
              decode_share=row.decode.value, decode_share_source=f"{row.decode.source}: {row.decode.figure}"),
-        term("generate.prefill_seconds", prefill, "s/request",
+        term("generate.prefill_seconds", prefill, "s",
              "prompt FLOPs (resolve.flops) / (peak x tp x GEMM share x prefill share) + TP all-reduce",
              prompt_tokens=prompt, prefill_share=row.prefill.value,
              prefill_share_source=f"{row.prefill.source}: {row.prefill.figure}"),
