@@ -9,8 +9,8 @@ What it fills in, and from what:
                process per GPU; `gpus_per_node` processes on a CPU profile, at least 1),
                grad_accum = ceil(global_batch / (micro_batch x world)), loss_gamma, max_length
                (tokenize.max_length unless given), precision (bf16 on GPUs unless the target is
-               fp32), peak FLOP/s, compile (`auto`: on GPUs), loss_kernel (`auto`: torch), the
-               DeepSpeed config and the launch argv;
+               fp32), peak FLOP/s, compile and loss_kernel (`auto`: compiled and liger on GPUs,
+               eager and torch on CPU), the DeepSpeed config and the launch argv;
   target       facts, load_precision (fp32 on a CPU profile for a bf16/fp16 target).
 Inconsistent values (layer ids out of range, a batch that does not divide) are resolved as
 given and reported by the plan's rules; only a value that cannot be decided at all raises
@@ -87,7 +87,7 @@ def _train(recipe: Recipe, block_size: int) -> ResolvedTrainStage:
         "precision": "bf16" if bf16 else "fp32",
         "peak_flops": peak,
         "compile": on_gpu if train.compile == "auto" else train.compile,
-        "loss_kernel": "torch" if train.loss_kernel == "auto" else train.loss_kernel,
+        "loss_kernel": ("liger" if on_gpu else "torch") if train.loss_kernel == "auto" else train.loss_kernel,
         "deepspeed_config": deepspeed_config(train, micro, accum, zero, world, bf16),
         "launch": launch_argv(hw, world),
     })
