@@ -289,7 +289,7 @@ def run_shape(name: str, shape: dict[str, Any], args, device: str, peaks: dict[s
             row["graphs_compiled"] = _graphs() - graphs
             row |= {"kernels": trainer.kernels, "speedup_vs_naive": naive_s / row["step_s"] if naive_s and "step_s" in row else None}
             trainer.engine.destroy()
-            del trainer, drafter
+            trainer = drafter = None  # frees the engine before the next row builds one
             result["rows"].append(row)
             _print_row(name, row, naive_s)
             save()
