@@ -10,8 +10,9 @@ fits one GPU; the tapped layers follow the DFlash spread over that many layers. 
             full-vocabulary logits for every block slot, plain AdamW on bf16 weights;
 - trainer:  `dflashx.dflash.step.TrainStep` — the DeepSpeed engine `run_training` builds, from a
             resolved recipe (one-GPU H200 profile, ZeRO 2), stepped on the same batch; one row per
-            recipe variant (`VARIANTS`: eager, the GPU defaults — compiled drafter, liger loss —, bf16
-            master weights, `drafter.precision: fp8`, then `target.precision: fp8`).
+            recipe variant (`VARIANTS`: eager with the torch loss; the GPU defaults — compiled drafter,
+            liger loss —; the same after two other lengths (`--vary`); the torch loss; bf16 master
+            weights; `drafter.precision: fp8`; then `target.precision: fp8` too).
 Useful FLOPs (`dflashx.dflash.metrics.step_flops`, the one FLOP model) divide every row's time, so
 the naive step's extra work counts as waste; MFU is against a bf16 8192^3 matmul measured first.
 `--curve-steps N` then trains N steps on a learnable synthetic stream with a bf16 and an fp8 drafter
@@ -84,7 +85,7 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("trainer eager", {"stages": {"train": {"compile": False, "loss_kernel": "torch"}}}),
     ("trainer", {}),
     (VARY, {}),
-    ("trainer, liger loss", {"stages": {"train": {"loss_kernel": "liger"}}}),
+    ("trainer, torch loss", {"stages": {"train": {"loss_kernel": "torch"}}}),
     ("trainer, bf16 master", {"stages": {"train": {"master_weights": "bf16"}}}),
     ("trainer, fp8 drafter", {"drafter": {"precision": "fp8"}}),
     ("trainer, fp8 drafter + target", {"drafter": {"precision": "fp8"}, "target": {"precision": "fp8"}}),
@@ -275,6 +276,7 @@ def run_shape(name: str, shape: dict[str, Any], args, device: str, peaks: dict[s
             job = make_job(name, shape, target, args, overrides, stage)
             if job.target.precision == "fp8":
                 target_to_fp8(target, torch.device(device), depth=max(job.drafter.target_layer_ids) + 1)
+            torch._dynamo.reset()  # each row compiles as a training process does: one drafter per process
             _free()
             with torch.device(device):
                 drafter = build_drafter(job, target.config)
@@ -287,7 +289,7 @@ def run_shape(name: str, shape: dict[str, Any], args, device: str, peaks: dict[s
             row["graphs_compiled"] = _graphs() - graphs
             row |= {"kernels": trainer.kernels, "speedup_vs_naive": naive_s / row["step_s"] if naive_s and "step_s" in row else None}
             trainer.engine.destroy()
-            del trainer, drafter
+            trainer = drafter = None  # frees the engine before the next row builds one
             result["rows"].append(row)
             _print_row(name, row, naive_s)
             save()
@@ -326,6 +328,7 @@ def loss_curves(args, device: str, save: Callable[[], None], result: dict[str, A
     for precision in ("bf16", "fp8"):
         with tempfile.TemporaryDirectory() as stage:
             job = make_job(name, shape, target, curve_args, {"drafter": {"precision": precision}}, stage)
+            torch._dynamo.reset()
             _free()
             with torch.device(device):
                 drafter = build_drafter(job, target.config)

@@ -71,6 +71,8 @@ def test_baseline_has_no_findings():
     ({"stages__generate__backend": "transformers"}, "transformers_big_target", "stages.generate.backend", "warning"),
     ({"stages__generate__context_length": 300_000}, "context_too_long", "stages.generate.context_length", "error"),
     ({"stages__train__global_batch": 60}, "global_batch", "stages.train.global_batch", "error"),
+    ({"stages__train__master_weights": "bf16", "stages__train__zero_stage": 0}, "master_weights_zero",
+     "stages.train.master_weights", "error"),
 ])
 def test_rule_fails_with_key_and_fix(overrides, code, key, severity):
     found = codes(b200(**overrides))
@@ -94,6 +96,7 @@ def test_rule_fails_with_key_and_fix(overrides, code, key, severity):
     {"stages__generate__backend": "transformers", "target__model": "Qwen/Qwen3-8B",
      "drafter__mask_token_id": None, "budget__max_days": None, "budget__max_usd": None},
     {"stages__train__global_batch": 48},
+    {"drafter__precision": "fp8", "stages__train__master_weights": "bf16", "stages__train__compile": True},
 ])
 def test_rule_passes(overrides):
     assert [f for f in codes(b200(**overrides)).values() if f["severity"] == "error"] == []
@@ -103,6 +106,14 @@ def test_days_over_budget_on_the_seeds_node():
     """About 31 days on 4x RTX PRO 6000 exceed a 20-day budget; the fix names the faster node."""
     found = codes(seeds_recipe(budget__max_days=20))
     assert "hardware=b200_nvl8" in found["budget_days"]["fix"]
+
+
+def test_fp8_drafter_needs_an_fp8_gpu():
+    found = codes(b200(hardware__gpu__fp8_tflops=None, hardware__serving__weight_dtype="bf16",
+                       hardware__serving__kv_cache_dtype="auto", hardware__gpu__memory_gb=180,
+                       drafter__precision="fp8"))["fp8_unsupported"]
+    assert found["key"] == "drafter.precision" and "drafter.precision to bf16" in found["fix"]
+    assert codes(tiny_recipe(drafter__precision="fp8"))["fp8_unsupported"]["key"] == "drafter.precision"  # CPU
 
 
 def test_fp8_kv_cache_needs_fp8_too():

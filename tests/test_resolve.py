@@ -121,6 +121,26 @@ def test_fp16_target_trains_the_drafter_in_bf16_as_the_plan_shows():
     assert (cpu.stages.train.precision, cpu.target.load_precision) == ("fp32", "fp32")
 
 
+def test_speed_switches_resolve_once_by_the_hardware():
+    """`auto` compiles and takes liger on a GPU profile, neither on CPU; explicit values pass through;
+    bf16 master weights reach the DeepSpeed config only where training runs in bf16."""
+    gpu = resolve(seeds_recipe("h200_x1"), lookup("Qwen/Qwen3.6-27B"))
+    cpu = resolve(tiny_recipe(), lookup("builtin:tiny-qwen3"))
+    assert (gpu.stages.train.compile, gpu.stages.train.loss_kernel) == (True, "liger")
+    assert (cpu.stages.train.compile, cpu.stages.train.loss_kernel) == (False, "torch")
+    assert gpu.drafter.precision == "bf16" and gpu.stages.train.master_weights == "fp32"
+    assert gpu.stages.train.deepspeed_config["bf16"] == {"enabled": True}
+    chosen = resolve(seeds_recipe("h200_x1", stages__train__compile=False, stages__train__loss_kernel="torch",
+                                  stages__train__master_weights="bf16", stages__train__zero_stage=2,
+                                  drafter__precision="fp8"), lookup("Qwen/Qwen3.6-27B"))
+    assert (chosen.stages.train.compile, chosen.stages.train.loss_kernel, chosen.drafter.precision) == (False, "torch", "fp8")
+    assert chosen.stages.train.deepspeed_config["bf16"] == {
+        "enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+    cpu_bf16_master = resolve(tiny_recipe(stages__train__master_weights="bf16"), lookup("builtin:tiny-qwen3"))
+    assert cpu_bf16_master.stages.train.deepspeed_config["bf16"] == {"enabled": False}
+    assert ResolvedRecipe.model_validate_json(chosen.model_dump_json()) == chosen  # round-trips through plan.json
+
+
 def test_a_value_that_cannot_be_resolved_names_its_key():
     plan = make_plan(seeds_recipe(drafter__mask_token_id=None), lookup("Qwen/Qwen3.6-27B").model_copy(
         update={"mask_token_id": None}))

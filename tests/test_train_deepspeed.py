@@ -146,3 +146,18 @@ def test_one_cpu_process_builds_no_shared_memory_op(paths, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (tmp_path / "stage" / "checkpoint" / "model.safetensors").exists()
     assert not (tmp_path / "ext" / "deepspeed_shm_comm").exists()
+
+
+def test_speed_switches_run_on_cpu_and_say_what_ran(paths, tmp_path):
+    """Compiled layers (inductor), an FP8 drafter (torchao float8) and the liger loss asked for on CPU:
+    the layers compile, float8 trains, liger (no CUDA) falls back to the torch fused loss; kernels.json
+    and the returned metrics say which ran, and the loss falls."""
+    logs: dict[int, dict] = {}
+    last = run_training(_job(paths, tmp_path, max_steps=24, log_every=8, compile=True, loss_kernel="liger",
+                             drafter={"precision": "fp8"}), log=_collect(logs))
+    ran = json.loads((tmp_path / "logs" / "kernels.json").read_text())
+    assert ran == last["kernels"] == {"compile": True, "fp8_linears": 7 + 1, "loss_kernel": "torch",
+                                      "linear_attention": None}
+    assert logs[24]["loss"] < logs[8]["loss"]
+    exported = load_drafter(tmp_path / "checkpoint").state_dict()  # float8 linears export the plain layout
+    assert "layers.0.self_attn.q_proj.weight" in exported and not any("float8" in k for k in exported)

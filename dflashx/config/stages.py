@@ -172,7 +172,7 @@ class TrainStage(StageBase):
         "auto",
         description="Fused LM-head + cross-entropy of the supervised slots: `torch` (chunked, the gradient computed "
                     "in the forward pass) or `liger` (liger-kernel's Triton kernel, CUDA, when installed; else torch); "
-                    "`auto`: torch (as fast on an H200, see docs/training.md). Logits never exist for all tokens at once.",
+                    "`auto`: liger on GPUs, torch on CPU. Logits never exist for all tokens at once.",
         json_schema_extra=OPERATIONAL,
     )
     master_weights: Literal["fp32", "bf16"] = Field(

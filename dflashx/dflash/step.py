@@ -114,7 +114,8 @@ class TrainStep:
         blocks = self.blocks(batch, lengths, epoch).to(self.device)
         features = self.features_of(batch)
         width = bucketed(features.shape[1], self.buckets[0])
-        features = F.pad(features, (0, 0, 0, width - features.shape[1]))  # padded keys are never visible
+        if width > features.shape[1]:  # padded context keys are never visible (p < anchor)
+            features = F.pad(features, (0, 0, 0, width - features.shape[1]))
         positions = torch.arange(width, device=self.device).expand(len(lengths), -1)
         mask = DraftMask(blocks.anchors, width, self.cfg.block_size)
         loss, correct, count = self.engine(self.embed(blocks.block_ids), features, blocks, positions, mask,

@@ -69,7 +69,7 @@ class ResolvedTrainStage(TrainStage):
     compile: bool = Field(description="torch.compile the drafter's layers (`auto`: on GPUs).",
                           json_schema_extra=OPERATIONAL)
     loss_kernel: Literal["liger", "torch"] = Field(
-        description="Fused LM-head cross-entropy (`auto`: torch).", json_schema_extra=OPERATIONAL)
+        description="Fused LM-head cross-entropy (`auto`: liger on GPUs, torch on CPU).", json_schema_extra=OPERATIONAL)
     deepspeed_config: dict[str, Any] = Field(description="The DeepSpeed config the engine is built with.",
                                              json_schema_extra=OPERATIONAL)
     launch: list[str] = Field(description="argv of the training launch ({run_dir} filled in by the stage).",

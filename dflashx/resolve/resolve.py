@@ -10,8 +10,8 @@ What it fills in, and from what:
                processes on a CPU profile, at least 1),
                grad_accum = ceil(global_batch / (micro_batch x world)), loss_gamma, max_length
                (tokenize.max_length unless given), precision (bf16 on GPUs unless the target is
-               fp32), peak FLOP/s, compile (`auto`: on GPUs), loss_kernel (`auto`: torch), the
-               DeepSpeed config and the launch argv;
+               fp32), peak FLOP/s, compile and loss_kernel (`auto`: compiled and liger on GPUs,
+               eager and torch on CPU), the DeepSpeed config and the launch argv;
   target       facts, load_precision (fp32 on a CPU profile for a bf16/fp16 target);
   generate     context_length and the serving settings (tp, dp, dp_mode, weight dtype, checkpoint,
                online quantization): `dflashx.resolve.serving`, one function each.
@@ -110,7 +110,7 @@ def _train(recipe: Recipe, block_size: int) -> ResolvedTrainStage:
         "precision": "bf16" if bf16 else "fp32",
         "peak_flops": peak,
         "compile": on_gpu if train.compile == "auto" else train.compile,
-        "loss_kernel": "torch" if train.loss_kernel == "auto" else train.loss_kernel,
+        "loss_kernel": ("liger" if on_gpu else "torch") if train.loss_kernel == "auto" else train.loss_kernel,
         "deepspeed_config": deepspeed_config(train, micro, accum, zero, world, bf16),
         "launch": launch_argv(hw, world),
     })
