@@ -143,3 +143,29 @@ def test_run_pilots_first_on_a_gpu_profile_only_until_measured(tmp_path):
                                 stats={})
     assert not pilot_due(gpu, tmp_path, measured)  # measured under these values: not again
     assert pilot_due(seeds_recipe(stages__generate__max_tokens=4096), tmp_path, measured)
+
+
+def _completion(i: int, source: str, tokens: int, finish: str = "stop") -> dict[str, Any]:
+    return {"id": f"c{i}", "source": source, "usage": {"prompt_tokens": 20, "completion_tokens": tokens},
+            "finish_reason": finish, "text_bytes": 3 * tokens}
+
+
+def test_length_statistics_are_stratified_by_source():
+    import statistics
+
+    from dflashx.run.pilot_measure import length_stats
+
+    a = [100, 120, 140, 160]  # a source with a small spread, 20% of the prompts
+    b = [400, 800, 1200, 1600, 2000, 4096]  # a wide one, 80%; the last is cut at max_tokens
+    records = [_completion(i, "a", x) for i, x in enumerate(a)]
+    records += [_completion(10 + i, "b", x, "length" if x == 4096 else "stop") for i, x in enumerate(b)]
+    stats, report = length_stats(records, {"a": 0.2, "b": 0.8}, max_tokens=4096, max_length=1024)
+    se = ((0.2 * statistics.stdev(a)) ** 2 / 4 + (0.8 * statistics.stdev(b)) ** 2 / 6) ** 0.5
+    assert stats["output_tokens_mean_se"] == pytest.approx(se)
+    assert stats["output_tokens_mean"] == pytest.approx(statistics.fmean(a + b))
+    assert stats["output_bytes_per_token"] == pytest.approx(3.0)
+    assert report["truncated_share"] == pytest.approx(0.1) and report["truncated"] == 1
+    assert report["train_cut_share"] == pytest.approx(4 / 10)  # 20 prompt tokens + output > 1024
+    hist = stats["output_tokens_histogram"]
+    assert hist["above"] == 1 and hist["edges"][-1] == 4096  # the cut completion is the open tail
+    assert report["per_source"]["b"] == {"n": 6, "mean": pytest.approx(statistics.fmean(b)), "weight": 0.8}

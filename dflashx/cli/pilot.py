@@ -72,6 +72,11 @@ def pilot_or_exit(view: RunConsole, recipe: Recipe, facts: Any, target: Path, co
         view.close()
         typer.echo(f"pilot: {e}", err=True)
         raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        view.close(interrupted=True)
+        typer.echo("interrupted: the completions written are kept; the pilot (or the run) continues after them",
+                   err=True)
+        raise typer.Exit(130) from None
     console = make_console(file=view.console.file)
     for section in sections(outcome):
         console.print(section.rich())
