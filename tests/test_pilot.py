@@ -169,3 +169,16 @@ def test_length_statistics_are_stratified_by_source():
     hist = stats["output_tokens_histogram"]
     assert hist["above"] == 1 and hist["edges"][-1] == 4096  # the cut completion is the open tail
     assert report["per_source"]["b"] == {"n": 6, "mean": pytest.approx(statistics.fmean(b)), "weight": 0.8}
+
+
+@pytest.mark.timeout(300)
+def test_a_pilot_that_measures_too_many_truncated_completions_stops(tmp_path):
+    with ScriptedOpenAIServer(Script(length_every=3)) as server:  # a third stop at max_tokens
+        recipe = tiny_file(tmp_path, stages__generate__backend="sglang", stages__generate__urls=[server.url],
+                           stages__train__enabled=False)
+        stopped = invoke("pilot", str(recipe), "--skip-preflight", "--continue-over-budget")
+    assert stopped.exit_code == 1, stopped.output
+    assert "the plan has errors" in stopped.output and "[generate_truncation]" in stopped.output
+    cal = PilotCalibration.model_validate_json(calibration_path(tmp_path / "runs" / "tiny").read_bytes())
+    assert cal.training_mfu is None and cal.measured["lengths"]["truncated_share"] > 0.05
+    assert cal.stats["output_tokens_histogram"]["above"] == cal.measured["lengths"]["truncated"]
