@@ -22,6 +22,7 @@ from dflashx.plan.calibration import PilotCalibration, conditions
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
 from dflashx.run.layout import calibration_path
 from dflashx.run.pilot import pilot_due
+from dflashx.store.manifest import Manifest
 
 runner = CliRunner()
 PROMPTS, PILOT = 28, 12  # prompts after the eval holdout, and those the pilot generates
@@ -80,6 +81,8 @@ def test_pilot_in_process_calibrates_the_next_plan_and_its_completions_are_reuse
     assert 0 < cal.training_mfu <= 1 and cal.measured["training"]["windows"] >= 3
     assert cal.serving_ratio and cal.serving_ratio > 0
     assert not (run_dir / "pilot" / "train" / "checkpoints").exists()  # full training states deleted
+    entry = Manifest.load(run_dir).get("pilot.calibration")  # inventory and backup see it
+    assert entry is not None and entry.path == "pilot/calibration.json" and entry.tier == "replaceable"
 
     after = plan_json(recipe)
     assert before["calibration"] is None and after["calibration"]["run_id"] == cal.run_id

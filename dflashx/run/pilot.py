@@ -106,12 +106,21 @@ class Pilot:
         lock = self.rundir.lock()
         try:
             cal = self._measure()
+            self.seconds["total"] = time.monotonic() - t0
+            path = self._save(cal)
         finally:
             lock.close()
-        self.seconds["total"] = time.monotonic() - t0
+        return PilotOutcome(cal, path, self.before, make_plan(self.recipe, self.facts, cal), self.seconds)
+
+    def _save(self, cal: PilotCalibration) -> Path:
+        """calibration.json, registered in the manifest (inventory and backup see it) as `pilot.calibration`."""
         path = calibration_path(self.rundir.path)
         atomic_write_json(path, cal.model_dump(mode="json"))
-        return PilotOutcome(cal, path, self.before, make_plan(self.recipe, self.facts, cal), self.seconds)
+        manifest = Manifest.load(self.rundir.path)
+        manifest.register(PILOT_DIR, "calibration", path, "replaceable",
+                          description="what `dflashx pilot` measured; `dflashx plan` applies it")
+        manifest.save()
+        return path
 
     def _measure(self) -> PilotCalibration:
         manifest = Manifest.load(self.rundir.path)
