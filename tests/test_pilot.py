@@ -28,6 +28,19 @@ runner = CliRunner()
 PROMPTS, PILOT = 28, 12  # prompts after the eval holdout, and those the pilot generates
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread while the pilot trains and generates in this process: on shared CI cores, OpenMP
+    threads waiting on a descheduled sibling slow the tiny model about sixfold (a pilot measured at 15 s
+    with one thread took 88 s with two, at a load average of 5 on 2 cores)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_file(tmp: Path, **changes: Any) -> Path:
     """recipes/tiny.yaml with a 32-prompt source, a short pilot and its run folder under `tmp`."""
     data = yaml.safe_load((REPO / "recipes/tiny.yaml").read_text())
