@@ -122,23 +122,30 @@ def seeds_rows() -> list[Row]:
 
 
 def training_rows() -> list[Row]:
-    """This project's measured H200 training steps against the plan's FLOP model at its MFU."""
+    """This project's measured H200 training steps (the product trainer, benchmarks/results/train_step.json)
+    against the one FLOP model. The planner's MFU table holds each shape's own measurement, so planning a
+    shape with its own row reproduces it by construction; each shape is therefore predicted with the
+    other shape's MFU (leave one out: a target kind with no measurement of its own)."""
     from dflashx.config.schema import HardwareProfile
+    from dflashx.plan.estimates.mfu import mfu_row
 
     if not TRAIN_STEP.is_file():
         return []
     data = json.loads(TRAIN_STEP.read_text())
     hw = HardwareProfile.model_validate(_profile("h200_x1"))
-    mfu = hw.calibrated.get("training_mfu", hw.training.mfu)
+    shapes = [shape for call in data["calls"] for shape in call["results"]]
     rows = []
-    for shape in data["results"]:
-        best = next(r for r in shape["rows"] if r["variant"] == "optimized+compile")
-        predicted = shape["useful_tflop_per_step"] * 1e12 / (hw.gpu.bf16_tflops * 1e12 * mfu)
+    for shape in shapes:
+        hybrid = "hybrid" in shape["shape"]
+        step = next(r for r in shape["rows"] if r["variant"] == "trainer")
+        other = mfu_row(hw, "bf16", hybrid=not hybrid)
+        predicted = shape["useful_tflop_per_step"] * 1e12 / (hw.gpu.bf16_tflops * 1e12 * other.mfu)
         rows.append(Row(f"DFlash training step, {shape['shape']}",
                         f"{shape['target_layers']} target layers, seq {shape['seq']}, {shape['anchors']} anchors, "
-                        f"block {shape['block']}, 1x H200, compiled",
-                        "benchmarks/results/train_step.json (this project)", "validation", "s/step",
-                        best["step_s"], predicted))
+                        f"block {shape['block']}, 1x H200, GPU defaults; planned with the "
+                        f"{'dense' if hybrid else 'hybrid'} shape's MFU ({other.mfu:.3f})",
+                        "benchmarks/results/train_step.json (this project, commit d97593b)", "validation", "s/step",
+                        step["step_s"], predicted))
     return rows
 
 

@@ -8,8 +8,9 @@ Prints, per stage, the plan's seconds (the run's own plan.json) next to the meas
 the trainer's MFU windows (`train/logs/metrics.jsonl`: useful FLOP/s of the one FLOP model over the
 cpu profile's `cpu_tflops`), whose median is the CPU row of the planner's MFU table
 (`dflashx/plan/estimates/mfu.py`). With `--pilot`, the pilot's estimate-vs-measured figures.
-Writes benchmarks/results/tiny_run.json. Other processes on the same cores slow every figure down:
-the JSON keeps the load average.
+Writes benchmarks/results/tiny_run.json. Other processes on the same cores slow every figure down,
+two intra-op threads most of all (a thread waits on its descheduled sibling): on a shared machine
+run it with OMP_NUM_THREADS=1. The JSON keeps the load average and that setting.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def main() -> None:
             wall = dflashx("run", str(RECIPE), "--run-dir", str(run), cwd=folder)
         load = os.getloadavg()[0] if wall is not None else None  # a run read --from ran at another time
         result = {"cpu_count": os.cpu_count(), "load_avg_1m": load, "run_wall_s": wall,
+                  "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                   **read_run(run.resolve())}
         if args.pilot:
             result["pilot"] = pilot(folder)

@@ -109,9 +109,8 @@ def test_days_over_budget_on_the_seeds_node():
 
 
 def test_fp8_drafter_needs_an_fp8_gpu():
-    found = codes(b200(hardware__gpu__fp8_tflops=None, hardware__serving__weight_dtype="bf16",
-                       hardware__serving__kv_cache_dtype="auto", hardware__gpu__memory_gb=180,
-                       drafter__precision="fp8"))["fp8_unsupported"]
+    found = codes(b200(hardware__gpu__fp8_tflops=None, stages__generate__serving__weight_dtype="bf16",
+                       stages__generate__serving__kv_cache_dtype="auto", drafter__precision="fp8"))["fp8_unsupported"]
     assert found["key"] == "drafter.precision" and "drafter.precision to bf16" in found["fix"]
     assert codes(tiny_recipe(drafter__precision="fp8"))["fp8_unsupported"]["key"] == "drafter.precision"  # CPU
 

@@ -34,14 +34,15 @@ def test_hopper_rows_are_the_h200_benchmark_over_the_datasheet_peak():
     """Each measured H200 row is the useful TFLOP/s benchmarks/results/train_step.json recorded, divided
     by the datasheet peak the planner and the trainer divide by (not the benchmark's own matmul peak)."""
     bench = json.loads((REPO / "benchmarks/results/train_step.json").read_text())
-    variants = {"bf16": "optimized+compile", "fp8": "optimized+compile+fp8-target"}
+    variants = {"bf16": "trainer", "fp8": "trainer, fp8 drafter + target"}
     shapes = {"dense": "qwen3-32b-dense", "hybrid": "qwen3.6-27b-hybrid"}
+    results = [r for call in bench["calls"] for r in call["results"]]
     for (gen, precision, kind), row in MEASURED.items():
         if gen != "hopper":
             continue
-        result = next(r for r in bench["results"] if r["shape"] == shapes[kind])
+        result = next(r for r in results if r["shape"] == shapes[kind])
         measured = next(v for v in result["rows"] if v["variant"] == variants[precision])
-        assert row.mfu == pytest.approx(measured["useful_tflops"] / H200_DATASHEET_TFLOPS, abs=1e-4)
+        assert row.mfu == pytest.approx(measured["useful_tflops"] / H200_DATASHEET_TFLOPS, abs=2e-4)
         assert row.mfu < measured["mfu"]  # the datasheet peak is above the measured matmul peak
     assert H200_DATASHEET_TFLOPS == profile("h200_x8")["gpu"]["bf16_tflops"]
 

@@ -67,8 +67,8 @@ def format_finding(finding: dict) -> str:
 def make_console(**kwargs: Any) -> Console:
     """The rich Console a command prints with: as usual on a terminal; off one (a pipe, a file, a
     test) without colour and as wide as its tables need, so `dflashx inventory RUN | cat` shows
-    whole cells (`dflashx.report.console.wide_console`)."""
-    from dflashx.report.console import wide_console
+    whole cells (`dflashx.report.fmt.wide_console`)."""
+    from dflashx.report.fmt import wide_console
 
     return wide_console(**kwargs)
 

@@ -60,7 +60,7 @@ def preflight_or_exit(view: RunConsole, recipe: Path, resolved: Any, plan: dict[
 def pilot_or_exit(view: RunConsole, recipe: Recipe, facts: Any, target: Path, continue_over_budget: bool) -> Plan:
     """Run the pilot, print what it measured; the re-plan, or exit 1 when the pilot failed or (without
     `continue_over_budget`) the re-plan breaks the budget."""
-    from dflashx.report.pilot import budget_breaks, sections
+    from dflashx.report.pilot import BUDGET_CODES, budget_breaks, sections
     from dflashx.run.pilot import PilotFailed, run_pilot
     from dflashx.run.rundir import RunDirBusy
 
@@ -72,9 +72,19 @@ def pilot_or_exit(view: RunConsole, recipe: Recipe, facts: Any, target: Path, co
         view.close()
         typer.echo(f"pilot: {e}", err=True)
         raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        view.close(interrupted=True)
+        typer.echo("interrupted: the completions written are kept; the pilot (or the run) continues after them",
+                   err=True)
+        raise typer.Exit(130) from None
     console = make_console(file=view.console.file)
     for section in sections(outcome):
         console.print(section.rich())
+    others = [f for f in outcome.after.errors if f.code not in BUDGET_CODES]
+    if others:
+        lines = "\n".join(format_finding(f.to_json()) for f in others)
+        typer.echo(f"stopped: with the pilot's figures the plan has errors:\n{lines}", err=True)
+        raise typer.Exit(1)
     breaks = budget_breaks(outcome.after)
     if breaks:
         lines = "\n".join(f"  {b}" for b in breaks)

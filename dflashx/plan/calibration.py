@@ -69,7 +69,8 @@ def conditions(recipe: Recipe) -> dict[str, dict[str, Any]]:
     generate = {k: v for k, v in data["stages"]["generate"].items() if k not in _GENERATE_RUNTIME}
     sampling = {k: v for k, v in generate.items() if k in _GENERATE_LENGTHS}
     hardware = {k: v for k, v in data["hardware"].items() if k not in _HARDWARE_NOT_FACTS}
-    sources = {"sources": data["dataset"]["sources"], "dedupe": data["dataset"]["dedupe"],
+    kept = [{k: v for k, v in src.items() if k != "expected_count"} for src in data["dataset"]["sources"]]
+    sources = {"sources": kept, "dedupe": data["dataset"]["dedupe"],
                "eval_holdout": data["dataset"]["eval_holdout"]}
     train = {k: v for k, v in data["stages"]["train"].items() if k in _TRAIN_KEPT}
     groups = {

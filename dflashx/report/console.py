@@ -30,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dflashx.config.schema import STAGE_ORDER
-from dflashx.report.fmt import human_seconds, human_value
+from dflashx.report.fmt import human_seconds, human_value, wide_console
 from dflashx.run.orchestrator import RunResult, StageOutcome, outcome_line, start_line
 from dflashx.store.manifest import Manifest
 from dflashx.track.records import read_records
@@ -39,7 +39,6 @@ from dflashx.track.redact import RedactingFilter
 PLAIN_EVERY_S = 10.0
 HEARTBEAT_S = 60.0  # off a terminal, a stage that says nothing still gets a line this often
 _STEP_OF = re.compile(r"\bstep (\d+)/(\d+)\b")
-OFF_TTY_WIDTH = 1000  # off a terminal rich tables take their natural width, up to this
 STYLE = {"done": "green", "skipped": "dim", "disabled": "dim", "failed": "red", "interrupted": "yellow"}
 # Headline figures per stage: (metric, format); other stages show their first scalar metrics.
 HEADLINES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -57,15 +56,6 @@ HEADLINES: dict[str, tuple[tuple[str, str], ...]] = {
 # Live figures from a stage's `ctx.log` metrics, in this order.
 FIGURES = (("loss", "loss {:.3f}"), ("tokens_per_s", "{:,.0f} tok/s"), ("output_tokens_per_s", "{:,.0f} tok/s"),
            ("mfu", "MFU {:.1%}"), ("eval/trained_tau", "τ {:.2f}"), ("eval/untrained_tau", "τ {:.2f}"))
-
-
-def wide_console(file: IO[str] | None = None, **kwargs: Any) -> Console:
-    """A rich Console: on a terminal, as usual; off one (a pipe, a file, CliRunner), no colour and
-    wide enough that tables keep their natural width (`dflashx inventory RUN | cat` shows whole cells)."""
-    probe = Console(file=file, **kwargs)
-    if probe.is_terminal:
-        return probe
-    return Console(file=file, width=max(OFF_TTY_WIDTH, probe.width), no_color=True, **kwargs)
 
 
 def _format(spec: str, value: Any) -> str:

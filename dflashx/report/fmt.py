@@ -3,9 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from dflashx.plan import explain
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+OFF_TTY_WIDTH = 1000  # off a terminal rich tables take their natural width, up to this
+
+
+def wide_console(file: IO[str] | None = None, **kwargs: Any) -> Console:
+    """A rich Console: on a terminal, as usual; off one (a pipe, a file, CliRunner), no colour and
+    wide enough that tables keep their natural width (`dflashx inventory RUN | cat` shows whole cells)."""
+    from rich.console import Console
+
+    probe = Console(file=file, **kwargs)
+    if probe.is_terminal:
+        return probe
+    return Console(file=file, width=max(OFF_TTY_WIDTH, probe.width), no_color=True, **kwargs)
 
 
 def human_bytes(n: float | None) -> str:

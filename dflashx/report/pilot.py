@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dflashx.plan.estimates.lengths import OutputLengths
+from dflashx.plan.context import build_context
 from dflashx.plan.plan import Plan
 from dflashx.report.fmt import Section, human_seconds
 from dflashx.run.pilot import PilotOutcome
@@ -39,8 +39,8 @@ def comparison(outcome: PilotOutcome) -> Section:
     recipe = before.resolved
     assert recipe is not None and before.ranges is not None
     stats, lengths, gen, train = recipe.dataset.stats, m["lengths"], m.get("generation") or {}, m.get("training") or {}
-    dist = OutputLengths.of(stats)
-    room = min(recipe.stages.train.max_length - stats.prompt_tokens_mean, recipe.stages.generate.max_tokens)
+    planned = build_context(recipe)
+    dist = planned.lengths
     r = before.ranges
     limit = recipe.stages.qc.thresholds.max_truncated_frac
     rows = [
@@ -53,7 +53,7 @@ def comparison(outcome: PilotOutcome) -> Section:
         ["output tokens, p90", _num(dist.quantile(0.9)), _num(lengths["output_tokens_p90"]), dist.source],
         [f"stopped at max_tokens {recipe.stages.generate.max_tokens:,}", _pct(r.truncated.p50)
          + _range(r.truncated.to_json(), _pct), _pct(lengths["truncated_share"]), f"QC limit {_pct(limit)}"],
-        [f"cut at max_length {recipe.stages.train.max_length:,}", _pct(dist.share_above(room)),
+        [f"cut at max_length {recipe.stages.train.max_length:,}", _pct(dist.share_above(planned.tokens.output_room)),
          _pct(lengths["train_cut_share"]), "prompt + output tokens"],
     ]
     if gen:

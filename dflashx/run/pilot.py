@@ -83,6 +83,8 @@ class Pilot:
     def __init__(self, recipe: Recipe, facts: TargetFacts | None, run_dir: Path, observer: RunObserver,
                  argv: Iterable[str] = ()):
         self.recipe, self.facts, self.observer, self.argv = recipe, facts, observer, list(argv)
+        if not (recipe.stages.ingest.enabled and recipe.stages.generate.enabled):
+            raise PilotFailed("stages.ingest and stages.generate must be enabled: the pilot measures their output")
         self.before = make_plan(recipe, facts)
         if self.before.resolved is None or self.before.errors:
             raise PilotFailed(f"the plan has {len(self.before.errors)} error(s): fix them first (`dflashx plan`)")
@@ -104,12 +106,21 @@ class Pilot:
         lock = self.rundir.lock()
         try:
             cal = self._measure()
+            self.seconds["total"] = time.monotonic() - t0
+            path = self._save(cal)
         finally:
             lock.close()
+        return PilotOutcome(cal, path, self.before, make_plan(self.recipe, self.facts, cal), self.seconds)
+
+    def _save(self, cal: PilotCalibration) -> Path:
+        """calibration.json, registered in the manifest (inventory and backup see it) as `pilot.calibration`."""
         path = calibration_path(self.rundir.path)
         atomic_write_json(path, cal.model_dump(mode="json"))
-        self.seconds["total"] = time.monotonic() - t0
-        return PilotOutcome(cal, path, self.before, make_plan(self.recipe, self.facts, cal), self.seconds)
+        manifest = Manifest.load(self.rundir.path)
+        manifest.register(PILOT_DIR, "calibration", path, "replaceable",
+                          description="what `dflashx pilot` measured; `dflashx plan` applies it")
+        manifest.save()
+        return path
 
     def _measure(self) -> PilotCalibration:
         manifest = Manifest.load(self.rundir.path)
@@ -123,7 +134,9 @@ class Pilot:
         train = self.resolved.stages.train
         stats, lengths = length_stats(records, weights, self.resolved.stages.generate.max_tokens, train.max_length)
         stats |= {"samples": samples, "prompt_bytes_mean": prompt_bytes}
-        trained = self._train(completions, [r["id"] for r in records[: self.recipe.pilot.prompts]], stats)
+        trained = None
+        if self.recipe.stages.tokenize.enabled and train.enabled:
+            trained = self._train(completions, [r["id"] for r in records[: self.recipe.pilot.prompts]], stats)
         serving = self._serving_ratio(generated, stats, records)
         measured = {"lengths": lengths, "generation": serving, "training": trained, "samples": samples,
                     "seconds": self.seconds}
@@ -246,7 +259,7 @@ def pilot_due(recipe: Recipe, run_dir: Path, calibration: PilotCalibration | Non
     """Whether `dflashx run` runs the pilot first: `pilot.enabled` (auto: on a GPU profile), unless this
     run dir's generation is finished or a pilot already measured it under the recipe's values."""
     enabled = recipe.pilot.enabled
-    if enabled is False or (enabled == "auto" and recipe.hardware.gpu is None):
+    if enabled is False or (enabled == "auto" and recipe.hardware.gpu is None) or not recipe.stages.generate.enabled:
         return False
     done = RunDir(Path(run_dir)).success("generate")
     if done is not None:

@@ -61,7 +61,9 @@ def length_stats(completions: list[dict[str, Any]], weights: dict[str, float], m
     se = _stratified_se(by_source, weights or {"": 1.0}, pooled)
     text = sum(r["text_bytes"] for r in completions)
     mean = statistics.fmean(outputs)
-    hist = HistogramLengths.histogram(outputs, cut_at=max_tokens)
+    truncated = sum(r.get("finish_reason") == "length" for r in completions)
+    cut = [float(max_tokens) if r.get("finish_reason") == "length" else x for r, x in zip(completions, outputs)]
+    hist = HistogramLengths.histogram(cut, cut_at=max_tokens)  # a completion stopped by max_tokens is the open tail
     stats = {
         "prompt_tokens_mean": statistics.fmean(prompts),
         "output_tokens_mean": mean,
@@ -71,7 +73,6 @@ def length_stats(completions: list[dict[str, Any]], weights: dict[str, float], m
     }
     if sum(outputs):
         stats["output_bytes_per_token"] = text / sum(outputs)
-    truncated = sum(r.get("finish_reason") == "length" for r in completions)
     report = {
         "completions": n, "output_tokens_mean": mean, "output_tokens_sd": pooled, "output_tokens_mean_se": se,
         "output_tokens_p90": stats["output_tokens_p90"], "prompt_tokens_mean": stats["prompt_tokens_mean"],

@@ -20,21 +20,21 @@ from dflashx.config.schema import HardwareProfile
 H200_DATASHEET_TFLOPS = 989.0  # dense BF16, NVIDIA H200 datasheet (the h200 profiles' gpu.bf16_tflops)
 CPU_PROFILE_TFLOPS = 0.1  # the cpu profile's cpu_tflops, the tiny run's MFU reference
 
-# benchmarks/results/train_step.json (commit 84262bb, lent H200, torch 2.11, the "optimized+compile"
-# step: target to the deepest tapped layer, block-masked drafter with flex attention, drafter layers
-# compiled; 16 target layers of the real shapes, seq 3072, 512 anchors x block 16, 5-layer drafter).
-# Its `mfu` divides by the bf16 matmul peak measured in that run (796.9 TFLOP/s); these are the
-# useful TFLOP/s it achieved.
-_TRAIN_STEP = "benchmarks/results/train_step.json (commit 84262bb), H200"
+# benchmarks/results/train_step.json (the product trainer at commit d97593b, lent H200, torch 2.11: the
+# DeepSpeed engine `dflashx.dflash.trainer` builds, with its GPU defaults — compiled drafter layers,
+# liger's fused LM-head loss — on 16 target layers of the real shapes, seq 3072, 512 anchors x block
+# 16, 5-layer drafter). Its `mfu` divides by the bf16 matmul peak measured in that run (about 795
+# TFLOP/s); these are the useful TFLOP/s it achieved. The fp8 rows are its "fp8 drafter + target" rows.
+_TRAIN_STEP = "benchmarks/results/train_step.json (product trainer, commit d97593b), H200"
 _H200_TFLOPS = {
-    ("bf16", "dense"): (495.08, "qwen3-32b-dense, optimized+compile: 495.1 useful TFLOP/s (62.1% of the measured "
-                                "796.9 TFLOP/s matmul peak)"),
-    ("bf16", "hybrid"): (366.94, "qwen3.6-27b-hybrid, optimized+compile: 366.9 useful TFLOP/s (46.0% of the measured "
-                                 "796.9 TFLOP/s; Gated DeltaNet on the torch fallback)"),
-    ("fp8", "dense"): (504.96, "qwen3-32b-dense, optimized+compile+fp8-target: 505.0 useful TFLOP/s (63.4% of the "
-                               "measured 796.9 TFLOP/s)"),
-    ("fp8", "hybrid"): (365.08, "qwen3.6-27b-hybrid, optimized+compile+fp8-target: 365.1 useful TFLOP/s (45.8% of "
-                                "the measured 796.9 TFLOP/s)"),
+    ("bf16", "dense"): (520.6, "qwen3-32b-dense, trainer: 520.6 useful TFLOP/s (65.4% of the measured "
+                               "795.6 TFLOP/s matmul peak)"),
+    ("bf16", "hybrid"): (458.1, "qwen3.6-27b-hybrid, trainer: 458.1 useful TFLOP/s (57.7% of the measured "
+                                "793.4 TFLOP/s; Gated DeltaNet on flash-linear-attention)"),
+    ("fp8", "dense"): (541.6, "qwen3-32b-dense, trainer, fp8 drafter + target: 541.6 useful TFLOP/s (68.1% of "
+                              "the measured 795.6 TFLOP/s)"),
+    ("fp8", "hybrid"): (448.9, "qwen3.6-27b-hybrid, trainer, fp8 drafter + target: 448.9 useful TFLOP/s (56.6% "
+                               "of the measured 793.4 TFLOP/s)"),
 }
 # `dflashx run recipes/tiny.yaml` (commit 84262bb) on the 2-core development machine: the median of the
 # 35 windows' `mfu` in train/logs/metrics.jsonl (0.32-0.62; useful FLOP/s over the cpu profile's

@@ -21,6 +21,7 @@ class Tokens:
     prompt_mean: float
     output_mean: float
     train_len_mean: float
+    output_room: float  # output tokens a training sample keeps at most: min(max_length - prompt, max_tokens)
     terms: tuple[Term, ...]
 
     @property
@@ -77,4 +78,4 @@ def count_tokens(recipe: Recipe, max_length: int, lengths: Lengths) -> Tokens:
              "prompt_tokens_mean + E[min(O, max_tokens, train max_length - prompt_tokens_mean)]",
              max_length=max_length),
     )
-    return Tokens(raw, samples, stats.prompt_tokens_mean, output_mean, train_len, terms)
+    return Tokens(raw, samples, stats.prompt_tokens_mean, output_mean, train_len, room, terms)

@@ -65,8 +65,7 @@ def flops_per_sample(recipe: ResolvedRecipe, prompt: float, outputs: list[float]
 def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Training:
     train, hw, facts = recipe.stages.train, recipe.hardware, recipe.target.facts
     drafter = recipe.drafter.dims
-    room = max(min(train.max_length - tokens.prompt_mean, recipe.stages.generate.max_tokens), 0.0)
-    target_f, drafter_f, dtoks = flops_per_sample(recipe, tokens.prompt_mean, sample_lengths(lengths, room))
+    target_f, drafter_f, dtoks = flops_per_sample(recipe, tokens.prompt_mean, sample_lengths(lengths, tokens.output_room))
     per_sample = target_f + drafter_f
     if train.max_steps is not None:
         steps = train.max_steps
