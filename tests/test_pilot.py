@@ -198,3 +198,20 @@ def test_a_pilot_that_measures_too_many_truncated_completions_stops(tmp_path):
     cal = PilotCalibration.model_validate_json(calibration_path(tmp_path / "runs" / "tiny").read_bytes())
     assert cal.training_mfu is None and cal.measured["lengths"]["truncated_share"] > 0.05
     assert cal.stats["output_tokens_histogram"]["above"] == cal.measured["lengths"]["truncated"]
+
+
+@pytest.mark.timeout(300)
+def test_run_pilots_first_when_enabled_then_not_again(tmp_path):
+    with ScriptedOpenAIServer(Script()) as server:
+        recipe = tiny_file(tmp_path, stages__generate__backend="sglang", stages__generate__urls=[server.url],
+                           pilot__enabled=True)
+        first = invoke("run", str(recipe), "--until", "generate", "--skip-preflight")
+        assert first.exit_code == 0, first.output
+        assert "Estimate vs measured" in first.output and "pilot generate" in first.output
+        assert calibration_path(tmp_path / "runs" / "tiny").is_file()
+        again = invoke("run", str(recipe), "--until", "generate", "--skip-preflight")
+        skipped = invoke("run", str(recipe), "stages.generate.temperature=0.5", "--until", "ingest", "--skip-preflight")
+    assert again.exit_code == 0 and "pilot generate" not in again.output  # measured already: no second pilot
+    assert skipped.exit_code == 0 and "pilot generate" not in skipped.output  # generate not selected
+    asked = Counter(last_user(body["messages"]) for body in server.requests)
+    assert len(asked) == PROMPTS and set(asked.values()) == {1}

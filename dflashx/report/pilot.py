@@ -58,8 +58,10 @@ def comparison(outcome: PilotOutcome) -> Section:
     ]
     if gen:
         batch = f", a draining batch of {gen['batch']}/server" if gen.get("batch") else ""
+        gpus = recipe.hardware.num_gpus
+        per_gpu = f"; {gen['measured_tokens_per_s'] / gpus:,.0f} per GPU" if gpus else ""
         rows.append(["generation tokens/s", _num(gen["predicted_tokens_per_s"]), _num(gen["measured_tokens_per_s"]),
-                     f"the pilot's {gen['completions']} prompts{batch}: ratio {_num(gen['ratio'], 3)}"])
+                     f"the pilot's {gen['completions']} prompts{batch}: ratio {_num(gen['ratio'], 3)}{per_gpu}"])
     if train:
         rows += [["training MFU", _num(train["mfu_planned"], 3), _num(train["mfu"], 3),
                   f"median of {train['windows']} windows; plan: the table's {train['mfu_source'].split(':')[0]} row"],
