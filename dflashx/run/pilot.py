@@ -231,7 +231,8 @@ class Pilot:
         if self.recipe.stages.generate.backend == "sglang":
             servers = build_context(self.resolved).generation.serving.dp
             batch = sum(outputs) / servers / max(max(outputs), 1)  # a draining server's mean batch
-            update["concurrency"] = max(1, min(self.recipe.stages.generate.concurrency, round(batch)))
+            cap = self.recipe.stages.generate.concurrency  # None: the client keeps the planned batch in flight
+            update["concurrency"] = max(1, round(batch) if cap is None else min(cap, round(batch)))
         expected = predicted_tokens_per_s(predicted(self.recipe, self.resolved.target.facts, stats | {"samples": n},
                                                     generate=update))
         measured = float(generated["output_tokens_per_s"])
