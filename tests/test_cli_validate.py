@@ -85,7 +85,7 @@ def test_schema_to_stdout_and_file(tmp_path: Path) -> None:
 def test_profiles_lists_repository_profiles() -> None:
     result = runner.invoke(app, ["profiles"])
     assert result.exit_code == 0, result.output
-    for name in ("rtx_pro_6000_x4", "b200_nvl8", "h200_x1", "h200_x8", "cpu"):
+    for name in ("rtx_pro_6000_x4", "b200_nvl8", "h200_x1", "h200_x8", "h100_x8", "cpu"):
         assert name in result.stdout
     assert "BF16 TFLOP/s" in result.stdout
 

@@ -220,7 +220,7 @@ def test_repository_recipes_load(name: str, monkeypatch: pytest.MonkeyPatch) -> 
         assert r.budget.max_storage_bytes == 20 * 10**12
 
 
-@pytest.mark.parametrize("profile", ["rtx_pro_6000_x4", "b200_nvl8", "h200_x1", "h200_x8", "cpu"])
+@pytest.mark.parametrize("profile", ["rtx_pro_6000_x4", "b200_nvl8", "h200_x1", "h200_x8", "h100_x8", "cpu"])
 def test_repository_profiles_swap_in(profile: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DFLASHX_PROFILES_DIR", raising=False)
     r = load_recipe(REPO / "recipes" / "qwen36_27b.yaml", [f"hardware={profile}"]).recipe

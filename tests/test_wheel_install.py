@@ -20,7 +20,7 @@ from dflashx.config.load import PROFILES_ENV, available_profiles, load_profile, 
 
 REPO = Path(__file__).resolve().parents[1]
 BUILTIN_DIR = REPO / "dflashx" / "hardware_profiles"
-BUILTIN = ("b200_nvl8", "rtx_pro_6000_x4", "h200_x1", "h200_x8", "cpu")
+BUILTIN = ("b200_nvl8", "rtx_pro_6000_x4", "h200_x1", "h200_x8", "h100_x8", "cpu")
 
 
 def _priced(name: str, usd: float) -> str:
