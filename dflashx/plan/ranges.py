@@ -25,6 +25,7 @@ from typing import Any
 from dflashx.plan.context import PlanContext, build_context, stage_estimates
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
 from dflashx.plan.estimates.lengths import scaled_stats
+from dflashx.plan.estimates.mfu import MEASURED
 from dflashx.plan.explain import Term, term
 
 Z90 = 1.2815515655446004  # standard normal 90th percentile
@@ -33,9 +34,10 @@ GUESS_FACTOR = 1.5
 MODEL_ERROR: dict[str, tuple[float, str]] = {
     "generate": (1.59, "the serving model's validation errors (benchmarks/planner_accuracy.json, 8 generation "
                        "rows): median |ln(predicted / measured)| 0.243, read as a log-normal error (sigma 0.36)"),
-    "train": (65.4 / 57.7, "the one FLOP model's MFU differs 1.13x between the two measured target shapes "
-                           "(65.4% Qwen3-32B vs 57.7% Qwen3.6-27B, the product trainer on the H200): a shape "
-                           "or GPU without its own measurement may land that far off"),
+    "train": (MEASURED[("hopper", "bf16", "dense")].mfu / MEASURED[("hopper", "bf16", "hybrid")].mfu,
+              "the one FLOP model's MFU differs 1.13x between the two measured target shapes "
+              "(65.4% Qwen3-32B vs 57.7% Qwen3.6-27B, the product trainer on the H200): a shape "
+              "or GPU without its own measurement may land that far off"),
 }
 CALIBRATED_KEY = {"generate": CALIBRATED_SERVING, "train": CALIBRATED_MFU}
 PILOT_GROUP = {"generate": "serving", "train": "training"}

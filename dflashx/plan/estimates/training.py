@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dflashx.plan.estimates.device import CALIBRATED_MFU, device_of
+from dflashx.plan.estimates.device import CALIBRATED_MFU, device_of, factor
 from dflashx.plan.estimates.gradsync import grad_sync
 from dflashx.plan.estimates.lengths import Lengths
 from dflashx.plan.estimates.mfu import mfu_row
@@ -76,8 +76,7 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
     total = per_sample * sequences
     dev = device_of(hw)
     row = mfu_row(hw, recipe.target.load_precision, facts.num_linear_layers > 0)
-    calibrated = CALIBRATED_MFU in hw.calibrated
-    mfu = hw.calibrated[CALIBRATED_MFU] if calibrated else row.mfu
+    mfu, calibrated = factor(hw, CALIBRATED_MFU, row.mfu)
     sync = grad_sync(recipe, drafter.trainable)
     sync_s = 0.0 if calibrated else sync.seconds * steps
     compute_s = total / (train.peak_flops * dev.count * mfu)
