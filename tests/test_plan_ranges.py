@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 from _plan_recipes import REPO, seeds_recipe, tiny_recipe
@@ -95,3 +96,16 @@ def test_ranges_in_the_table_and_the_json():
     for stage in ("generate", "train"):
         assert set(data["ranges"]["stages"][stage]) == {"seconds", "usd"}
     assert f"{band['p10']:.1f} d – {band['p90']:.1f} d" in human.output
+
+
+def test_the_generation_error_band_is_the_recorded_validation_table():
+    """MODEL_ERROR['generate'] is read off benchmarks/results/planner_accuracy.json (the planner is
+    pure, so it carries the figure): re-running the benchmark after a model change must update it."""
+    rows = json.loads((REPO / "benchmarks" / "results" / "planner_accuracy.json").read_text())["rows"]
+    generation = [r for r in rows if r["role"] == "validation" and r["unit"] != "s/step"]
+    logs = sorted(abs(math.log(r["predicted"] / r["measured"])) for r in generation)
+    median = statistics.median(logs)
+    sigma = median / 0.6744897501960817  # a log-normal's median |deviation| is 0.674 sigma
+    assert MODEL_ERROR["generate"][0] == pytest.approx(math.exp(Z90 * sigma), abs=0.006)
+    assert f"{len(generation)} generation rows" in MODEL_ERROR["generate"][1]
+    assert f"{median:.3f}" in MODEL_ERROR["generate"][1]

@@ -7,11 +7,12 @@ import pytest
 from _plan_recipes import profile, seeds_recipe
 
 from dflashx.plan.context import build_context
-from dflashx.plan.estimates.engine import COPY_BANDWIDTH, GEMM, SGLANG_HYBRID
+from dflashx.plan.estimates.engine import COPY_BANDWIDTH, GEMM, GEMM_FP8, SGLANG_HYBRID
 from dflashx.plan.estimates.lengths import OutputLengths
 from dflashx.plan.estimates.serving import STATE_SLOTS_PER_REQUEST, mean_running_context, running_batch
 from dflashx.plan.plan import make_plan
 from dflashx.resolve import resolve
+from dflashx.resolve.flops import target_forward_flops
 from dflashx.targets.registry import lookup
 
 QWEN36, QWEN3_8B = lookup("Qwen/Qwen3.6-27B"), lookup("Qwen/Qwen3-8B")
@@ -103,3 +104,37 @@ def test_explain_names_the_engine_sources():
     step = term(gen(seeds_recipe()), "generate.step_seconds").inputs
     assert step["copy_share"] == COPY_BANDWIDTH.value and step["gemm_share"] == GEMM.value
     assert step["decode_share"] == SGLANG_HYBRID.decode.value and "PR #32959" in step["decode_share_source"]
+
+
+def test_fp8_weights_speed_up_only_the_weight_gemms_of_a_prefill():
+    """The prefill share was measured with BF16 weights: FP8 re-times the weight GEMMs at the FP8
+    GEMM ceiling and leaves the rest (attention, normalizations, the linear-attention scan) as it was."""
+    bf16 = term(gen(seeds_recipe("h200_x8")), "generate.prefill_seconds").inputs
+    fp8 = term(gen(seeds_recipe("h200_x8", stages__generate__serving={"weight_dtype": "fp8"})),
+               "generate.prefill_seconds").inputs
+    assert fp8["other_s"] == pytest.approx(bf16["other_s"])
+    gemm_ratio = (1979 * GEMM_FP8.value) / (989 * GEMM.value)
+    assert fp8["weight_gemm_s"] == pytest.approx(bf16["weight_gemm_s"] / gemm_ratio)
+    total_bf16, total_fp8 = (t["weight_gemm_s"] + t["other_s"] for t in (bf16, fp8))
+    assert 1.0 < total_bf16 / total_fp8 < gemm_ratio  # faster, by less than the GEMM ceilings' ratio
+
+
+def test_bf16_prefill_is_the_prompt_flops_over_the_measured_prefill_share():
+    """With 16-bit weights the split adds up to the one formula the share was derived with."""
+    r = resolve(seeds_recipe("h200_x8"), QWEN36)
+    pre = term(build_context(r).generation, "generate.prefill_seconds")
+    facts = r.target.facts
+    flops = target_forward_flops(facts, facts.num_layers - 1, [r.dataset.stats.prompt_tokens_mean])
+    expected = flops / (989e12 * GEMM.value * SGLANG_HYBRID.prefill.value)
+    assert pre.value == pytest.approx(expected) and pre.inputs["other_s"] > 0
+
+
+def test_fp8_decode_keeps_the_engine_overhead_of_a_16_bit_step():
+    bf16 = term(gen(seeds_recipe("h200_x8")), "generate.step_seconds")
+    fp8 = term(gen(seeds_recipe("h200_x8", stages__generate__serving={"weight_dtype": "fp8"})),
+               "generate.step_seconds")
+    # the overhead is the 16-bit roofline's, at FP8's own batch: larger than FP8's roofline would give
+    assert fp8.inputs["memory_s"] < bf16.inputs["memory_s"]
+    overhead = bf16.inputs["overhead_s"] / bf16.inputs["memory_s"]
+    assert overhead == pytest.approx(1 / SGLANG_HYBRID.decode.value - 1)
+    assert fp8.inputs["overhead_s"] > fp8.inputs["memory_s"] * overhead  # not shrunk with the FP8 bytes
