@@ -1,6 +1,7 @@
 """Building blocks of the recipe schema: the strict base model and shared field types."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: pydantic would evaluate every field's string
+# annotation when the class is created, which `dflashx plan`'s start-up pays (benchmarks/cli_latency.py).
 
 import re
 from typing import Annotated, Any, Literal
@@ -33,7 +34,7 @@ Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 class Strict(BaseModel):
     """Base for every recipe section: unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
 
 # One table per precision fact: bytes per element, and the torch dtype name it computes in (FP8
 # weights compute in bf16). Planner estimates and the torch-side loaders read these, nothing else.

@@ -6,7 +6,8 @@ silently ignored setting. Defaults live here and nowhere else; the planner fills
 This module imports no torch, deepspeed or transformers.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: pydantic would evaluate every field's string
+# annotation when the class is created, which `dflashx plan`'s start-up pays (benchmarks/cli_latency.py).
 
 from typing import Any, Literal
 

@@ -1,6 +1,7 @@
 """Recipe schema: the `stages` section (one model per stage, with its knobs and defaults)."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: pydantic would evaluate every field's string
+# annotation when the class is created, which `dflashx plan`'s start-up pays (benchmarks/cli_latency.py).
 
 from typing import Literal
 

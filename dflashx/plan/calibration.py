@@ -14,7 +14,8 @@ values differ from the recipe being planned is not applied, and the plan says wh
             included): the node, the target, the drafter, the batch and lengths of training.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: pydantic would evaluate every field's string
+# annotation when the class is created, which `dflashx plan`'s start-up pays (benchmarks/cli_latency.py).
 
 from typing import Any
 

@@ -8,7 +8,8 @@ function that builds it; `plan.json` stores it (`resolved`); every stage reads i
 `StageContext.recipe`. Each new field carries its stage-key role like the schema's own.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: pydantic would evaluate every field's string
+# annotation when the class is created, which `dflashx plan`'s start-up pays (benchmarks/cli_latency.py).
 
 from typing import Any, Literal
 
@@ -19,7 +20,7 @@ from dflashx.config.schema import DrafterSpec, GenerateStage, Recipe, ServingSpe
 from dflashx.resolve.flops import DrafterDims
 from dflashx.targets.registry import TargetFacts
 
-_FROZEN = ConfigDict(frozen=True)
+_FROZEN = ConfigDict(frozen=True, defer_build=True)
 
 
 class ResolvedTarget(TargetSpec):

@@ -6,7 +6,8 @@ attention), head geometry, FFN and vocabulary sizes, and the per-sequence state 
 every registered number are listed in docs/planner.md. Pure data: no torch, no I/O.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: pydantic would evaluate every field's string
+# annotation when the class is created, which `dflashx plan`'s start-up pays (benchmarks/cli_latency.py).
 
 from typing import Literal
 
@@ -49,7 +50,7 @@ class TargetFacts(BaseModel):
     recurrent_state_bytes_per_elem: int = Field(4, description="SSM state dtype size (fp32 in SGLang/transformers).")
 
     @model_validator(mode="after")
-    def _layer_types_match(self) -> TargetFacts:
+    def _layer_types_match(self) -> "TargetFacts":
         if self.layer_types and len(self.layer_types) != self.num_layers:
             raise ValueError(
                 f"layer_types has {len(self.layer_types)} entries but num_layers is {self.num_layers}"
