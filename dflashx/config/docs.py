@@ -76,9 +76,13 @@ in the file, with the override named as its origin.
 
 ### Interpolation
 
-`${...}` is OmegaConf interpolation, resolved after composition and overrides: `${target.model}`
-refers to another key of the final recipe, `${oc.env:NAME}` reads an environment variable (an
-error when it is unset) and `${oc.env:NAME,default}` falls back to `default`.
+`${...}` is resolved after composition and overrides, in OmegaConf's syntax (two of its forms):
+`${target.model}` refers to another key of the final recipe (`${dataset.sources.0.name}` or
+`[0]` for a list item; a value that is only `${...}` keeps the referenced value's type),
+`${oc.env:NAME}` reads an environment variable (an error when it is unset) and
+`${oc.env:NAME,default}` falls back to `default` (`null` for none). `???` marks a value that must
+be set, by an override for instance; `\\${` is a literal `${`. Other resolvers are an error that
+names these forms.
 
 ### Paths
 

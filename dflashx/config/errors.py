@@ -1,6 +1,6 @@
 """Recipe errors that point at the file, the YAML line and the dotted key, with a fix.
 
-OmegaConf keeps no line numbers, so `SourceMap` records where every key was written: it walks the
+Composed data keeps no line numbers, so `SourceMap` records where every key was written: it walks the
 `yaml.compose` node tree of each file that contributed (base recipes first, then the recipe, the
 hardware profile) and the command-line overrides, later sources replacing earlier ones.
 """

@@ -4,21 +4,19 @@ Order: the `extends` chain (base first, child keys win, lists replace) -> a `har
 override -> the hardware profile (by name, with its optional calibration file) -> the other
 dotted overrides -> secrets check -> `${...}` interpolation -> relative paths -> validation.
 Every problem found on the way is collected and raised together as one `RecipeError`. Each file is
-read by `yaml_read.read_mapping` (UTF-8, bounded alias expansion, duplicate keys).
+read by `yaml_read.read_mapping` (UTF-8, bounded alias expansion, duplicate keys) into plain dicts
+and lists, composed with `tree` and resolved with `interpolate`.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from pydantic import ValidationError
 
 from dflashx.config import suggest
@@ -31,8 +29,10 @@ from dflashx.config.errors import (
     dotted,
     validation_problems,
 )
+from dflashx.config.interpolate import InterpolationError, MissingValue, Resolver, needs_resolving
 from dflashx.config.schema import STAGE_ORDER, HardwareProfile, Recipe
-from dflashx.config.yaml_read import read_mapping
+from dflashx.config.tree import ABSENT, merge, select, update
+from dflashx.config.yaml_read import load_value, read_mapping
 
 PROFILES_ENV = "DFLASHX_PROFILES_DIR"  # user profile folders (os.pathsep-separated), searched first
 # The built-in profiles: package data (dflashx/hardware_profiles/*.yaml, shipped in the wheel), so
@@ -112,7 +112,7 @@ def load_profile(name: str, recipe_dir: Path | None = None) -> HardwareProfile:
     """One hardware profile by name, calibration merged, validated on its own."""
     loader = _Loader(name)
     cfg = loader.profile(name, recipe_dir, where=Origin(f"profile '{name}'"), prefix=())
-    data = loader.resolve(cfg) if cfg is not None else {}
+    data = loader.resolve(cfg, cfg) if cfg is not None else {}
     loader.raise_if_any()
     try:
         return HardwareProfile.model_validate(data)
@@ -139,8 +139,8 @@ def parse_overrides(items: Sequence[str]) -> tuple[list[Override], list[Problem]
         if loc[0] in STAGE_ORDER:
             loc = ("stages",) + loc
         try:
-            value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]), resolve=False)["v"]
-        except (yaml.YAMLError, OmegaConfBaseException) as exc:
+            value = load_value(raw)
+        except yaml.YAMLError as exc:
             problems.append(Problem(f"cannot parse the value: {exc}", _override_origin(text), dotted(loc)))
             continue
         out.append(Override(loc, value, text))
@@ -165,7 +165,7 @@ def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
         if ov.loc != ("hardware",):
             loader.apply(cfg, ov)
     skip = loader.check_secrets(cfg)
-    data = loader.resolve(cfg)
+    data = loader.resolve(cfg, cfg)
     _resolve_paths(data, loader.sources)
     skip += loader.unresolved
     try:
@@ -192,19 +192,19 @@ class _Loader:
         if self.problems:
             self.fail(self.problems)
 
-    def parse(self, file: Path) -> tuple[DictConfig, yaml.MappingNode]:
-        """One YAML mapping file as a DictConfig and its node tree (for line numbers)."""
+    def parse(self, file: Path) -> tuple[dict[str, Any], yaml.MappingNode]:
+        """One YAML mapping file as plain data and its node tree (for line numbers)."""
         try:
             return read_mapping(file)
         except RecipeError as exc:
             self.fail(exc.problems)
 
-    def read(self, file: Path, prefix: Loc = ()) -> DictConfig:
+    def read(self, file: Path, prefix: Loc = ()) -> dict[str, Any]:
         cfg, node = self.parse(file)
         self.sources.add_file(file, node, prefix)
         return cfg
 
-    def compose(self, file: Path, stack: tuple[Path, ...]) -> DictConfig:
+    def compose(self, file: Path, stack: tuple[Path, ...]) -> dict[str, Any]:
         """The recipe merged over its `extends` chain (child keys win, lists replace)."""
         cfg, node = self.parse(file)
         base_cfg = None
@@ -229,42 +229,42 @@ class _Loader:
             base_cfg = self.compose(base, chain)
             cfg.pop("extends")
         self.sources.add_file(file, node)
-        return OmegaConf.merge(base_cfg, cfg) if base_cfg is not None else cfg
+        return merge(base_cfg, cfg) if base_cfg is not None else cfg
 
-    def apply(self, cfg: DictConfig, ov: Override) -> None:
+    def apply(self, cfg: dict[str, Any], ov: Override) -> None:
         """Merge one override into `cfg`; it may add keys but never turn a value into a section."""
         for n in range(1, len(ov.loc)):
-            above = OmegaConf.select(cfg, ".".join(map(str, ov.loc[:n])), throw_on_resolution_failure=False)
-            if above is not None and not isinstance(above, (DictConfig, ListConfig)):
+            above = select(cfg, ov.loc[:n])
+            if above is not ABSENT and above is not None and not isinstance(above, (dict, list)):
                 self.problems.append(Problem(
                     f"cannot apply override: `{dotted(ov.loc[:n])}` is a value, not a section",
                     ov.origin, dotted(ov.loc), hint=f"set `{dotted(ov.loc[:n])}=...` itself"))
                 return
         try:
-            OmegaConf.update(cfg, ov.key, ov.value, merge=True)
-        except (OmegaConfBaseException, ValueError, KeyError, IndexError, TypeError) as exc:
+            update(cfg, ov.loc, ov.value)
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
             self.problems.append(Problem(f"cannot apply override: {str(exc).splitlines()[0]}", ov.origin,
                                          dotted(ov.loc)))
             return
         self.sources.add_override(ov.loc, ov.origin)
 
-    def select_hardware(self, cfg: DictConfig, recipe_dir: Path) -> None:
+    def select_hardware(self, cfg: dict[str, Any], recipe_dir: Path) -> None:
         """Replace `hardware: NAME` by the named profile (a mapping is an inline profile)."""
         if "hardware" not in cfg:
             return
         try:
-            name = cfg.hardware
-        except OmegaConfBaseException as exc:
+            name = Resolver(cfg).value(cfg["hardware"]) if isinstance(cfg["hardware"], str) else cfg["hardware"]
+        except InterpolationError as exc:
             return self._interpolation_problem(("hardware",), exc)
         if isinstance(name, str):
             where = self.sources.locate(("hardware",)) or Origin(str(recipe_dir))
             profile = self.profile(name, recipe_dir, where, prefix=("hardware",))
             if profile is not None:
-                cfg.hardware = profile
+                cfg["hardware"] = profile
             else:
                 self.unresolved.append(("hardware",))
 
-    def profile(self, name: str, recipe_dir: Path | None, where: Origin, prefix: Loc) -> DictConfig | None:
+    def profile(self, name: str, recipe_dir: Path | None, where: Origin, prefix: Loc) -> dict[str, Any] | None:
         """The profile `name` (with `NAME.calibration.yaml` merged into `calibrated`), or None."""
         known = available_profiles(recipe_dir)
         if name not in known:
@@ -285,10 +285,10 @@ class _Loader:
                                              self.sources.locate(prefix + (extra[0],)), dotted(prefix + (extra[0],)),
                                              hint="written by `dflashx calibrate`; edit the profile itself instead"))
             else:
-                cfg = OmegaConf.merge(cfg, cal)
+                cfg = merge(cfg, cal)
         return cfg
 
-    def check_secrets(self, cfg: DictConfig) -> list[Loc]:
+    def check_secrets(self, cfg: dict[str, Any]) -> list[Loc]:
         """Report credential-looking keys/values (never echoing them); returns their keys."""
         found: list[Loc] = []
 
@@ -300,39 +300,43 @@ class _Loader:
                 else:
                     walk(v, loc + (k,))
 
-        walk(OmegaConf.to_container(cfg, resolve=False), ())
+        walk(cfg, ())
         for loc in found:
             self.problems.append(Problem("credentials do not belong in a recipe (value not shown)",
                                          self.sources.locate(loc), dotted(loc), hint=SECRETS_HINT))
         return found
 
-    def resolve(self, cfg: DictConfig | ListConfig, loc: Loc = ()) -> Any:
+    def resolve(self, root: dict[str, Any], node: Any, loc: Loc = ()) -> Any:
         """Plain containers with every `${...}` resolved; failures become problems, keys skipped."""
-        keys = list(cfg.keys()) if isinstance(cfg, DictConfig) else range(len(cfg))
-        out: dict[Any, Any] | list[Any] = {} if isinstance(cfg, DictConfig) else []
-        for k in keys:
-            try:
-                value = cfg[k]
-            except OmegaConfBaseException as exc:
-                self._interpolation_problem(loc + (k,), exc)
-                continue
-            if isinstance(value, (DictConfig, ListConfig)):
-                value = self.resolve(value, loc + (k,))
+        if isinstance(node, dict):
+            items: Any = node.items()
+        elif isinstance(node, list):
+            items = enumerate(node)
+        else:
+            return node
+        out: dict[Any, Any] | list[Any] = {} if isinstance(node, dict) else []
+        for k, value in items:
+            if needs_resolving(value):
+                try:
+                    value = Resolver(root).value(value)
+                except InterpolationError as exc:
+                    self._interpolation_problem(loc + (k,), exc)
+                    continue
+            else:
+                value = self.resolve(root, value, loc + (k,))
             if isinstance(out, dict):
                 out[k] = value
             else:
                 out.append(value)
         return out
 
-    def _interpolation_problem(self, loc: Loc, exc: OmegaConfBaseException) -> None:
+    def _interpolation_problem(self, loc: Loc, exc: InterpolationError) -> None:
         self.unresolved.append(loc)
-        if isinstance(exc, MissingMandatoryValue):
+        if isinstance(exc, MissingValue):
             message, hint = "value is required (`???`)", "set it in the recipe or with an override"
         else:
-            reason = re.sub(r"^\w+ raised while resolving interpolation: ", "", str(exc).splitlines()[0])
-            message = f"cannot resolve interpolation: {reason}"
-            env = "Environment variable" in str(exc)
-            hint = "set the variable or give a default: ${oc.env:NAME,default}" if env else None
+            message = f"cannot resolve interpolation: {exc}"
+            hint = "set the variable or give a default: ${oc.env:NAME,default}" if exc.env else None
         self.problems.append(Problem(message, self.sources.locate(loc), dotted(loc), hint=hint))
 
 

@@ -2,18 +2,19 @@
 
 The file is read as bytes (at most `MAX_BYTES`), decoded as UTF-8, composed into a node tree (kept
 for line numbers), bounded — the tree an alias `*name` expands to must stay small, shallow and
-acyclic, so an alias bomb ("billion laughs") is refused before OmegaConf copies it out — checked
-for duplicate keys and only then handed to OmegaConf. Every failure is a `RecipeError` naming the
-file, and the line where one is known.
+acyclic, so an alias bomb ("billion laughs") is refused before it is copied out — checked for
+duplicate keys and only then constructed into plain dicts and lists. Scalars read as recipes always
+read them: `1e-4` is a float (YAML 1.2, as in OmegaConf), a date stays a string. Every failure is a
+`RecipeError` naming the file, and the line where one is known.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from dflashx.config import suggest
 from dflashx.config.errors import Origin, Problem, RecipeError, duplicate_keys, yaml_problem
@@ -21,29 +22,50 @@ from dflashx.config.errors import Origin, Problem, RecipeError, duplicate_keys, 
 MAX_BYTES = 4 * 2**20  # a recipe is a few KiB
 MAX_NODES = 100_000  # YAML nodes once every alias is expanded; a recipe has a few hundred
 MAX_DEPTH = 64  # nesting levels; a recipe has fewer than ten
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C parser keeps line marks too
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
+
+
+class RecipeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """Safe YAML (the C parser where built: it keeps line marks too) with floats also written
+    without a dot (`1e-4`) and dates kept as strings."""
+
+
+RecipeLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _TIMESTAMP]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+RecipeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789"))
 _ALIAS_HINT = "write the values out, or use fewer (and less nested) anchors `&name` and aliases `*name`"
 
 
-def read_mapping(file: Path) -> tuple[DictConfig, yaml.MappingNode]:
-    """One YAML mapping file as a DictConfig and its node tree; raises RecipeError."""
+def read_mapping(file: Path) -> tuple[dict[str, Any], yaml.MappingNode]:
+    """One YAML mapping file as plain data and its node tree; raises RecipeError."""
     text = _read_text(file)
+    loader = RecipeLoader(text)
     try:
-        node = yaml.compose(text, Loader=_YAML_LOADER)
+        node = loader.get_single_node()
         if node is not None:
             _fail(_bounds_problems(node, file) or duplicate_keys(file, node), file)
-        cfg = OmegaConf.create(text) if node is not None else None
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         raise RecipeError([yaml_problem(exc, file)], file) from None
-    except OmegaConfBaseException as exc:
-        raise RecipeError([Problem(f"cannot read the YAML: {str(exc).splitlines()[0]}", Origin(str(file)),
+    except TypeError as exc:  # e.g. a list or a mapping used as a key
+        raise RecipeError([Problem(f"cannot read the YAML: {exc}", Origin(str(file)),
                                    hint="keys must be plain names and values plain YAML")], file) from None
-    if not isinstance(node, yaml.MappingNode) or not isinstance(cfg, DictConfig):
+    finally:
+        loader.dispose()
+    if not isinstance(node, yaml.MappingNode) or not isinstance(data, dict):
         raise RecipeError([Problem(
             "the file must hold a YAML mapping of keys" + (" (it is empty)" if node is None else ""),
             Origin(str(file), 1), hint="start with e.g. `name: my-run`",
         )], file)
-    return cfg, node
+    return data, node
+
+
+def load_value(text: str) -> Any:
+    """One YAML value as a recipe reads it (a command-line override's `VALUE`)."""
+    return yaml.load(text, Loader=RecipeLoader)
 
 
 def _fail(problems: list[Problem], file: Path) -> None:
