@@ -24,7 +24,6 @@ from dflashx.cli._common import (
     UncalibratedOpt,
     format_finding,
     load_or_exit,
-    make_console,
     pilot_calibration,
     target_facts,
 )
@@ -86,47 +85,41 @@ def _short(value: Any) -> str:
 
 def render(plan: dict[str, Any], title: str, explain: bool) -> None:
     """The human view: stages table with P10–P90, totals, commands, calibration, findings (and
-    formulas with --explain)."""
-    from rich.markup import escape
-    from rich.table import Table
+    formulas with --explain). Drawn without rich: see `report.text_table`."""
+    from dflashx.report.text_table import Styler, box_table
 
-    console = make_console()
-    table = Table(title=title)
-    for col in ("stage", "on", "time", "P10 – P90", "GPU-h", "USD", "USD P10 – P90", "storage", "peak mem/GPU"):
-        table.add_column(col, justify="left" if col in ("stage", "on") else "right")
+    style = Styler()
+    headers = ("stage", "on", "time", "P10 – P90", "GPU-h", "USD", "USD P10 – P90", "storage", "peak mem/GPU")
     ranges = plan.get("ranges") or {"stages": {}, "totals": {}}
+    rows = []
     for stage in plan["stages"]:
         e, r = stage["estimates"], ranges["stages"].get(stage["name"], {})
-        table.add_row(stage["name"], "yes" if stage["enabled"] else "no", human_seconds(e["seconds"]),
-                      span(r.get("seconds"), human_seconds), f"{e['gpu_hours']:,.1f}", _usd(e["usd"]),
-                      span(r.get("usd"), _usd), human_bytes(e["storage_bytes"]), human_bytes(e["peak_gpu_memory_bytes"]))
+        rows.append((stage["name"], "yes" if stage["enabled"] else "no", human_seconds(e["seconds"]),
+                     span(r.get("seconds"), human_seconds), f"{e['gpu_hours']:,.1f}", _usd(e["usd"]),
+                     span(r.get("usd"), _usd), human_bytes(e["storage_bytes"]), human_bytes(e["peak_gpu_memory_bytes"])))
     t, r = plan["totals"], ranges["totals"]
-    table.add_row("[bold]total", "", f"[bold]{human_seconds(t['seconds'])}", f"[bold]{span(r.get('seconds'), human_seconds)}",
-                  f"[bold]{t['gpu_hours']:,.1f}", f"[bold]{_usd(t['usd'])}", f"[bold]{span(r.get('usd'), _usd)}",
-                  f"[bold]{human_bytes(t['storage_bytes'])}", f"[bold]{human_bytes(t['peak_gpu_memory_bytes'])}")
-    console.print(table)
+    rows.append(("total", "", human_seconds(t["seconds"]), span(r.get("seconds"), human_seconds),
+                 f"{t['gpu_hours']:,.1f}", _usd(t["usd"]), span(r.get("usd"), _usd), human_bytes(t["storage_bytes"]),
+                 human_bytes(t["peak_gpu_memory_bytes"])))
+    lines = [box_table(title, headers, rows, [h not in ("stage", "on") for h in headers], bold_last=True, style=style)]
     if plan.get("ranges"):
-        console.print("P10 – P90: the mean output length's uncertainty and each model's error (--explain says which)",
-                      highlight=False)
-    for line in calibration_lines(plan.get("calibration")):
-        console.print(line, highlight=False, markup=False)
+        lines.append("P10 – P90: the mean output length's uncertainty and each model's error (--explain says which)")
+    lines += calibration_lines(plan.get("calibration"))
     for stage in plan["stages"]:
         if stage["enabled"] and stage["commands"]:
-            console.print(f"[bold]{stage['name']}[/bold] runs:")
-            for line in stage["commands"]:
-                console.print(f"  {line}", soft_wrap=True, highlight=False, markup=False)
+            lines.append(style(stage["name"], "bold") + " runs:")
+            lines += [f"  {line}" for line in stage["commands"]]
     if explain:
-        console.print("[bold]how each number is estimated[/bold]")
+        lines.append(style("how each number is estimated", "bold"))
         for term in plan["explain"]:
-            console.print(f"  {term['key']} = {_value(term['value'], term['unit'])}", highlight=False, markup=False)
-            console.print(f"      {term['formula']}", highlight=False, markup=False)
+            lines += [f"  {term['key']} = {_value(term['value'], term['unit'])}", f"      {term['formula']}"]
             if term["inputs"]:
-                console.print(f"      inputs: {_inputs(term['inputs'])}", highlight=False, markup=False)
-    for kind, style in (("warnings", "yellow"), ("errors", "red")):
-        for f in plan[kind]:
-            console.print(f"[{style}]{escape(format_finding(f))}[/{style}]", highlight=False)
+                lines.append(f"      inputs: {_inputs(term['inputs'])}")
+    for kind, color in (("warnings", "yellow"), ("errors", "red")):
+        lines += [style(format_finding(f), color) for f in plan[kind]]
     verdict = f"{len(plan['errors'])} error(s), {len(plan['warnings'])} warning(s)"
-    console.print(("[red]" if plan["errors"] else "[green]") + verdict)
+    lines.append(style(verdict, "red" if plan["errors"] else "green"))
+    sys.stdout.write("\n".join(lines) + "\n")
 
 
 def _json_failure(problems: list[Problem]) -> typer.Exit:
