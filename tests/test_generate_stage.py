@@ -9,6 +9,7 @@ from helpers_models import make_recipe, stage_context
 from openai_server import Script, ScriptedOpenAIServer, expected_reply
 
 from dflashx.data.jsonl import iter_shards, shard_paths, write_jsonl_atomic
+from dflashx.data.qc_checks import run_qc
 from dflashx.stages import generate
 from dflashx.stages.base import StageFailed
 
@@ -103,3 +104,44 @@ def test_transformers_backend_through_the_stage(tmp_path):
     assert sorted(r["id"] for r in records) == [r["id"] for r in rows]
     assert all(r["backend"] == "transformers" and r["usage"]["completion_tokens"] <= 8 for r in records)
     assert result.metrics["output_tokens"] == sum(r["usage"]["completion_tokens"] for r in records)
+
+
+def tiny_context(tmp_path: Path, url: str, rows: list[dict], **gen):
+    """The generate stage on the built-in tiny target (its tokenizer is in the package)."""
+    prompts_dir = tmp_path / "run" / "ingest" / "prompts"
+    write_jsonl_atomic(prompts_dir / "shard-00000.jsonl", rows)
+    stages = {"generate": {"backend": "sglang", "urls": [url], "concurrency": 2, "retries": 1,
+                           "retry_backoff_s": 0.01, "request_timeout_s": 5, "server_startup_timeout_s": 5, **gen}}
+    recipe = make_recipe(target={"model": "builtin:tiny-qwen3"}, stages=stages)
+    return stage_context("generate", recipe, tmp_path / "run", inputs={"ingest.prompts": prompts_dir})
+
+
+def test_a_prompt_over_the_context_is_refused_before_it_is_sent_and_counted_once(tmp_path):
+    rows = write_prompts(tmp_path / "unused", 5)
+    long_text = " ".join(f"word{i}" for i in range(400))  # a few hundred tokens of the tiny tokenizer
+    rows.append({"id": "long", "source": "s", "messages": [{"role": "user", "content": long_text}]})
+    with ScriptedOpenAIServer() as server:
+        ctx = tiny_context(tmp_path, server.url, rows, max_tokens=64, context_length=256)
+        result = generate.run(ctx)
+        asked = {m["messages"][-1]["content"] for m in server.requests}
+    assert long_text not in asked and len(asked) == 5  # never sent
+    records = {r["id"]: r for r in iter_shards(ctx.out_dir / "completions")}
+    refused = records["long"]
+    assert refused["finish_reason"] == "error" and refused["usage"]["prompt_tokens"] + 64 > 256
+    assert "stages.generate.context_length 256" in refused["error"] and "max_tokens" in refused["error"]
+    assert result.metrics["refused_too_long"] == 1 and result.metrics["rejected"] == 1
+    qc = run_qc(ctx.out_dir / "completions", ctx.recipe.stages.qc.thresholds)
+    assert qc.stats.rejected == 1 and qc.stats.rejected_examples == ["long"]
+    # a resumed run neither sends it nor writes it again
+    with ScriptedOpenAIServer() as server2:
+        again = generate.run(tiny_context(tmp_path, server2.url, rows, max_tokens=64, context_length=256))
+    assert server2.requests == [] and again.metrics["completions_total"] == 6
+    assert sorted(r["id"] for r in iter_shards(ctx.out_dir / "completions")) == sorted(records)
+
+
+def test_without_a_tokenizer_prompts_go_to_the_server_which_decides(tmp_path, caplog):
+    with ScriptedOpenAIServer() as server:
+        ctx, rows, _ = context(tmp_path, server.url, n=3)  # target `unused`: no tokenizer to count with
+        result = generate.run(ctx)
+    assert len(server.requests) == 3 and result.metrics["refused_too_long"] == 0
+    assert "not checked against stages.generate.context_length" in caplog.text

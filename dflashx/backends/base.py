@@ -55,6 +55,12 @@ def completion_record(
     return record
 
 
+def rejected_record(prompt: dict[str, Any], error: str, backend: str, prompt_tokens: int = 0) -> dict[str, Any]:
+    """A prompt refused for good (by the server, or before sending): written with `error`, no text."""
+    return completion_record(prompt, reasoning="", answer="", finish_reason="error", prompt_tokens=prompt_tokens,
+                             completion_tokens=0, backend=backend, error=error)
+
+
 @dataclass
 class BackendStats:
     retries: int = 0  # transient failures that were retried

@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 import httpx
 
-from dflashx.backends.base import Backend, Emit, completion_record, split_think
+from dflashx.backends.base import Backend, Emit, completion_record, rejected_record, split_think
 from dflashx.backends.servers import ServerError, ServerPool, ServerSpec, base_url, wait_healthy
 from dflashx.config.schema import ChatTemplateSpec, GenerateStage
 
@@ -182,8 +182,7 @@ class SGLangBackend(Backend):
     def _rejected(self, prompt: dict[str, Any], error: str) -> dict[str, Any]:
         self.stats.rejected += 1
         self.stats.note_error(f"prompt {prompt['id']}: {error}")
-        return completion_record(prompt, reasoning="", answer="", finish_reason="error", prompt_tokens=0,
-                                 completion_tokens=0, backend=self.name, error=error)
+        return rejected_record(prompt, error, self.name)
 
     def _parse(self, prompt: dict[str, Any], resp: httpx.Response) -> dict[str, Any]:
         try:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from dflashx.backends.base import Backend, Emit, completion_record, split_think
+from dflashx.backends.context_gate import render_prompt
 from dflashx.config.schema import ChatTemplateSpec, GenerateStage
 from dflashx.data.chat_mask import THINK_OPEN
 
@@ -64,13 +65,7 @@ class TransformersBackend(Backend):
 
     def render(self, prompt: dict[str, Any]) -> str:
         """The prompt as the target sees it: chat template with a generation prompt."""
-        return self.tokenizer.apply_chat_template(
-            prompt["messages"],
-            tools=prompt.get("tools") or None,
-            add_generation_prompt=True,
-            tokenize=False,
-            **{**self.chat.kwargs, "enable_thinking": self.chat.enable_thinking},
-        )
+        return render_prompt(self.tokenizer, prompt, self.chat)
 
     def generate(self, prompts: Iterable[dict[str, Any]], emit: Emit) -> None:
         for batch in _batched(prompts, self.cfg.batch_size):

@@ -19,7 +19,8 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
-from dflashx.backends.base import Backend
+from dflashx.backends.base import Backend, rejected_record
+from dflashx.backends.context_gate import ContextGate, open_gate
 from dflashx.data.jsonl import ShardWriter, count_records, iter_shards
 from dflashx.stages.graph import input_name
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
@@ -114,6 +115,7 @@ def generate(ctx: StageContext, prompts: Iterable[dict[str, Any]], total: int) -
         with ShardWriter(ctx.out_dir / "completions", cfg.shard_size, cfg.flush_every) as writer:
             todo = (p for p in prompts if p["id"] not in writer.ids)
             backend = make_backend(ctx)
+            gate = open_gate(ctx.recipe.target, cfg.max_tokens, cfg.context_length)
             started = time.monotonic()
             with _progress() as progress, backend:
                 meter = GenerationMeter(total, writer.resumed, progress, startup_s=time.monotonic() - started)
@@ -122,12 +124,15 @@ def generate(ctx: StageContext, prompts: Iterable[dict[str, Any]], total: int) -
                     if writer.write(record):
                         meter.add(record)
                         if meter.log_due():
-                            ctx.log(_metrics(meter, backend, writer, total), step=len(writer.ids))
+                            ctx.log(_metrics(meter, backend, writer, total, gate), step=len(writer.ids))
 
-                backend.generate(todo, emit)
+                def refuse(prompt: dict[str, Any], tokens: int, error: str) -> None:
+                    emit(rejected_record(prompt, error, backend.name, prompt_tokens=tokens))
+
+                backend.generate(gate.admit(todo, refuse) if gate else todo, emit)
     except DiskFull as e:
         raise StageFailed(str(_still_needed(e, ctx))) from e
-    metrics = _metrics(meter, backend, writer, total)
+    metrics = _metrics(meter, backend, writer, total, gate)
     ctx.log(metrics, step=len(writer.ids))
     if backend.stats.failed:
         raise StageFailed(
@@ -151,15 +156,18 @@ def _still_needed(e: DiskFull, ctx: StageContext) -> DiskFull:
                                       f"{size_text(have)} written")
 
 
-def _metrics(meter: GenerationMeter, backend: Backend, writer: ShardWriter, total: int) -> dict[str, Any]:
+def _metrics(meter: GenerationMeter, backend: Backend, writer: ShardWriter, total: int,
+             gate: ContextGate | None) -> dict[str, Any]:
+    refused = gate.refused if gate else 0
     return {
         **meter.metrics(),
         "completions_total": len(writer.ids),
         "completions_resumed": writer.resumed,
         "prompts_total": total,
         "retries": backend.stats.retries,
-        "errors": backend.stats.failed + backend.stats.rejected,
+        "errors": backend.stats.failed + backend.stats.rejected + refused,
         "failed": backend.stats.failed,
-        "rejected": backend.stats.rejected,
+        "rejected": backend.stats.rejected + refused,
+        "refused_too_long": refused,
         "torn_bytes_truncated": writer.truncated_bytes,
     }
