@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 # run as a script, Python puts benchmarks/ first on sys.path, where benchmarks/tokenize.py would shadow
@@ -49,13 +48,13 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
+from benchmarks.step_parts import NaiveStep, sync, build_target, matmul_peak, random_batch, timed
 from dflashx.config.load import load_profile
+from dflashx.config.tree import merge
 from dflashx.config.schema import Recipe
-from dflashx.dflash.anchors import build_block_batch, sample_anchors
 from dflashx.dflash.distributed import setup_distributed
 from dflashx.dflash.fp8 import target_to_fp8
 from dflashx.dflash.job import TrainJob
-from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.metrics import step_flops
 from dflashx.dflash.step import TrainStep
 from dflashx.dflash.trainer import build_drafter
@@ -92,34 +91,11 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def build_target(shape: dict[str, Any], layers: int, device: str, dtype: torch.dtype) -> nn.Module:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-    from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    fields = {k: v for k, v in shape.items() if k not in ("model_type", "mask_token_id")}
-    common = dict(num_hidden_layers=layers, max_position_embeddings=65536, tie_word_embeddings=False, **fields)
-    if shape["model_type"] == "qwen3":
-        config, cls = Qwen3Config(**common), Qwen3ForCausalLM
-    else:
-        types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
-        config, cls = Qwen3_5TextConfig(layer_types=types, **common), Qwen3_5ForCausalLM
-    with torch.device(device):
-        model = cls(config).to(dtype)
-    return model.eval().requires_grad_(False)
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = _merge(out.get(key, {}), value) if isinstance(value, dict) else value
-    return out
-
-
 def make_job(name: str, shape: dict[str, Any], target: nn.Module, args, overrides: dict[str, Any],
              stage_dir: str) -> TrainJob:
     """The TrainJob the train stage would build for this shape and variant (resolved recipe)."""
     hardware = load_profile("h200_x1").model_dump() if torch.cuda.is_available() else {"name": "cpu"}
-    recipe = _merge({
+    recipe = merge({
         "name": name, "dataset": {"sources": [{"name": "random", "path": "unused.jsonl"}]},
         "target": {"model": name}, "hardware": hardware,
         "drafter": {"num_layers": args.drafter_layers, "block_size": args.block, "mask_token_id": shape["mask_token_id"],
@@ -128,88 +104,6 @@ def make_job(name: str, shape: dict[str, Any], target: nn.Module, args, override
                              }}}, overrides)
     resolved = resolve(Recipe.model_validate(recipe), facts_from_config(target.config.to_dict(), name=name))
     return TrainJob.of(resolved, stage_dir, "-", "-")
-
-
-def random_batch(vocab: int, seq: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """One collated row as the data loader gives it: random tokens, the first eighth a prompt without loss."""
-    g = torch.Generator().manual_seed(seed)
-    loss_mask = torch.ones(1, seq, dtype=torch.long)
-    loss_mask[:, : seq // 8] = 0
-    return {"input_ids": torch.randint(0, vocab - 2, (1, seq), generator=g), "loss_mask": loss_mask,
-            "attention_mask": torch.ones(1, seq, dtype=torch.long), "index": torch.tensor([seed])}
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], Any], warmup: int, iters: int) -> tuple[float, float]:
-    """(seconds of the first call, mean seconds per call after `warmup` calls)."""
-    t0 = time.perf_counter()
-    fn()
-    _sync()
-    first = time.perf_counter() - t0
-    for _ in range(warmup - 1):
-        fn()
-    _sync()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    _sync()
-    return first, (time.perf_counter() - t0) / iters
-
-
-def matmul_peak(device: str, n: int, fp8: bool) -> float | None:
-    """Achieved TFLOP/s of an n x n x n matmul in bf16 (or fp8 via _scaled_mm); None if unsupported."""
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    if fp8:
-        one = torch.ones((), device=device)
-        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t().contiguous().t()
-        fn = lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    else:
-        fn = lambda: a @ b
-    try:
-        _, seconds = timed(fn, 3, 20 if device == "cuda" else 2)
-    except (RuntimeError, TypeError):
-        return None
-    return 2 * n**3 / seconds / 1e12
-
-
-class NaiveStep:
-    """The naive online step: all hidden states and logits of the target, a dense mask over every key,
-    full-vocabulary logits for every slot, plain AdamW."""
-
-    def __init__(self, target: nn.Module, job: TrainJob, batch: dict[str, torch.Tensor], device: str):
-        self.target, self.device = target, device
-        with torch.device(device):
-            self.drafter = build_drafter(job, target.config).to(torch.bfloat16 if device == "cuda" else torch.float32)
-        cfg, train = self.drafter.config, job.train
-        self.cfg = cfg
-        anchors = sample_anchors(batch["loss_mask"][0], train.anchors_per_seq, train.seed, 0, 0)
-        self.blocks = build_block_batch(batch["input_ids"], batch["loss_mask"], [anchors], cfg.block_size,
-                                        cfg.mask_token_id, train.loss_gamma).to(device)
-        self.input_ids = batch["input_ids"].to(device)
-        self.head = target.get_output_embeddings().weight
-        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=1e-5, fused=device == "cuda")
-
-    def __call__(self) -> None:
-        d, b, cfg = self.drafter, self.blocks, self.cfg
-        with torch.no_grad():
-            out = self.target(self.input_ids, output_hidden_states=True, use_cache=False)
-            features = torch.cat([out.hidden_states[i + 1] for i in cfg.target_layer_ids], -1)
-            out.logits.float().sum()  # the target's full logits are materialised, as a naive step does
-        width = self.input_ids.shape[1]
-        mask = DraftMask(b.anchors, width, cfg.block_size, backend="sdpa")
-        positions = torch.arange(width, device=self.device)[None]
-        hidden = d(self.target.get_input_embeddings()(b.block_ids), d.fuse(features), b.block_positions, positions, mask)
-        logits = (hidden @ self.head.t()).float()
-        ce = F.cross_entropy(logits.flatten(0, 1), b.labels.flatten(), reduction="none")
-        w = b.weights.flatten()
-        ((ce * w).sum() / w.sum()).backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
 
 
 def _free() -> None:
@@ -337,7 +231,7 @@ def loss_curves(args, device: str, save: Callable[[], None], result: dict[str, A
             for i, batch in enumerate(batches):
                 losses.append(float(trainer.step(batch, 0).loss.detach()))
                 if i == 9:
-                    _sync()
+                    sync()
                     t0 = time.perf_counter()
             result["losses"][precision] = losses
             result[f"{precision}_step_s"] = (time.perf_counter() - t0) / max(len(batches) - 10, 1)
