@@ -145,3 +145,24 @@ def test_without_a_tokenizer_prompts_go_to_the_server_which_decides(tmp_path, ca
         result = generate.run(ctx)
     assert len(server.requests) == 3 and result.metrics["refused_too_long"] == 0
     assert "not checked against stages.generate.context_length" in caplog.text
+
+
+def test_the_gate_refuses_a_prompt_that_reaches_the_context_exactly(tmp_path):
+    """SGLang refuses input + max_new_tokens >= --context-length: the limit itself is refused,
+    one token of room is let through."""
+    from transformers import AutoTokenizer
+
+    from dflashx.backends.context_gate import ContextGate, render_prompt
+    from dflashx.config.schema import ChatTemplateSpec
+    from dflashx.targets.resolve import resolve_tokenizer_path
+
+    target = make_recipe(target={"model": "builtin:tiny-qwen3"}).target
+    tok = AutoTokenizer.from_pretrained(str(resolve_tokenizer_path(target)))
+    chat = ChatTemplateSpec()
+    prompt = {"id": "p", "messages": [{"role": "user", "content": " ".join(["word"] * 300)}]}
+    n = len(tok(render_prompt(tok, prompt, chat), add_special_tokens=False)["input_ids"])
+    refused = []
+    at_limit = ContextGate(tok, chat, max_tokens=8, context_length=n + 8)
+    assert list(at_limit.admit([prompt], lambda p, k, e: refused.append(k))) == [] and refused == [n]
+    one_more = ContextGate(tok, chat, max_tokens=8, context_length=n + 9)
+    assert list(one_more.admit([prompt], lambda p, k, e: refused.append(k))) == [prompt] and refused == [n]

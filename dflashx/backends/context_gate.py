@@ -1,8 +1,10 @@
 """Refuse, before sending it, a prompt that cannot fit the server's context.
 
 A prompt whose tokens as the target sees them (its chat template with the recipe's settings and a
-generation prompt) plus `stages.generate.max_tokens` exceed `stages.generate.context_length` would
-come back HTTP 400 from SGLang (`--context-length` is that value) or overrun the model's positions
+generation prompt) plus `stages.generate.max_tokens` reach `stages.generate.context_length` would
+come back HTTP 400 from SGLang (`--context-length` is that value; its tokenizer manager refuses
+`input + max_new_tokens >= context_len` in `_validate_one_request`, some releases only above it or
+by cutting `max_new_tokens`, so the gate takes the stricter bound) or overrun the model's positions
 in transformers. The gate writes it as a rejected completion instead — finish_reason `error`, the
 counts and the fix in `error` — so it costs no request, QC counts it (`rejected`), and a resumed
 run skips it like any other written record.
@@ -48,21 +50,21 @@ class ContextGate:
     def prompt_tokens(self, prompt: dict[str, Any]) -> int | None:
         """The prompt's tokens when it may not fit; None when its bytes alone show it fits."""
         text = render_prompt(self.tokenizer, prompt, self.chat)
-        if len(text.encode("utf-8")) + self.max_tokens <= self.context_length:
+        if len(text.encode("utf-8")) + self.max_tokens < self.context_length:
             return None
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def admit(self, prompts: Iterable[dict[str, Any]], refuse: Refuse) -> Iterator[dict[str, Any]]:
         for prompt in prompts:
             n = self.prompt_tokens(prompt)
-            if n is not None and n + self.max_tokens > self.context_length:
+            if n is not None and n + self.max_tokens >= self.context_length:
                 self.refused += 1
                 refuse(prompt, n, self.error(n))
                 continue
             yield prompt
 
     def error(self, n: int) -> str:
-        return (f"not sent: the prompt's {n:,} tokens + stages.generate.max_tokens {self.max_tokens:,} exceed "
+        return (f"not sent: the prompt's {n:,} tokens + stages.generate.max_tokens {self.max_tokens:,} reach "
                 f"stages.generate.context_length {self.context_length:,}; raise stages.generate.context_length "
                 f"(up to the target's native context) or lower stages.generate.max_tokens")
 
