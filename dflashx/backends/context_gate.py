@@ -20,21 +20,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from dflashx.config.schema import ChatTemplateSpec, TargetSpec
+from dflashx.data.chat_mask import render_prompt
 
 log = logging.getLogger(__name__)
 Refuse = Callable[[dict[str, Any], int, str], None]  # (prompt, its tokens, error text)
-
-
-def render_prompt(tokenizer: Any, prompt: dict[str, Any], chat: ChatTemplateSpec) -> str:
-    """The prompt as the target sees it: its chat template (tools and the recipe's kwargs, with
-    `enable_thinking`) and a generation prompt."""
-    return tokenizer.apply_chat_template(
-        prompt["messages"],
-        tools=prompt.get("tools") or None,
-        add_generation_prompt=True,
-        tokenize=False,
-        **{**chat.kwargs, "enable_thinking": chat.enable_thinking},
-    )
 
 
 class ContextGate:

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from dflashx.backends.base import Backend, Emit, completion_record, split_think
-from dflashx.backends.context_gate import render_prompt
 from dflashx.config.schema import ChatTemplateSpec, GenerateStage
-from dflashx.data.chat_mask import THINK_OPEN
+from dflashx.data.chat_mask import THINK_OPEN, render_prompt
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from dflashx.config.schema import ChatTemplateSpec
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -65,6 +68,18 @@ def split_think(content: str) -> tuple[str, str, bool]:
     before, _, reasoning = head.rpartition(THINK_OPEN)
     balanced = head.count(THINK_OPEN) <= 1 and not before.strip() and THINK_OPEN not in answer
     return reasoning.strip(), answer.strip(), balanced
+
+
+def render_prompt(tokenizer: Any, prompt: dict[str, Any], chat: ChatTemplateSpec) -> str:
+    """The prompt as the target sees it: its chat template (tools and the recipe's kwargs, with
+    `enable_thinking`) and a generation prompt."""
+    return tokenizer.apply_chat_template(
+        prompt["messages"],
+        tools=prompt.get("tools") or None,
+        add_generation_prompt=True,
+        tokenize=False,
+        **{**chat.kwargs, "enable_thinking": chat.enable_thinking},
+    )
 
 
 def _common_prefix_len(a: str, b: str) -> int:

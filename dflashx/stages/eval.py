@@ -18,6 +18,7 @@ from typing import Any
 
 from dflashx.config.fields import TORCH_DTYPE
 from dflashx.data import chat_contract
+from dflashx.data.chat_mask import render_prompt
 from dflashx.data.jsonl import iter_numbered
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import GRAPH
@@ -109,11 +110,7 @@ def _untrained_like(drafter: Any) -> Any:
 
 
 def _encode(tokenizer: Any, prompt: dict[str, Any], chat: Any) -> list[int]:
-    text = tokenizer.apply_chat_template(
-        prompt["messages"], tools=prompt.get("tools") or None, add_generation_prompt=True, tokenize=False,
-        **{**chat.kwargs, "enable_thinking": chat.enable_thinking},
-    )
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(render_prompt(tokenizer, prompt, chat), add_special_tokens=False)["input_ids"]
 
 
 def _decode_all(ctx: StageContext, decoder: Any, encoded: list[list[int]], stops: list[int], label: str, seed: int):
