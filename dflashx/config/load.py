@@ -112,7 +112,7 @@ def load_profile(name: str, recipe_dir: Path | None = None) -> HardwareProfile:
     """One hardware profile by name, calibration merged, validated on its own."""
     loader = _Loader(name)
     cfg = loader.profile(name, recipe_dir, where=Origin(f"profile '{name}'"), prefix=())
-    data = loader.resolve(cfg, cfg) if cfg is not None else {}
+    data = loader.resolve(cfg) if cfg is not None else {}
     loader.raise_if_any()
     try:
         return HardwareProfile.model_validate(data)
@@ -165,7 +165,7 @@ def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
         if ov.loc != ("hardware",):
             loader.apply(cfg, ov)
     skip = loader.check_secrets(cfg)
-    data = loader.resolve(cfg, cfg)
+    data = loader.resolve(cfg)
     _resolve_paths(data, loader.sources)
     skip += loader.unresolved
     try:
@@ -252,8 +252,9 @@ class _Loader:
         """Replace `hardware: NAME` by the named profile (a mapping is an inline profile)."""
         if "hardware" not in cfg:
             return
+        name = cfg["hardware"]
         try:
-            name = Resolver(cfg).value(cfg["hardware"]) if isinstance(cfg["hardware"], str) else cfg["hardware"]
+            name = Resolver(cfg).value(name) if needs_resolving(name) else name
         except InterpolationError as exc:
             return self._interpolation_problem(("hardware",), exc)
         if isinstance(name, str):
@@ -306,24 +307,23 @@ class _Loader:
                                          self.sources.locate(loc), dotted(loc), hint=SECRETS_HINT))
         return found
 
-    def resolve(self, root: dict[str, Any], node: Any, loc: Loc = ()) -> Any:
+    def resolve(self, cfg: dict[str, Any]) -> dict[str, Any]:
         """Plain containers with every `${...}` resolved; failures become problems, keys skipped."""
-        if isinstance(node, dict):
-            items: Any = node.items()
-        elif isinstance(node, list):
-            items = enumerate(node)
-        else:
+        return self._resolved(Resolver(cfg), cfg, ())
+
+    def _resolved(self, resolver: Resolver, node: Any, loc: Loc) -> Any:
+        if not isinstance(node, (dict, list)):
             return node
         out: dict[Any, Any] | list[Any] = {} if isinstance(node, dict) else []
-        for k, value in items:
+        for k, value in node.items() if isinstance(node, dict) else enumerate(node):
             if needs_resolving(value):
                 try:
-                    value = Resolver(root).value(value)
+                    value = resolver.value(value)
                 except InterpolationError as exc:
                     self._interpolation_problem(loc + (k,), exc)
                     continue
             else:
-                value = self.resolve(root, value, loc + (k,))
+                value = self._resolved(resolver, value, loc + (k,))
             if isinstance(out, dict):
                 out[k] = value
             else:
