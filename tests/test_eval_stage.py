@@ -51,7 +51,11 @@ def test_eval_reports_tau_for_trained_and_untrained_drafters(setup, tmp_path):
     for run in ("trained", "untrained"):
         s = data[run]
         assert s["cycles"] == sum(s["accept_length_histogram"]) > 0
-        assert s["tau"] == pytest.approx(sum((n + 1) * c for n, c in enumerate(s["accept_length_histogram"])) / s["cycles"])
+        hist = s["accept_length_histogram"]
+        assert s["accepted_plus_one"] == pytest.approx(sum((n + 1) * c for n, c in enumerate(hist)) / s["cycles"])
+        # the reference's count: tokens after each prompt's first (prefill) token, per cycle
+        assert s["tau"] == pytest.approx((s["generated_tokens"] - s["prompts"]) / s["cycles"])
+        assert s["tau"] <= s["accepted_plus_one"]
         assert len(s["acceptance_by_position"]) == 3 and len(s["per_prompt_tau"]) == 3
         assert 0 < s["generated_tokens"] <= 3 * 12 and s["tokens_per_s"] > 0
         # prompts without a source are "unknown"; short prompts are all in the first bucket

@@ -1,11 +1,14 @@
 """Acceptance statistics over many decoded prompts, and their plot.
 
-tau (the mean acceptance length) is the mean over all cycles of (accepted drafts + 1): the tokens
-one target forward yields. Acceptance at draft position k (1..B-1) is the share of cycles that
+tau (the mean acceptance length) is counted as the reference DFlash loop counts it (PyPI `dflash`
+0.1.0, `dflash_generate`): the tokens decoded after the prefill's first token, divided by the
+draft-verify cycles, pooled over the prompts (a cycle cut short by a stop token or by
+max_new_tokens counts only the tokens it kept). `accepted_plus_one` keeps the older figure, the
+mean of (accepted drafts + 1) over all cycles, which counts such a cut cycle whole. Acceptance at draft position k (1..B-1) is the share of cycles that
 drafted position k and accepted it; as the accepted prefix must be contiguous, it falls with k.
 
 Groups (per prompt source, per context-length bucket) are summarized exactly like the whole set:
-a group's tau is the mean of (accepted + 1) over all cycles of the prompts in it, so a group with
+a group's tau is its prompts' decoded tokens over all their cycles, so a group with
 long prompts weighs by its cycles, not by its prompt count.
 
 Context-length buckets are by the prompt's length in tokens (chat template applied), the context
@@ -46,7 +49,8 @@ def summarize(results: Sequence[DecodeResult], block_size: int) -> dict[str, Any
     tokens = sum(len(r.output_ids) for r in results)
     seconds = sum(r.seconds for r in results)
     return {
-        "tau": sum(a + 1 for a in accepted) / len(accepted) if accepted else 0.0,
+        "tau": sum(r.decoded_after_first for r in results) / len(accepted) if accepted else 0.0,
+        "accepted_plus_one": sum(a + 1 for a in accepted) / len(accepted) if accepted else 0.0,
         "acceptance_by_position": [h / o if o else None for h, o in zip(hits, offered)],
         "accept_length_histogram": [sum(a == n for a in accepted) for n in range(block_size)],
         "cycles": len(accepted),

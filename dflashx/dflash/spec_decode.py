@@ -56,8 +56,22 @@ class DecodeResult:
     target_forwards: int = 0
 
     @property
+    def decoded_after_first(self) -> int:
+        """Tokens the draft-verify cycles produced: every output token but the prefill's first one
+        (a cycle cut by a stop token or by max_new_tokens counts only what it kept)."""
+        return max(0, len(self.output_ids) - 1)
+
+    @property
     def tau(self) -> float:
-        """Mean tokens per cycle: accepted drafts + the target's own token."""
+        """Mean acceptance length as the reference DFlash loop counts it (`dflash` 0.1.0,
+        `dflash_generate`'s acceptance_lengths): tokens decoded after the prefill's first token per
+        draft-verify cycle."""
+        return self.decoded_after_first / len(self.accepted) if self.accepted else 0.0
+
+    @property
+    def accepted_plus_one(self) -> float:
+        """The older figure: mean of (accepted drafts + 1) per cycle, counting a cycle's bonus token
+        even where a stop token or max_new_tokens cut the cycle short (a little above `tau`)."""
         return sum(a + 1 for a in self.accepted) / len(self.accepted) if self.accepted else 0.0
 
 
