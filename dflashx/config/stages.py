@@ -172,10 +172,42 @@ class TrainStage(StageBase):
     loss_kernel: Literal["auto", "liger", "torch"] = Field(
         "auto",
         description="Fused LM-head + cross-entropy of the supervised slots: `torch` (chunked, the gradient computed "
-                    "in the forward pass) or `liger` (liger-kernel's Triton kernel, CUDA, when installed; else torch); "
-                    "`auto`: liger on GPUs, torch on CPU. Logits never exist for all tokens at once.",
+                    "in the forward pass) or `liger` (liger-kernel's Triton kernel, CUDA, when installed; else torch; "
+                    "`decay_ce` only); `auto`: liger on GPUs for `decay_ce`, else torch. Logits never exist for all "
+                    "tokens at once.",
         json_schema_extra=OPERATIONAL,
     )
+    loss: Literal["decay_ce", "dpace"] = Field(
+        "decay_ce",
+        description="Training objective over a block's slots: `decay_ce`, cross-entropy weighted by the fixed decay "
+                    "exp(-(k-1)/loss_gamma) (DFlash paper); `dpace`, D-PACE (arXiv 2605.18810): each slot weighted "
+                    "by the accepted length it leads on to under the drafter's own smoothed confidence.",
+        json_schema_extra=OUTPUT,
+    )
+    dpace_alpha: FiniteFloat = Field(
+        0.5, gt=0, le=1, description="D-PACE confidence smoothing: q~ = (1 - alpha) q + alpha (SpecForge's and "
+        "speculators' default 0.5).", json_schema_extra=OUTPUT)
+    labels: Literal["data", "target"] = Field(
+        "data",
+        description="What a slot is trained to predict: `data`, the token in the training data; `target`, the "
+                    "target's argmax at that position (what greedy verification accepts; differs from the data where "
+                    "it was sampled at temperature > 0). `target` runs the target's forward to its last layer and "
+                    "its LM head on the supervised positions.",
+        json_schema_extra=OUTPUT,
+    )
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw",
+        description="`adamw` for every weight, or `muon`: Muon (DeepSpeed's built-in, Newton-Schulz orthogonalised "
+                    "momentum) for the 2-D matrices and AdamW for the rest (norms).", json_schema_extra=OUTPUT)
+    muon_lr: FiniteFloat | None = Field(
+        None, gt=0,
+        description="Peak learning rate of the Muon matrices, in AdamW-matched units (the update's RMS scaled to "
+                    "AdamW's, as torch.optim.Muon's `match_rms_adamw`); default: `lr` x the resolved factor "
+                    "(docs/training.md).", json_schema_extra=OUTPUT)
+    muon_momentum: FiniteFloat = Field(0.95, gt=0, lt=1, description="Muon's Nesterov momentum.", json_schema_extra=OUTPUT)
+    schedule: Literal["cosine", "linear"] = Field(
+        "cosine", description="Learning-rate decay after the linear warm-up, to 0 at the last step (every group).",
+        json_schema_extra=OUTPUT)
     master_weights: Literal["fp32", "bf16"] = Field(
         "fp32",
         description="Precision of the optimizer's master weights, gradients and Adam moments on GPUs: `bf16` keeps "

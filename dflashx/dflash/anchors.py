@@ -8,7 +8,7 @@ by (seed, epoch, sample index), so a resumed run draws the same anchors.
 
 Public API: `valid_anchor_positions(loss_mask)`, `sample_anchors(loss_mask, n, seed, epoch, index)`,
 `BlockBatch`, `build_block_batch(input_ids, loss_mask, anchors, block_size, mask_token_id, gamma,
-pad_blocks_to)`.
+pad_blocks_to, label_ids)`.
 """
 
 from __future__ import annotations
@@ -64,9 +64,12 @@ def build_block_batch(
     mask_token_id: int,
     gamma: float,
     pad_blocks_to: int = 1,
+    label_ids: torch.Tensor | None = None,
 ) -> BlockBatch:
     """Pad per-sequence anchors to one n (rounded up to a multiple of `pad_blocks_to`: a compiled
-    drafter sees few distinct shapes) and lay out blocks, labels and weights [b, n*B]."""
+    drafter sees few distinct shapes) and lay out blocks, labels and weights [b, n*B]. Labels come
+    from `label_ids` when given (the target's argmax), else from `input_ids`; anchors are always
+    the data's tokens."""
     b = input_ids.shape[0]
     n = -(-max(1, max(len(a) for a in anchors)) // pad_blocks_to) * pad_blocks_to
     padded = torch.full((b, n), -1, dtype=torch.long)
@@ -75,7 +78,7 @@ def build_block_batch(
     safe = padded.clamp_min(0)
     ids = block_input_ids(input_ids.gather(1, safe), block_size, mask_token_id)
     positions = safe[..., None] + torch.arange(block_size)
-    labels, weights = block_labels(input_ids, loss_mask, padded, block_size, gamma)
+    labels, weights = block_labels(input_ids if label_ids is None else label_ids, loss_mask, padded, block_size, gamma)
     return BlockBatch(
         anchors=padded,
         block_ids=ids.view(b, n * block_size),

@@ -8,7 +8,8 @@ asked for. Layer id l is the output of decoder layer l, i.e. HF `hidden_states[l
 l but the last layer, whose `hidden_states` entry has the final norm applied).
 
 Public API: `find_decoder_layers(model) -> nn.ModuleList`, `FeatureCapture(model, layer_ids)` with
-`capture(input_ids, attention_mask=None) -> features [b, L, k*H]` (training: stops early), and
+`capture(input_ids, attention_mask=None) -> features [b, L, k*H]` (training: stops early),
+`capture_with_final(...) -> (features, final hidden [b, L, H])` (training on the target's argmax), and
 `with cap.recording(): out = target(...)` then `cap.features()` (speculative decoding: the full
 verification forward with logits and KV cache, recording the tapped layers on the way).
 """
@@ -90,3 +91,12 @@ class FeatureCapture:
         with self.recording(stop_early=True):
             _base_model(self.model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         return self.features()
+
+    @torch.no_grad()
+    def capture_with_final(self, input_ids: torch.Tensor,
+                           attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features [b, L, k*H] and the final normed hidden states [b, L, H] (what the LM head reads)
+        from one full forward of the decoder (`stages.train.labels: target`)."""
+        with self.recording():
+            out = _base_model(self.model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return self.features(), out.last_hidden_state

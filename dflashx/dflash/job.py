@@ -2,11 +2,13 @@
 train sections plus where the inputs are), the world check and the learning-rate schedule.
 
 Public API: `TrainJob` (`.of(recipe, stage_dir, dataset, target_path)`, `.save()`), `JOB_FILE`,
-`torch_dtype(precision)`, `check_world(train, world)`, `lr_schedule(train, total_steps)`.
+`torch_dtype(precision)`, `check_world(train, world)`, `lr_schedule(train, total_steps)`,
+`parameter_groups(train, module)`.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -14,7 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from dflashx.config.fields import TORCH_DTYPE
-from dflashx.resolve.formulas import warmup_cosine, warmup_steps
+from dflashx.resolve.formulas import lr_factor, muon_engine_lr, warmup_steps
 from dflashx.resolve.model import ResolvedDrafter, ResolvedRecipe, ResolvedTarget, ResolvedTrainStage
 from dflashx.store.atomic import atomic_write_text
 
@@ -60,7 +62,24 @@ def check_world(train: ResolvedTrainStage, world: int) -> None:
 
 
 def lr_schedule(train: ResolvedTrainStage, total_steps: int) -> Callable[[torch.optim.Optimizer], Any]:
-    """The learning-rate schedule DeepSpeed steps: warm-up then cosine over the measured steps."""
+    """The learning-rate schedule DeepSpeed steps: warm-up, then `stages.train.schedule` (cosine or
+    linear) to 0 over the measured steps; one factor for every parameter group's own peak rate."""
     warmup = warmup_steps(total_steps, train.warmup_ratio)
     return lambda optimizer: torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_cosine(step, total_steps, warmup))
+        optimizer, lambda step: lr_factor(train.schedule, step, total_steps, warmup))
+
+
+def parameter_groups(train: ResolvedTrainStage, module: torch.nn.Module) -> list[dict[str, Any]]:
+    """What the engine optimizes. AdamW: one group. Muon: the trainable matrices (2-D, what DeepSpeed
+    tags `use_muon`) grouped by shape, each at its engine rate for the AdamW-matched `muon_lr`
+    (`muon_engine_lr`), and the rest (norms) at `lr`."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if train.optimizer != "muon":
+        return [{"params": params}]
+    shapes: dict[tuple[int, int], list[torch.nn.Parameter]] = {}
+    for p in params:
+        if p.ndim >= 2:
+            shapes.setdefault((p.shape[0], math.prod(p.shape[1:])), []).append(p)
+    groups = [{"params": ps, "lr": muon_engine_lr(train.muon_lr, r, c)} for (r, c), ps in shapes.items()]
+    rest = [p for p in params if p.ndim < 2]
+    return groups + ([{"params": rest, "lr": train.lr}] if rest else [])

@@ -10,9 +10,13 @@
   (fused linear + cross-entropy, as liger-kernel does it), so each chunk's logits are computed
   once and freed; `kernel="liger"` runs liger-kernel's Triton version of it on CUDA.
 
+- The objective (`stages.train.loss`): `decay_ce` weighs slots by that fixed decay; `dpace` by
+  D-PACE's weights, computed from the same pass's per-token CE (`dpace_weights`).
+
 Public API: `slot_weights(block_size, gamma)`, `block_labels(...)`, `fused_cross_entropy(...)`,
-`liger_cross_entropy(...)`, `liger_available()`, `LossOutput`,
-`dflash_loss(hidden, lm_head_weight, labels, weights, block_size, chunk_tokens, kernel)`.
+`dpace_weights(ce, mask, alpha)`, `head_argmax(...)`, `target_label_ids(...)`, `liger_cross_entropy(...)`, `liger_available()`, `LossOutput`,
+`dflash_loss(hidden, lm_head_weight, labels, weights, block_size, chunk_tokens, kernel, objective,
+dpace_alpha)`.
 """
 
 from __future__ import annotations
@@ -46,13 +50,15 @@ def block_labels(
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
-    """Weighted cross-entropy of hidden [N, H] @ weight[V, H]^T, chunk by chunk. The LM head is frozen,
-    so the gradient for `hidden` is computed right there in the forward pass (softmax minus one-hot,
-    times the token's weight, times the head): each chunk's logits are computed once, in fp32, and
-    freed before the next chunk; backward only scales that gradient."""
+    """Per-token cross-entropy of hidden [N, H] @ weight[V, H]^T, chunk by chunk. The LM head is
+    frozen, so each token's input gradient (softmax minus one-hot, times the head) is computed right
+    there in the forward pass: each chunk's logits are computed once, in fp32, and freed before the
+    next chunk. Backward scales each token's gradient by the upstream gradient of its CE, so any
+    (detached) per-token weighting applied afterwards — a fixed slot decay or D-PACE's weights that
+    depend on these very CE values — costs nothing more."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, token_weights, chunk):  # noqa: D102 - see the class
+    def forward(ctx, hidden, weight, labels, chunk):  # noqa: D102 - see the class
         grad = torch.empty_like(hidden) if hidden.requires_grad else None
         ces, preds = [], []
         for start in range(0, hidden.shape[0], chunk):
@@ -64,25 +70,57 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             if grad is not None:
                 probs = logits.sub_(lse[:, None]).exp_()
                 probs[torch.arange(probs.shape[0], device=probs.device), labels[sl]] -= 1.0
-                grad[sl] = probs.mul_(token_weights[sl, None]).to(hidden.dtype) @ weight
+                grad[sl] = probs.to(hidden.dtype) @ weight
         ce, pred = torch.cat(ces), torch.cat(preds)
         ctx.save_for_backward(grad if grad is not None else hidden.new_empty(0))
-        ctx.mark_non_differentiable(ce, pred)
-        return (ce * token_weights).sum(), ce, pred
+        ctx.mark_non_differentiable(pred)
+        return ce, pred
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_ce, _grad_pred):  # noqa: D102 - see the class
+    def backward(ctx, grad_ce, _grad_pred):  # noqa: D102 - see the class
         (grad,) = ctx.saved_tensors
-        return grad * grad_loss.to(grad.dtype), None, None, None, None
+        return grad * grad_ce.to(grad.dtype)[:, None], None, None, None
 
 
 def fused_cross_entropy(
-    hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor, token_weights: torch.Tensor,
-    chunk_tokens: int = 4096,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """sum_i token_weights[i] * CE_i (differentiable in `hidden`), per-token CE [N] and argmax [N] of
-    hidden [N, H] @ lm_head_weight[V, H]^T (torch ops, any device; the head gets no gradient)."""
-    return _FusedLinearCrossEntropy.apply(hidden, lm_head_weight, labels, token_weights.float(), chunk_tokens)
+    hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor, chunk_tokens: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token CE [N] (differentiable in `hidden`) and argmax [N] of hidden [N, H] @ lm_head_weight[V, H]^T
+    (torch ops, any device; the head gets no gradient). Weight and sum the CE to get a loss."""
+    return _FusedLinearCrossEntropy.apply(hidden, lm_head_weight, labels, chunk_tokens)
+
+
+def dpace_weights(ce: torch.Tensor, mask: torch.Tensor, alpha: float) -> torch.Tensor:
+    """D-PACE position weights [blocks, B] from each slot's CE [blocks, B] (no gradient).
+
+    D-PACE (Dynamic Position-Aware Cross-Entropy, arXiv 2605.18810) as SpecForge (PR #578,
+    `OnlineDFlashModel._dpace_weight`, sgl-project/SpecForge@7757409) and speculators
+    (`losses.utils.dpace_loss_decay`, vllm-project/speculators@c05b95b) implement it: the drafter's
+    confidence in the label q = exp(-CE), smoothed q~ = (1 - alpha) q + alpha; a slot without loss is
+    a no-op in the prefix products; slot k weighs sum_{m >= k} prod_{i <= m} q~_i (the expected
+    accepted length a correct slot k leads on to), 0 where it has no loss."""
+    with torch.no_grad():
+        smooth = torch.where(mask, (1.0 - alpha) * torch.exp(-ce.float()) + alpha, torch.ones_like(ce, dtype=torch.float32))
+        prefix = torch.cumprod(smooth, dim=-1) * mask
+        return torch.flip(torch.cumsum(torch.flip(prefix, dims=[-1]), dim=-1), dims=[-1]) * mask
+
+
+@torch.no_grad()
+def head_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor, chunk_tokens: int = 4096) -> torch.Tensor:
+    """argmax of hidden [N, H] @ lm_head_weight[V, H]^T, chunk by chunk (the target's greedy token)."""
+    out = [(hidden[s:s + chunk_tokens] @ lm_head_weight.t()).argmax(-1) for s in range(0, hidden.shape[0], chunk_tokens)]
+    return torch.cat(out) if out else torch.empty(0, dtype=torch.long, device=hidden.device)
+
+
+def target_label_ids(input_ids: torch.Tensor, loss_mask: torch.Tensor, final_hidden: torch.Tensor,
+                     lm_head_weight: torch.Tensor, chunk_tokens: int = 4096) -> torch.Tensor:
+    """input_ids [b, L] with every supervised position p >= 1 replaced by the target's argmax after
+    position p - 1 (the token greedy verification accepts there); the head runs on those positions only."""
+    need = loss_mask[:, 1:].bool()
+    labels = input_ids.clone()
+    labels[:, 1:][need] = head_argmax(final_hidden[:, :-1][need].to(lm_head_weight.dtype), lm_head_weight,
+                                      chunk_tokens).to(labels.dtype)
+    return labels
 
 
 def liger_cross_entropy(
@@ -133,21 +171,37 @@ def dflash_loss(
     block_size: int,
     chunk_tokens: int = 4096,
     kernel: str = "torch",
+    objective: str = "decay_ce",
+    dpace_alpha: float = 0.5,
 ) -> LossOutput:
-    """Weighted CE over supervised slots of hidden [b, n*B, H]; only those rows hit the LM head,
-    through `liger_cross_entropy` (kernel "liger") or `fused_cross_entropy` (kernel "torch")."""
+    """The weighted CE of the supervised slots of hidden [b, n*B, H]; only those rows hit the LM head.
+
+    `objective` "decay_ce": each slot weighs `weights` (the fixed slot decay times the label mask);
+    "dpace": a supervised slot weighs `dpace_weights` of this pass's own CE (`weights` > 0 only says
+    which slots carry loss). Either way the weights are normalised to sum to 1 over the micro batch,
+    so the loss is a weighted mean CE: AdamW and Muon are invariant to a constant scale of the loss,
+    and a common scale keeps gradient clipping and the loss curves comparable between objectives
+    (SpecForge divides D-PACE's sum by the batch size, speculators by the supervised-token count).
+    Kernel "liger" (decay_ce only: liger reduces with one weight per call) or "torch"."""
     flat_w = weights.flatten()
     keep = flat_w > 0
     slots = torch.arange(weights.shape[-1], device=weights.device).expand_as(weights).flatten()[keep] % block_size
-    w = flat_w[keep]
-    token_weights = w / w.sum().clamp_min(1e-8)
     rows, kept_labels = hidden.flatten(0, 1)[keep], labels.flatten()[keep]
     if kernel == "liger":
-        loss, pred = liger_cross_entropy(rows, lm_head_weight, kept_labels, token_weights)
+        if objective != "decay_ce":
+            raise ValueError(f"the liger loss kernel weighs slots by a fixed decay only, not {objective!r}")
+        w = flat_w[keep]
+        loss, pred = liger_cross_entropy(rows, lm_head_weight, kept_labels, w / w.sum().clamp_min(1e-8))
     else:
-        loss, _, pred = fused_cross_entropy(rows, lm_head_weight, kept_labels, token_weights, chunk_tokens)
+        ce, pred = fused_cross_entropy(rows, lm_head_weight, kept_labels, chunk_tokens)
+        if objective == "dpace":
+            blocks = torch.zeros_like(flat_w).masked_scatter(keep, ce.detach()).view(-1, block_size)
+            w = dpace_weights(blocks, keep.view(-1, block_size), dpace_alpha).flatten()[keep]
+        else:
+            w = flat_w[keep]
+        loss = (ce * (w / w.sum().clamp_min(1e-8))).sum()
     correct = torch.zeros(block_size, device=hidden.device).index_add_(0, slots, (pred == kept_labels).float())
-    count = torch.zeros(block_size, device=hidden.device).index_add_(0, slots, torch.ones_like(w))
+    count = torch.zeros(block_size, device=hidden.device).index_add_(0, slots, torch.ones_like(slots, dtype=torch.float32))
     return LossOutput(loss=loss, correct=correct, count=count)
 
 

@@ -7,10 +7,15 @@ target's features of the batch (online: `FeatureCapture`, stopped after the deep
 offline: the shards), run the drafter over all blocks in one pass under the per-anchor mask, the
 fused LM-head cross-entropy on the supervised slots, `engine.backward`, `engine.step`.
 
+The objective (`stages.train.loss`: decay_ce or D-PACE), the label source (`stages.train.labels`:
+the data, or the target's argmax from a full target forward) and the optimizer (`parameter_groups`:
+AdamW, or Muon per matrix shape) are the resolved recipe's too.
+
 The switches are the resolved recipe's, read as they are: `drafter.precision: fp8` (torchao float8
 linears), `stages.train.compile` (compiled drafter layers; context widths and block counts padded
 to buckets), `stages.train.loss_kernel` (liger or torch; liger falls back to torch where liger-kernel
-or CUDA is missing), and the DeepSpeed config.
+or CUDA is missing), and the DeepSpeed config. With `compile` off nothing is compiled, DeepSpeed's
+Muon Newton-Schulz kernels included (their first inductor compile costs minutes on a CPU).
 
 Public API: `TrainStep(job, target, drafter, total_steps, device)` — `step(batch, epoch) ->
 StepResult`, `.engine`, `.capture`, `.features_of` (replaceable: offline features), `.kernels`
@@ -29,9 +34,9 @@ from torch import nn
 
 from dflashx.dflash.anchors import BlockBatch, build_block_batch, sample_anchors
 from dflashx.dflash.capture import FeatureCapture
-from dflashx.dflash.job import TrainJob, lr_schedule
+from dflashx.dflash.job import TrainJob, lr_schedule, parameter_groups
 from dflashx.dflash.kernels import bucketed, compile_layers, linear_attention_kernel, to_float8_training
-from dflashx.dflash.loss import dflash_loss, liger_available
+from dflashx.dflash.loss import dflash_loss, liger_available, target_label_ids
 from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.metrics import step_flops
 from dflashx.dflash.model import DFlashDrafter
@@ -45,15 +50,16 @@ log = logging.getLogger(__name__)
 class TrainModule(nn.Module):
     """What the engine wraps: the drafter and its loss; the frozen LM head comes in as a tensor."""
 
-    def __init__(self, drafter: DFlashDrafter, chunk: int, loss_kernel: str):
+    def __init__(self, drafter: DFlashDrafter, chunk: int, loss_kernel: str, objective: str, dpace_alpha: float):
         super().__init__()
         self.drafter, self.chunk, self.loss_kernel = drafter, chunk, loss_kernel
+        self.objective, self.dpace_alpha = objective, dpace_alpha
 
     def forward(self, block_embeds, features, batch, context_positions, mask, lm_head_weight):
         d = self.drafter
         hidden = d(block_embeds, d.fuse(features), batch.block_positions, context_positions, mask)
         out = dflash_loss(hidden, lm_head_weight.to(hidden.dtype), batch.labels, batch.weights, d.config.block_size,
-                          self.chunk, self.loss_kernel)
+                          self.chunk, self.loss_kernel, self.objective, self.dpace_alpha)
         return out.loss, out.correct, out.count
 
 
@@ -90,8 +96,8 @@ class TrainStep:
         self.kernels: dict[str, Any] = {"compile": train.compile, "fp8_linears": fp8, "loss_kernel": loss_kernel,
                                         "linear_attention": linear_attention_kernel(target)}
         self.engine, _, _, _ = deepspeed.initialize(
-            model=TrainModule(drafter, LM_HEAD_CHUNK, loss_kernel), config=train.deepspeed_config,
-            model_parameters=[p for p in drafter.parameters() if p.requires_grad],
+            model=TrainModule(drafter, LM_HEAD_CHUNK, loss_kernel, train.loss, train.dpace_alpha),
+            config=train.deepspeed_config, model_parameters=parameter_groups(train, drafter),
             lr_scheduler=lr_schedule(train, total_steps))
         drafter.restore_rope()
         self.features_of: Callable[[dict[str, torch.Tensor]], torch.Tensor] = self.online_features
@@ -100,19 +106,32 @@ class TrainStep:
         """The target's tapped features [b, L, k*H] of the batch (forward stopped after the deepest layer)."""
         return self.capture.capture(batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device))
 
-    def blocks(self, batch: dict[str, torch.Tensor], lengths: list[int], epoch: int) -> BlockBatch:
+    def target_features_and_labels(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`labels: target`: the tapped features and the batch's ids with every supervised position
+        replaced by the target's argmax there, from one full target forward."""
+        ids = batch["input_ids"].to(self.device)
+        features, final = self.capture.capture_with_final(ids, batch["attention_mask"].to(self.device))
+        return features, target_label_ids(ids, batch["loss_mask"].to(self.device), final, self.lm_head_w).cpu()
+
+    def blocks(self, batch: dict[str, torch.Tensor], lengths: list[int], epoch: int,
+               label_ids: torch.Tensor | None = None) -> BlockBatch:
         """This epoch's anchors for each row of the micro batch, laid out as blocks."""
         train = self.job.train
         anchors = [sample_anchors(batch["loss_mask"][i, :n], train.anchors_per_seq, train.seed, epoch,
                                   int(batch["index"][i])) for i, n in enumerate(lengths)]
         return build_block_batch(batch["input_ids"], batch["loss_mask"], anchors, self.cfg.block_size,
-                                 self.cfg.mask_token_id, train.loss_gamma, pad_blocks_to=self.buckets[1])
+                                 self.cfg.mask_token_id, train.loss_gamma, pad_blocks_to=self.buckets[1],
+                                 label_ids=label_ids)
 
     def step(self, batch: dict[str, torch.Tensor], epoch: int) -> StepResult:
         """One micro step of the engine on a collated batch (input_ids, loss_mask, attention_mask, index)."""
         lengths = batch["attention_mask"].sum(1).tolist()
-        blocks = self.blocks(batch, lengths, epoch).to(self.device)
-        features = self.features_of(batch)
+        labels = self.job.train.labels
+        if labels == "target":
+            features, label_ids = self.target_features_and_labels(batch)
+        else:
+            features, label_ids = self.features_of(batch), None
+        blocks = self.blocks(batch, lengths, epoch, label_ids).to(self.device)
         width = bucketed(features.shape[1], self.buckets[0])
         if width > features.shape[1]:  # padded context keys are never visible (p < anchor)
             features = F.pad(features, (0, 0, 0, width - features.shape[1]))
@@ -121,5 +140,7 @@ class TrainStep:
         loss, correct, count = self.engine(self.embed(blocks.block_ids), features, blocks, positions, mask,
                                            self.lm_head_w)
         self.engine.backward(loss)
-        self.engine.step()
-        return StepResult(loss, correct, count, sum(lengths), step_flops(self.job.target.facts, self.cfg, lengths, blocks))
+        with torch._dynamo.config.patch(disable=not self.job.train.compile):  # DeepSpeed's Muon kernels too
+            self.engine.step()
+        flops = step_flops(self.job.target.facts, self.cfg, lengths, blocks, labels, int(batch["loss_mask"][:, 1:].sum()))
+        return StepResult(loss, correct, count, sum(lengths), flops)

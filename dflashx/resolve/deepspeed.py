@@ -20,7 +20,12 @@ QUIET_STEPS = 10**9  # DeepSpeed's own step printing: off (dflashx logs its own 
 
 def deepspeed_config(train: TrainStage, micro_batch: int, grad_accum: int, zero_stage: int, world_size: int,
                      bf16: bool) -> dict[str, Any]:
-    """ZeRO stage, bf16 or fp32, batch arithmetic, clipping, AdamW (torch's implementation).
+    """ZeRO stage, bf16 or fp32, batch arithmetic, clipping, the optimizer (`optimizer_config`).
+
+    Under Muon gradient clipping is off: DeepSpeed's ZeRO 1 and 2 clip the orthogonalised update
+    (norm about sqrt(rank) per matrix), ZeRO 0 the raw gradient, so one `grad_clip` would train
+    differently at each stage (measured on CPU: ZeRO 0 and ZeRO 2 losses parted from the first logged
+    step); Muon's update has a fixed norm anyway.
 
     `master_weights: bf16` keeps master weights, gradients and Adam moments in bf16 (DeepSpeed's
     `bf16_master_weights_and_grads` + `bf16_optimizer_states`, ZeRO 1 or 2; the plan refuses ZeRO 0).
@@ -32,14 +37,24 @@ def deepspeed_config(train: TrainStage, micro_batch: int, grad_accum: int, zero_
         "train_batch_size": micro_batch * grad_accum * world_size,
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,
-        "gradient_clipping": train.grad_clip,
+        "gradient_clipping": train.grad_clip if train.optimizer == "adamw" else 0.0,
         "zero_optimization": {"stage": zero_stage, "overlap_comm": world_size > 1, "contiguous_gradients": True},
         "bf16": precision,
-        "optimizer": {"type": "AdamW", "params": {"lr": train.lr, "betas": list(ADAM_BETAS), "eps": 1e-8,
-                                                  "weight_decay": train.weight_decay, "torch_adam": True}},
+        "optimizer": optimizer_config(train),
         "steps_per_print": QUIET_STEPS,
         "wall_clock_breakdown": False,
     }
+
+
+def optimizer_config(train: TrainStage) -> dict[str, Any]:
+    """AdamW (torch's implementation), or DeepSpeed's built-in Muon: Muon for the matrices DeepSpeed
+    tags `use_muon` (2-D), its auxiliary AdamW for the rest. Under Muon `lr` is the AdamW half's; the
+    matrices' rates are set per shape by the trainer's parameter groups from the resolved `muon_lr`
+    (`dflashx.resolve.formulas.muon_engine_lr`), which override the config's."""
+    adam = {"lr": train.lr, "betas": list(ADAM_BETAS), "eps": 1e-8, "weight_decay": train.weight_decay}
+    if train.optimizer == "muon":
+        return {"type": "Muon", "params": adam | {"momentum": train.muon_momentum}}
+    return {"type": "AdamW", "params": adam | {"torch_adam": True}}
 
 
 def launch_argv(hw: HardwareProfile, world_size: int) -> list[str]:

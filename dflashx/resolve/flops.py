@@ -7,7 +7,9 @@ weights live in buffers) counts the same as in bf16.
 
   target   forward up to the deepest tapped layer: 2 x params(layers 0..deepest) per token, plus
            causal softmax attention (QK^T and AV: 4 x heads x head_dim per visible pair) in its
-           attention layers (Gated DeltaNet layers count their projections only);
+           attention layers (Gated DeltaNet layers count their projections only); with the
+           target's argmax as labels (`stages.train.labels: target`) every layer, and its LM head
+           on the supervised positions;
   drafter  forward + backward (x3): its dense layers on the block tokens, k/v projections and
            `fc` on the context tokens, attention over the keys each block query may see;
   lm head  frozen: forward and input gradient (x2) on the supervised slots.
@@ -73,6 +75,17 @@ def target_forward_flops(facts: TargetFacts, deepest: int, lengths: Sequence[flo
     width = facts.num_attention_heads * facts.head_dim
     return (2.0 * facts.params_through_layer(deepest) * sum(lengths)
             + 4.0 * width * causal_pairs(lengths) * attention_layers)
+
+
+def target_pass_flops(facts: TargetFacts, layer_ids: Sequence[int], labels: str, lengths: Sequence[float],
+                      label_tokens: float) -> float:
+    """The target's part of a training step: forward to the deepest tapped layer for `labels: data`;
+    for `labels: target` to its last layer, plus its LM head on the `label_tokens` supervised positions
+    (2 x hidden x vocab each) for the argmax labels."""
+    if labels == "target":
+        return (target_forward_flops(facts, facts.num_layers - 1, lengths)
+                + 2.0 * facts.hidden_size * facts.vocab_size * label_tokens)
+    return target_forward_flops(facts, max(layer_ids), lengths)
 
 
 def drafter_step_flops(dims: DrafterDims, block_tokens: float, context_tokens: float, pairs: float,

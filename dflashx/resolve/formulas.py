@@ -54,3 +54,41 @@ def warmup_cosine(step: int, total_steps: int, warmup: int) -> float:
         return (step + 1) / warmup
     span = max(total_steps - warmup, 1)
     return 0.5 * (1.0 + math.cos(math.pi * min(step - warmup, span) / span))
+
+
+def warmup_linear(step: int, total_steps: int, warmup: int) -> float:
+    """Learning-rate factor before optimizer step `step`: linear warm-up to 1 over `warmup` steps, then
+    linear decay to 0 at `total_steps` (speculators' default schedule)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    span = max(total_steps - warmup, 1)
+    return max(0.0, 1.0 - min(step - warmup, span) / span)
+
+
+SCHEDULES = {"cosine": warmup_cosine, "linear": warmup_linear}
+
+
+def lr_factor(schedule: str, step: int, total_steps: int, warmup: int) -> float:
+    """The factor of every group's peak learning rate before optimizer step `step`."""
+    return SCHEDULES[schedule](step, total_steps, warmup)
+
+
+# Muon's peak learning rate relative to `lr` when the recipe leaves stages.train.muon_lr unset:
+# speculators' default (`muon_lr = 10 x lr`, src/speculators/train/config/schema.py, 0.9.0), in the
+# same AdamW-matched units (torch.optim.Muon's `match_rms_adamw`). The ablation's table in
+# docs/training.md says how this factor fared on the tiny run.
+MUON_LR_FACTOR = 10.0
+MUON_RMS = 0.2  # AdamW's typical update RMS the Muon update is scaled to (Liu et al. 2025, Moonlight, eq. 4)
+
+
+def muon_lr(lr: float, muon_lr_value: float | None) -> float:
+    """The Muon matrices' peak learning rate in AdamW-matched units."""
+    return muon_lr_value if muon_lr_value is not None else MUON_LR_FACTOR * lr
+
+
+def muon_engine_lr(matched_lr: float, rows: int, cols: int) -> float:
+    """DeepSpeed's Muon learning rate for a [rows, cols] matrix that gives the AdamW-matched rate
+    `matched_lr`: DeepSpeed scales an orthogonalised update by sqrt(max(1, rows/cols)) (Keller
+    Jordan's Muon); AdamW-matching scales it by 0.2 sqrt(max(rows, cols)) (Moonlight; torch.optim.Muon
+    `adjust_lr_fn="match_rms_adamw"`), so the engine's rate is the ratio of the two times `matched_lr`."""
+    return matched_lr * MUON_RMS * math.sqrt(max(rows, cols)) / math.sqrt(max(1.0, rows / cols))

@@ -70,7 +70,10 @@ class ResolvedTrainStage(TrainStage):
     compile: bool = Field(description="torch.compile the drafter's layers (`auto`: on GPUs).",
                           json_schema_extra=OPERATIONAL)
     loss_kernel: Literal["liger", "torch"] = Field(
-        description="Fused LM-head cross-entropy (`auto`: liger on GPUs, torch on CPU).", json_schema_extra=OPERATIONAL)
+        description="Fused LM-head cross-entropy (`auto`: liger on GPUs for decay_ce, else torch).",
+        json_schema_extra=OPERATIONAL)
+    muon_lr: float = Field(gt=0, description="Muon matrices' peak learning rate, AdamW-matched (`lr` x the factor "
+                           "when unset).", json_schema_extra=OUTPUT)
     deepspeed_config: dict[str, Any] = Field(description="The DeepSpeed config the engine is built with.",
                                              json_schema_extra=OPERATIONAL)
     launch: list[str] = Field(description="argv of the training launch ({run_dir} filled in by the stage).",

@@ -11,7 +11,8 @@ What it fills in, and from what:
                grad_accum = ceil(global_batch / (micro_batch x world)), loss_gamma, max_length
                (tokenize.max_length unless given), precision (bf16 on GPUs unless the target is
                fp32), peak FLOP/s, compile and loss_kernel (`auto`: compiled and liger on GPUs,
-               eager and torch on CPU), the DeepSpeed config and the launch argv;
+               eager and torch on CPU; torch for D-PACE), muon_lr (lr x MUON_LR_FACTOR unless
+               given), the DeepSpeed config and the launch argv;
   target       facts, load_precision (fp32 on a CPU profile for a bf16/fp16 target);
   generate     context_length and the serving settings (tp, dp, dp_mode, weight dtype, checkpoint,
                online quantization): `dflashx.resolve.serving`, one function each.
@@ -26,7 +27,7 @@ import math
 
 from dflashx.config.schema import DrafterSpec, GenerateStage, HardwareProfile, Recipe, TargetSpec, TrainStage
 from dflashx.resolve.deepspeed import deepspeed_config, launch_argv
-from dflashx.resolve.formulas import loss_gamma, spread_layer_ids
+from dflashx.resolve.formulas import loss_gamma, muon_lr, spread_layer_ids
 from dflashx.resolve.model import (
     ResolvedDrafter, ResolvedGenerateStage, ResolvedRecipe, ResolvedStages, ResolvedTarget, ResolvedTrainStage,
 )
@@ -65,6 +66,14 @@ def default_zero_stage(world: int) -> int:
     for the same all-reduce volume per micro step as plain data parallelism (Rajbhandari et al. 2020,
     sec. 7); ZeRO-3 is not run by the trainer."""
     return 0 if world == 1 else 2
+
+
+def loss_kernel(train: TrainStage, on_gpu: bool) -> str:
+    """`auto`: liger-kernel's fused loss on GPUs when the objective is `decay_ce` (liger reduces with one
+    weight per call; D-PACE's weights are per token), the torch fused loss otherwise."""
+    if train.loss_kernel != "auto":
+        return train.loss_kernel
+    return "liger" if on_gpu and train.loss == "decay_ce" else "torch"
 
 
 def _drafter(recipe: Recipe, facts: TargetFacts) -> ResolvedDrafter:
@@ -110,7 +119,8 @@ def _train(recipe: Recipe, block_size: int) -> ResolvedTrainStage:
         "precision": "bf16" if bf16 else "fp32",
         "peak_flops": peak,
         "compile": on_gpu if train.compile == "auto" else train.compile,
-        "loss_kernel": ("liger" if on_gpu else "torch") if train.loss_kernel == "auto" else train.loss_kernel,
+        "loss_kernel": loss_kernel(train, on_gpu),
+        "muon_lr": muon_lr(train.lr, train.muon_lr),
         "deepspeed_config": deepspeed_config(train, micro, accum, zero, world, bf16),
         "launch": launch_argv(hw, world),
     })

@@ -24,7 +24,7 @@ from dflashx.plan.estimates.lengths import Lengths
 from dflashx.plan.estimates.mfu import mfu_row
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.explain import Term, term
-from dflashx.resolve.flops import DrafterDims, block_pairs, drafter_step_flops, target_forward_flops
+from dflashx.resolve.flops import DrafterDims, block_pairs, drafter_step_flops, target_pass_flops
 from dflashx.resolve.model import ResolvedRecipe
 
 
@@ -50,8 +50,8 @@ def flops_per_sample(recipe: ResolvedRecipe, prompt: float, outputs: list[float]
     """(target FLOPs, drafter + LM head FLOPs, drafter block tokens) per sample, averaged over samples
     of these output lengths."""
     train, facts, block = recipe.stages.train, recipe.target.facts, recipe.drafter.block_size
-    deepest = max(recipe.drafter.target_layer_ids)
-    target = target_forward_flops(facts, deepest, [prompt + o for o in outputs])
+    target = target_pass_flops(facts, recipe.drafter.target_layer_ids, train.labels, [prompt + o for o in outputs],
+                               sum(outputs))
     drafter = tokens = 0.0
     for output in outputs:
         anchors = min(train.anchors_per_seq, output)
@@ -93,10 +93,10 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
              anchors_per_seq=train.anchors_per_seq, block_size=recipe.drafter.block_size),
         term("train.flops_per_sample", per_sample, "FLOP",
              f"mean over {QUADRATURE} quantiles of the training length L: target forward to the deepest tapped layer "
-             "over L + drafter forward/backward over the block tokens and L context tokens + frozen LM head on the "
+             "(labels: target — to its last layer, plus its LM head on the supervised positions) over L + drafter forward/backward over the block tokens and L context tokens + frozen LM head on the "
              "supervised slots (dflashx.resolve.flops)",
              target=target_f, drafter_and_head=drafter_f, L_mean=tokens.train_len_mean,
-             last_target_layer=max(recipe.drafter.target_layer_ids),
+             last_target_layer=max(recipe.drafter.target_layer_ids), labels=train.labels,
              source="Kaplan et al. 2020 (2N forward / 6N training FLOPs per token), plus attention"),
         term("train.steps", steps, "optimizer steps", "max_steps, else ceil(samples x epochs / global_batch)",
              samples=tokens.samples, epochs=train.epochs, global_batch=train.global_batch),

@@ -1,0 +1,66 @@
+"""Rules about how the drafter is trained: the objective against the loss kernel, the label source
+against the training mode, and a run too short to learn anything."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from dflashx.plan.context import PlanContext
+from dflashx.plan.findings import Finding, error, warning
+
+Rule = Callable[[PlanContext], Iterable[Finding]]
+
+# How much training the measured curves needed (benchmarks/results/drafter_quality.json, the tiny
+# recipe's default variant, mean of its seeds): the optimizer steps after which the logged expected
+# acceptance length first reached 90% of its final value, and the supervised slots per trainable
+# drafter parameter seen by then. A run planned below a tenth of either has not learned what the
+# tiny run learned (speculators' defaults make 60 optimizer steps on a data set of the tiny's size).
+MEASURED_STEPS_TO_90 = 70
+MEASURED_SLOTS_PER_PARAM_TO_90 = 0.9
+FAR_BELOW = 0.1
+
+
+def loss_kernel_fits_objective(ctx: PlanContext) -> Iterable[Finding]:
+    train = ctx.recipe.stages.train
+    if train.loss_kernel == "liger" and train.loss != "decay_ce":
+        yield error("loss_kernel_objective", "stages.train.loss_kernel",
+                    f"the liger loss kernel weighs slots by one fixed decay per call, but stages.train.loss is "
+                    f"{train.loss} (per-token weights)",
+                    "set stages.train.loss_kernel to auto or torch, or stages.train.loss to decay_ce")
+
+
+def target_labels_need_online(ctx: PlanContext) -> Iterable[Finding]:
+    train = ctx.recipe.stages.train
+    if train.labels == "target" and train.mode == "offline":
+        yield error("labels_offline", "stages.train.labels",
+                    "the target's argmax labels come from the target's forward, which offline training does not run",
+                    "set stages.train.mode to online, or stages.train.labels to data")
+
+
+def supervised_slots(ctx: PlanContext) -> float:
+    """Supervised slots the planned run trains on: sequences x anchors x (block_size - 1)."""
+    train, block = ctx.recipe.stages.train, ctx.recipe.drafter.block_size
+    sequences = ctx.training.steps * train.global_batch
+    return sequences * ctx.training.drafter_tokens_per_sample / block * (block - 1)
+
+
+def long_enough_to_learn(ctx: PlanContext) -> Iterable[Finding]:
+    if not ctx.recipe.stages.train.enabled:
+        return
+    steps, params = ctx.training.steps, ctx.training.drafter.trainable
+    per_param = supervised_slots(ctx) / params
+    short = []
+    if steps < FAR_BELOW * MEASURED_STEPS_TO_90:
+        short.append(f"{steps} optimizer steps (the tiny run needed {MEASURED_STEPS_TO_90})")
+    if per_param < FAR_BELOW * MEASURED_SLOTS_PER_PARAM_TO_90:
+        short.append(f"{per_param:.3g} supervised slots per trainable parameter (the tiny run needed "
+                     f"{MEASURED_SLOTS_PER_PARAM_TO_90:g})")
+    if short:
+        yield warning("train_too_short", "stages.train.epochs",
+                      f"the run is far too short to learn: {' and '.join(short)} to reach 90% of its final "
+                      "acceptance length (benchmarks/results/drafter_quality.json)",
+                      "raise stages.train.epochs or stages.train.anchors_per_seq, lower stages.train.global_batch, "
+                      "or add data")
+
+
+TRAINING_RULES: tuple[Rule, ...] = (loss_kernel_fits_objective, target_labels_need_online, long_enough_to_learn)
