@@ -189,11 +189,11 @@ def run_shape(name: str, shape: dict[str, Any], args, device: str, peaks: dict[s
             save()
 
 
-def markov_batches(vocab: int, seq: int, steps: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+def markov_batches(vocab: int, seq: int, steps: int, seed: int = 0, ids: int = 4096) -> list[dict[str, torch.Tensor]]:
     """A learnable stream: each token is a fixed random successor of the previous one 90% of the
-    time, else random (over 4096 token ids), so the loss falls gradually over a few hundred steps."""
+    time, else random (over `ids` token ids), so the loss falls gradually over a few hundred steps."""
     g = torch.Generator().manual_seed(seed)
-    ids = min(4096, vocab - 2)
+    ids = min(ids, vocab - 2)
     successor = torch.randperm(ids, generator=g)
     out = []
     for i in range(steps):
