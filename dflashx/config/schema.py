@@ -16,6 +16,7 @@ from pydantic import Field, model_validator
 from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, ByteSize, FiniteFloat, Precision, Strict, parse_size
 from dflashx.config.stages import (  # the stage models are part of the schema
     STAGE_ORDER, StageBase, IngestStage, GenerateStage, ServingSpec, QCThresholds, QCStage, TokenizeStage, TrainStage, EvalStage, ExportStage, BackupStage, Stages,
+    EvalBaseline, EvalSuite,
 )
 
 __all__ = [
@@ -26,7 +27,9 @@ __all__ = [
     "DatasetSpec",
     "DatasetStats",
     "DrafterSpec",
+    "EvalBaseline",
     "EvalStage",
+    "EvalSuite",
     "ExportStage",
     "GenerateStage",
     "GpuSpec",
