@@ -263,12 +263,12 @@ class EvalStage(StageBase):
     prompts: str | None = Field(None, description="JSONL of held-out prompts (the `heldout` suite); default: "
                                 "dataset.eval_holdout.", json_schema_extra=PATH)
     suites: list[EvalSuite] = Field(
-        default_factory=lambda: [EvalSuite(name=HELDOUT)], min_length=1,
+        default_factory=lambda: [HELDOUT], validate_default=True, min_length=1,
         description="Prompt sets to decode, each a built-in name (heldout, gsm8k, math500, humaneval, mbpp, "
                     "mt-bench, alpaca) or {name, path | hf_id, ...}; the first is the headline one.",
         json_schema_extra=OUTPUT)
     baselines: list[EvalBaseline] = Field(
-        default_factory=lambda: [EvalBaseline(name=UNTRAINED)],
+        default_factory=lambda: [UNTRAINED], validate_default=True,
         description="Drafters decoded beside the trained one on every suite: `untrained` or {name, path} of a "
                     "drafter folder (z-lab or speculators layout).",
         json_schema_extra=OUTPUT)

@@ -73,3 +73,13 @@ class Section:
 
     def to_json(self) -> dict[str, Any]:
         return {"title": self.title, "headers": self.headers, "rows": self.rows, "note": self.note}
+
+
+def suite_taus(by_suite: dict[str, dict[str, float]]) -> str:
+    """`τ per suite: heldout 4.04/1.00, gsm8k 3.10/1.00 (trained/untrained)` from the eval stage's
+    `tau_by_suite`; empty when it adds nothing to the headline (one suite, trained and untrained)."""
+    drafters = list(next(iter(by_suite.values()), {}))
+    if len(by_suite) < 2 and set(drafters) <= {"trained", "untrained"}:
+        return ""
+    cells = [f"{suite} " + "/".join(human_value(taus.get(d)) for d in drafters) for suite, taus in by_suite.items()]
+    return f"τ per suite: {', '.join(cells)} ({'/'.join(drafters)})"
