@@ -129,3 +129,23 @@ def zlab_reference():
         pytest.skip(f"z-lab dflash reference not importable: {exc}")
     finally:
         sys.path.remove(str(REFERENCE))
+
+
+def repeating_drafter(target, tok, token: int, **drafter: Any):
+    """A DFlashDrafter (fp32) that drafts `token` at every position, set by hand: its layers add
+    nothing (o_proj and down_proj zero), so a masked position leaves it as the mask token's
+    embedding, and the final norm's weight turns that into the LM-head row of `token`. On a random
+    target whose greedy output settles into repeating `token`, it is accepted there and rejected
+    elsewhere: a drafter with tau clearly above 1 without any training."""
+    from dflashx.dflash.model import DFlashDrafter
+
+    torch.manual_seed(1)
+    model = DFlashDrafter(drafter_config(target, tok, **drafter))
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        mask = target.get_input_embeddings().weight[model.config.mask_token_id].float()
+        unit = mask * torch.rsqrt(mask.pow(2).mean() + model.norm.variance_epsilon)
+        model.norm.weight.copy_(target.get_output_embeddings().weight[token].float() / unit)
+    return model
