@@ -136,7 +136,7 @@ def eval_drafters(ctx: StageContext) -> list[EvalDrafter]:
         if baseline.path is None:
             out.append(EvalDrafter(baseline.name, UNTRAINED, key, trained.config))
         else:
-            out.append(_folder(baseline.name, "baseline", key, _local(baseline.path, key + ".path"), facts, True))
+            out.append(_folder(baseline.name, "baseline", key, _local(baseline.path, key), facts, True))
     for drafter in out:
         check_fits(drafter, facts)
     return out
