@@ -101,8 +101,8 @@ def tiny_dataset(out_dir: str | Path, n: int = 16, **kw: Any) -> Path:
 REFERENCE = Path("/tmp/dflash_ref")  # the z-lab `dflash` 0.1.0 wheel, unpacked (never installed)
 
 
-def zlab_reference():
-    """The z-lab reference's `dflash.model` module, read from the unpacked wheel.
+def zlab_reference(module: str = "dflash.model"):
+    """A module of the z-lab reference (`dflash.model`, `dflash.benchmark`), read from the unpacked wheel.
 
     The wheel is fetched from PyPI and unpacked on first use (it is not installed: it must not
     touch this environment); the test is skipped only when that is impossible (no registry)."""
@@ -124,7 +124,7 @@ def zlab_reference():
             wheel.extractall(REFERENCE)
     sys.path.insert(0, str(REFERENCE))
     try:
-        return importlib.import_module("dflash.model")
+        return importlib.import_module(module)
     except ImportError as exc:
         pytest.skip(f"z-lab dflash reference not importable: {exc}")
     finally:

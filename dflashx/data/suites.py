@@ -26,6 +26,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from dflashx.config.eval_suites import template_fields
 from dflashx.config.schema import SourceSpec
 from dflashx.data.formats import FormatError, to_prompt
 from dflashx.data.jsonl import iter_numbered
@@ -70,6 +71,10 @@ def _selected(suite: ResolvedSuite) -> list[tuple[int, RawRecord]]:
 
 
 def _from_template(template: str, record: dict[str, Any]) -> dict[str, Any]:
+    empty = [f for f in template_fields(template) if record.get(f.split("[")[0]) in (None, "", [])]
+    if empty:  # absent, or null as Parquet and `datasets` write a missing value
+        raise FormatError(f"template {template!r} cannot read {empty[0].split('[')[0]!r}: the record has no value "
+                          f"there (fields with values: {sorted(k for k, v in record.items() if v not in (None, ''))})")
     try:
         text = template.format_map(record)
     except (KeyError, IndexError, TypeError) as exc:
