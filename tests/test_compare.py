@@ -97,4 +97,4 @@ def test_the_run_summary_shows_tau_per_suite_only_when_it_adds_something() -> No
     two = one | {"tau_by_suite": {"heldout": {"trained": 3.9, "untrained": 1.0, "z-lab": 4.25},
                                   "gsm8k": {"trained": 2.5, "untrained": 1.0, "z-lab": 3.0}}}
     assert figures(two, HEADLINES["eval"]) == ("τ 3.90 trained · vs 1.00 untrained · τ per suite: heldout "
-                                               "3.9/1/4.25, gsm8k 2.5/1/3 (trained/untrained/z-lab)")
+                                               "3.90/1.00/4.25, gsm8k 2.50/1.00/3.00 (trained/untrained/z-lab)")

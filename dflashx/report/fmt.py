@@ -76,10 +76,11 @@ class Section:
 
 
 def suite_taus(by_suite: dict[str, dict[str, float]]) -> str:
-    """`τ per suite: heldout 4.04/1.00, gsm8k 3.10/1.00 (trained/untrained)` from the eval stage's
+    """`τ per suite: heldout 3.94/1.00, tiny-eval 4.17/1.00 (trained/untrained)` from the eval stage's
     `tau_by_suite`; empty when it adds nothing to the headline (one suite, trained and untrained)."""
     drafters = list(next(iter(by_suite.values()), {}))
     if len(by_suite) < 2 and set(drafters) <= {"trained", "untrained"}:
         return ""
-    cells = [f"{suite} " + "/".join(human_value(taus.get(d)) for d in drafters) for suite, taus in by_suite.items()]
+    shown = lambda tau: "-" if tau is None else f"{tau:.2f}"  # noqa: E731 - as the headline's τ
+    cells = [f"{suite} " + "/".join(shown(taus.get(d)) for d in drafters) for suite, taus in by_suite.items()]
     return f"τ per suite: {', '.join(cells)} ({'/'.join(drafters)})"
