@@ -113,7 +113,7 @@ def _iter_hub(spec: SourceSpec, key: str) -> Iterator[RawRecord]:
     except Exception as e:  # the datasets library raises many types; all mean "cannot open"
         raise SourceError(
             f"source {spec.name!r}: cannot open datasets id {spec.hf_id!r} (split {spec.split!r}): {e}. "
-            f"Without a network, download it elsewhere and set {key}.path to a local JSONL/Parquet file."
+            f"Without a network, download it elsewhere and use `path:` ({key}.path) with a local JSONL/Parquet file."
         ) from e
     for i, item in enumerate(ds):
         yield RawRecord(f"{spec.hf_id}#row {i}", item)
