@@ -101,8 +101,8 @@ def tiny_dataset(out_dir: str | Path, n: int = 16, **kw: Any) -> Path:
 REFERENCE = Path("/tmp/dflash_ref")  # the z-lab `dflash` 0.1.0 wheel, unpacked (never installed)
 
 
-def zlab_reference():
-    """The z-lab reference's `dflash.model` module, read from the unpacked wheel.
+def zlab_reference(module: str = "dflash.model"):
+    """A module of the z-lab reference (`dflash.model`, `dflash.benchmark`), read from the unpacked wheel.
 
     The wheel is fetched from PyPI and unpacked on first use (it is not installed: it must not
     touch this environment); the test is skipped only when that is impossible (no registry)."""
@@ -124,8 +124,28 @@ def zlab_reference():
             wheel.extractall(REFERENCE)
     sys.path.insert(0, str(REFERENCE))
     try:
-        return importlib.import_module("dflash.model")
+        return importlib.import_module(module)
     except ImportError as exc:
         pytest.skip(f"z-lab dflash reference not importable: {exc}")
     finally:
         sys.path.remove(str(REFERENCE))
+
+
+def repeating_drafter(target, tok, token: int, **drafter: Any):
+    """A DFlashDrafter (fp32) that drafts `token` at every position, set by hand: its layers add
+    nothing (o_proj and down_proj zero), so a masked position leaves it as the mask token's
+    embedding, and the final norm's weight turns that into the LM-head row of `token`. On a random
+    target whose greedy output settles into repeating `token`, it is accepted there and rejected
+    elsewhere: a drafter with tau clearly above 1 without any training."""
+    from dflashx.dflash.model import DFlashDrafter
+
+    torch.manual_seed(1)
+    model = DFlashDrafter(drafter_config(target, tok, **drafter))
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        mask = target.get_input_embeddings().weight[model.config.mask_token_id].float()
+        unit = mask * torch.rsqrt(mask.pow(2).mean() + model.norm.variance_epsilon)
+        model.norm.weight.copy_(target.get_output_embeddings().weight[token].float() / unit)
+    return model

@@ -59,3 +59,42 @@ def test_cli_markdown_and_json(tmp_path: Path) -> None:
 
 def test_flatten_indexes_lists_of_mappings() -> None:
     assert flatten({"a": {"b": 1}, "s": [{"x": 2}], "ids": [1, 2]}) == {"a.b": 1, "s[0].x": 2, "ids": [1, 2]}
+
+
+def _eval_report(run: Path, report: dict) -> None:
+    (run / "eval" / "report").mkdir(parents=True)
+    (run / "eval" / "report" / "eval.json").write_text(json.dumps(report))
+
+
+def test_compare_puts_every_suite_and_drafter_side_by_side(tmp_path: Path) -> None:
+    """A run with suites and a baseline beside a run whose eval.json predates suites (its trained and
+    untrained figures count as the one suite `heldout`)."""
+    new, old = make_run(tmp_path, name="new"), make_run(tmp_path, name="old")
+    summary = lambda tau, n: {"tau": tau, "prompts": n}  # noqa: E731
+    _eval_report(new, {"suites": {"heldout": {"trained": summary(3.9, 16), "untrained": summary(1.0, 16),
+                                              "z-lab": summary(4.2, 16)},
+                                  "gsm8k": {"trained": summary(2.5, 8), "untrained": summary(1.0, 8),
+                                            "z-lab": summary(3.1, 8)}}})
+    _eval_report(old, {"trained": summary(3.5, 16), "untrained": summary(1.0, 16)})
+    section = next(s for s in compare([RunInfo.load(new), RunInfo.load(old)])
+                   if s.title == "Eval tau per suite and drafter")
+    assert section.headers == ["suite", "drafter", "new", "old"]
+    assert section.rows == [
+        ["heldout", "trained", "3.9 (16 prompts)", "3.5 (16 prompts)"],
+        ["heldout", "untrained", "1 (16 prompts)", "1 (16 prompts)"],
+        ["heldout", "z-lab", "4.2 (16 prompts)", "-"],
+        ["gsm8k", "trained", "2.5 (8 prompts)", "-"],
+        ["gsm8k", "untrained", "1 (8 prompts)", "-"],
+        ["gsm8k", "z-lab", "3.1 (8 prompts)", "-"],
+    ]
+
+
+def test_the_run_summary_shows_tau_per_suite_only_when_it_adds_something() -> None:
+    from dflashx.report.console import HEADLINES, figures
+
+    one = {"tau": 3.9, "tau_untrained": 1.0, "tau_by_suite": {"heldout": {"trained": 3.9, "untrained": 1.0}}}
+    assert figures(one, HEADLINES["eval"]) == "τ 3.90 trained · vs 1.00 untrained"
+    two = one | {"tau_by_suite": {"heldout": {"trained": 3.9, "untrained": 1.0, "z-lab": 4.25},
+                                  "gsm8k": {"trained": 2.5, "untrained": 1.0, "z-lab": 3.0}}}
+    assert figures(two, HEADLINES["eval"]) == ("τ 3.90 trained · vs 1.00 untrained · τ per suite: heldout "
+                                               "3.90/1.00/4.25, gsm8k 2.50/1.00/3.00 (trained/untrained/z-lab)")

@@ -111,7 +111,7 @@ def test_fp8_target_is_evaluated_in_fp8_and_decoding_stays_exact(setup, tmp_path
 
     root, target, prompts = setup
     ctx = _ctx(tmp_path, target, {"train.checkpoint": root / "ckpt", "ingest.eval_prompts": prompts}, precision="fp8")
-    loaded, _, _ = eval_stage._load(ctx)
+    loaded, _ = eval_stage._load_target(ctx)
     assert sum(isinstance(m, FP8Linear) for m in loaded.modules()) == 4 * 7
     data = json.loads((ctx.out_dir / eval_stage.run(ctx).artifacts["report"].path / "eval.json").read_text())
     assert data["greedy_agreement"] == 1.0 and data["trained"]["cycles"] > 0

@@ -82,6 +82,9 @@ def test_every_field_a_stage_key_reaches_declares_its_role():
     # train's max_length is resolved from tokenize.max_length when unset (and its dataset changes anyway)
     ({"stages.tokenize.max_length": 512}, {"tokenize", "train"}),
     ({"stages.export.dtype": "fp32"}, {"export"}),
+    # suites and baselines decide what eval measures; a built-in name enters as its whole definition
+    ({"stages.eval.suites": ["heldout", "gsm8k"]}, {"eval"}),
+    ({"stages.eval.baselines": []}, {"eval"}),
 ])
 def test_config_changes_touch_only_their_stages(source, tmp_path, change, stages):
     assert _changed(source, tmp_path, **change) == stages
@@ -112,6 +115,22 @@ def test_local_paths_are_keyed_by_content(source, tmp_path):
     assert _keys(source, tmp_path)["ingest"] == _keys(copy, tmp_path)["ingest"]
     copy.write_text(source.read_text() + "\n")
     assert _keys(source, tmp_path)["ingest"] != _keys(copy, tmp_path)["ingest"]
+
+
+def test_suite_and_baseline_paths_are_keyed_by_content(source, tmp_path):
+    suite, drafter = tmp_path / "suite.jsonl", tmp_path / "drafter"
+    suite.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    drafter.mkdir()
+    (drafter / "config.json").write_text("{}")
+    changes = {"stages.eval.suites": [{"name": "mine", "path": str(suite)}],
+               "stages.eval.baselines": [{"name": "theirs", "path": str(drafter)}]}
+    material = key_material("eval", resolve_for_test(fakes.make_recipe(source, **changes)), {})["config"]
+    assert set(material["stages.eval"]["suites"][0]["path"]) == {"fingerprint"}
+    assert set(material["stages.eval"]["baselines"][0]["path"]) == {"fingerprint"}
+    before = _keys(source, tmp_path, **changes)
+    (drafter / "config.json").write_text('{"changed": 1}')
+    after = _keys(source, tmp_path, **changes)
+    assert {s for s in STAGE_ORDER if before[s] != after[s]} == {"eval"}
 
 
 def test_inputs_enter_the_key(source, tmp_path):

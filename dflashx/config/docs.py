@@ -90,9 +90,11 @@ Relative paths are resolved when the recipe is loaded, against the folder of the
 the key (a base recipe's paths are relative to the base recipe; an override's to the working
 directory):
 
-- `dataset.sources[].path`, `drafter.init_from`, `stages.eval.prompts`: always paths.
-- `target.model`, `target.tokenizer`: paths when they start with `/`, `./`, `../` or `~`, or name
-  an existing folder; otherwise Hugging Face ids such as `Qwen/Qwen3.6-27B`.
+- `dataset.sources[].path`, `drafter.init_from`, `stages.eval.prompts`, `stages.eval.suites[].path`:
+  always paths.
+- `target.model`, `target.tokenizer`, `stages.eval.baselines[].path`: paths when they start with
+  `/`, `./`, `../` or `~`, or name an existing folder; otherwise Hugging Face ids such as
+  `Qwen/Qwen3.6-27B`.
 - `builtin:...` values and URLs are left as they are.
 - `storage.root` resolves against the working directory.
 

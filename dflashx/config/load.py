@@ -344,6 +344,9 @@ class _Loader:
 
 _PATH_KEYS: tuple[Loc, ...] = (("drafter", "init_from"), ("stages", "eval", "prompts"))
 _MAYBE_LOCAL_KEYS: tuple[Loc, ...] = (("target", "model"), ("target", "tokenizer"))
+# Lists whose items' `path` is one (True: only when it looks local; a baseline may be a hub id).
+_PATH_LISTS: tuple[tuple[Loc, bool], ...] = ((("dataset", "sources"), False), (("stages", "eval", "suites"), False),
+                                             (("stages", "eval", "baselines"), True))
 
 
 def _parent(data: Any, loc: Loc) -> Any:
@@ -374,9 +377,10 @@ def _resolve_paths(data: dict[str, Any], sources: SourceMap) -> None:
             return  # a hub id such as Qwen/Qwen3.6-27B
         container[loc[-1]] = os.path.normpath(path)
 
-    sources_list = _parent(data, ("dataset", "sources", 0))
-    for i in range(len(sources_list) if isinstance(sources_list, list) else 0):
-        fix(("dataset", "sources", i, "path"))
+    for items, only_if_local in _PATH_LISTS:
+        listed = _parent(data, (*items, 0))
+        for i in range(len(listed) if isinstance(listed, list) else 0):
+            fix((*items, i, "path"), only_if_local=only_if_local)
     for loc in _PATH_KEYS:
         fix(loc)
     for loc in _MAYBE_LOCAL_KEYS:

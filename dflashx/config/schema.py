@@ -14,8 +14,10 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, ByteSize, FiniteFloat, Precision, Strict, parse_size
+from dflashx.config.eval_suites import BUILTIN_BASELINES, BUILTIN_SUITES
 from dflashx.config.stages import (  # the stage models are part of the schema
     STAGE_ORDER, StageBase, IngestStage, GenerateStage, ServingSpec, QCThresholds, QCStage, TokenizeStage, TrainStage, EvalStage, ExportStage, BackupStage, Stages,
+    EvalBaseline, EvalSuite,
 )
 
 __all__ = [
@@ -26,7 +28,9 @@ __all__ = [
     "DatasetSpec",
     "DatasetStats",
     "DrafterSpec",
+    "EvalBaseline",
     "EvalStage",
+    "EvalSuite",
     "ExportStage",
     "GenerateStage",
     "GpuSpec",
@@ -344,4 +348,8 @@ def recipe_json_schema() -> dict[str, Any]:
     hw = schema["properties"]["hardware"]
     schema["properties"]["hardware"] = {"anyOf": [{"type": "string", "description": "Profile name"}, hw]}
     schema["properties"]["extends"] = {"type": "string", "description": "Base recipe path"}
+    for key, builtins in (("suites", BUILTIN_SUITES), ("baselines", BUILTIN_BASELINES)):  # bare names too
+        field = schema["$defs"]["EvalStage"]["properties"][key]
+        field["items"] = {"anyOf": [{"type": "string", "enum": list(builtins), "description": "Built-in name"},
+                                    field["items"]]}
     return schema

@@ -31,8 +31,14 @@ class RawRecord:
     error: str | None = None
 
 
-def source_files(spec: SourceSpec) -> list[Path]:
-    """The local files a `path` source reads, in a stable order."""
+def _key(spec: SourceSpec, key: str | None) -> str:
+    """The recipe key that wrote `spec` (its list item), for error messages."""
+    return key or f"dataset.sources[{spec.name}]"
+
+
+def source_files(spec: SourceSpec, key: str | None = None) -> list[Path]:
+    """The local files a `path` source reads, in a stable order; `key` names the recipe item that
+    wrote it in errors (default `dataset.sources[<name>]`)."""
     assert spec.path is not None
     if is_builtin(spec.path):
         return [builtin_file(spec.path)]
@@ -42,25 +48,25 @@ def source_files(spec: SourceSpec) -> list[Path]:
         if not files:
             raise SourceError(
                 f"source {spec.name!r}: folder {path} holds no {'/'.join(SUFFIXES)} files "
-                f"(fix dataset.sources[{spec.name}].path)"
+                f"(fix {_key(spec, key)}.path)"
             )
         return files
     if not path.exists():
-        raise SourceError(f"source {spec.name!r}: {path} does not exist (fix dataset.sources[{spec.name}].path)")
+        raise SourceError(f"source {spec.name!r}: {path} does not exist (fix {_key(spec, key)}.path)")
     if path.suffix not in SUFFIXES:
         raise SourceError(
             f"source {spec.name!r}: {path} is not one of {', '.join(SUFFIXES)} "
-            f"(convert it, or point dataset.sources[{spec.name}].path at such a file)"
+            f"(convert it, or point {_key(spec, key)}.path at such a file)"
         )
     return [path]
 
 
-def iter_source(spec: SourceSpec) -> Iterator[RawRecord]:
-    """Every raw record of a source, in file order."""
+def iter_source(spec: SourceSpec, key: str | None = None) -> Iterator[RawRecord]:
+    """Every raw record of a source, in file order (`key` as for `source_files`)."""
     if spec.hf_id is not None:
-        yield from _iter_hub(spec)
+        yield from _iter_hub(spec, _key(spec, key))
         return
-    for path in source_files(spec):
+    for path in source_files(spec, key):
         if path.suffix == ".parquet":
             yield from _iter_parquet(path)
         else:
@@ -99,7 +105,7 @@ def _iter_parquet(path: Path) -> Iterator[RawRecord]:
             row += 1
 
 
-def _iter_hub(spec: SourceSpec) -> Iterator[RawRecord]:
+def _iter_hub(spec: SourceSpec, key: str) -> Iterator[RawRecord]:
     import datasets
 
     try:
@@ -107,7 +113,7 @@ def _iter_hub(spec: SourceSpec) -> Iterator[RawRecord]:
     except Exception as e:  # the datasets library raises many types; all mean "cannot open"
         raise SourceError(
             f"source {spec.name!r}: cannot open datasets id {spec.hf_id!r} (split {spec.split!r}): {e}. "
-            f"Without a network, download it elsewhere and use `path:` with a local JSONL/Parquet file."
+            f"Without a network, download it elsewhere and use `path:` ({key}.path) with a local JSONL/Parquet file."
         ) from e
     for i, item in enumerate(ds):
         yield RawRecord(f"{spec.hf_id}#row {i}", item)

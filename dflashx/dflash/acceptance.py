@@ -15,9 +15,11 @@ Context-length buckets are by the prompt's length in tokens (chat template appli
 the drafter starts from: `<512`, `512-2K`, `2K-8K`, `8K-32K`, `>=32K` (K = 1024).
 
 Public API: `summarize(results, block_size) -> dict` (JSON-ready), `summarize_groups(results,
-labels, block_size, order=None) -> {label: summary}`, `context_bucket(prompt_tokens) -> label`,
-`acceptance_figure(summaries) -> Figure`, `plot_acceptance(summaries: dict[str, dict], path)`
-(PNG, matplotlib Agg). Importing this module does not import torch (report/ reads the labels).
+labels, block_size, order=None) -> {label: summary}`, `drafter_summary(results, block_size,
+sources, buckets)` (one drafter's eval.json entry on one suite), `context_bucket(prompt_tokens) ->
+label`, `acceptance_figure(summaries, suites=None, suite=None) -> Figure`, `plot_acceptance(
+summaries, path, suites=None, suite=None)` (PNG, matplotlib Agg; `suites` adds tau per suite and
+drafter). Importing this module does not import torch (report/ reads the labels).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ GROUP_KEYS = ("tau", "acceptance_by_position", "cycles", "prompts", "generated_t
 UNKNOWN_SOURCE = "unknown"
 SOURCE_PANEL = "tau per source"
 CONTEXT_PANEL = "tau by prompt length (tokens)"
+SUITE_PANEL = "tau per suite"
+SUITES_KEY = "suites"
 
 
 def summarize(results: Sequence[DecodeResult], block_size: int) -> dict[str, Any]:
@@ -82,6 +86,17 @@ def summarize_groups(results: Sequence[DecodeResult], labels: Sequence[str], blo
     return out
 
 
+def drafter_summary(results: Sequence[DecodeResult], block_size: int, sources: Sequence[str],
+                    buckets: Sequence[str]) -> dict[str, Any]:
+    """One drafter's entry for one suite in eval.json: `summarize`, each prompt's tau, and the same
+    figures per prompt source and per context bucket."""
+    return summarize(results, block_size) | {
+        "per_prompt_tau": [r.tau for r in results],
+        "by_source": summarize_groups(results, sources, block_size),
+        "by_context": summarize_groups(results, buckets, block_size, order=CONTEXT_BUCKET_LABELS),
+    }
+
+
 def _group_bars(ax: Any, summaries: dict[str, dict[str, Any]], key: str, title: str) -> None:
     """Grouped bars of each run's tau per label of `summaries[run][key]`; x labels carry the prompt count."""
     labels: list[str] = []
@@ -102,16 +117,34 @@ def _group_bars(ax: Any, summaries: dict[str, dict[str, Any]], key: str, title: 
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
 
 
-def acceptance_figure(summaries: dict[str, dict[str, Any]]) -> Any:
-    """The acceptance figure: per-position acceptance and accepted-length histogram (top), tau per
-    source and tau by context bucket (bottom, one bar per run). The caller closes it."""
+def by_suite(suites: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """{suite: {drafter: summary}} turned to {drafter: {"suites": {suite: summary}}} (one bar per drafter)."""
+    out: dict[str, dict[str, Any]] = {}
+    for suite, drafters in suites.items():
+        for drafter, summary in drafters.items():
+            out.setdefault(drafter, {SUITES_KEY: {}})[SUITES_KEY][suite] = summary
+    return out
+
+
+def acceptance_figure(summaries: dict[str, dict[str, Any]], suites: dict[str, dict[str, dict[str, Any]]] | None = None,
+                      suite: str | None = None) -> Any:
+    """The acceptance figure of `summaries` ({drafter: summary} on one suite, named `suite`):
+    per-position acceptance and accepted-length histogram (top), tau per source and tau by context
+    bucket (middle, one bar per drafter); with `suites` ({suite: {drafter: summary}}) a bottom row
+    of tau per suite, one bar per drafter. The caller closes it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, ((left, right), (by_source, by_context)) = plt.subplots(2, 2, figsize=(11, 8))
+    rows = 3 if suites else 2
+    fig = plt.figure(figsize=(11, 4 * rows))
+    grid = fig.add_gridspec(rows, 2)
+    left, right = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
+    by_source, by_context = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
+    if suites:
+        _group_bars(fig.add_subplot(grid[2, :]), by_suite(suites), SUITES_KEY, SUITE_PANEL)
     for name, s in summaries.items():
         acc = s["acceptance_by_position"]
         xs = [k + 1 for k, v in enumerate(acc) if v is not None]
@@ -119,24 +152,27 @@ def acceptance_figure(summaries: dict[str, dict[str, Any]]) -> Any:
         hist = s["accept_length_histogram"]
         total = sum(hist) or 1
         right.plot(range(len(hist)), [h / total for h in hist], marker="o", label=name)
-    left.set(xlabel="draft position k", ylabel="P(position k accepted)", ylim=(0, 1.02), title="Acceptance per position")
-    right.set(xlabel="accepted drafts per cycle", ylabel="share of cycles", title="Accepted length")
+    on = f" ({suite})" if suite else ""
+    left.set(xlabel="draft position k", ylabel="P(position k accepted)", ylim=(0, 1.02),
+             title=f"Acceptance per position{on}")
+    right.set(xlabel="accepted drafts per cycle", ylabel="share of cycles", title=f"Accepted length{on}")
     for ax in (left, right):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend()
-    _group_bars(by_source, summaries, "by_source", SOURCE_PANEL)
-    _group_bars(by_context, summaries, "by_context", CONTEXT_PANEL)
+    _group_bars(by_source, summaries, "by_source", SOURCE_PANEL + on)
+    _group_bars(by_context, summaries, "by_context", CONTEXT_PANEL + on)
     fig.tight_layout()
     return fig
 
 
-def plot_acceptance(summaries: dict[str, dict[str, Any]], path: str | Path) -> Path:
-    """Write `acceptance_figure(summaries)` as a PNG (atomically, no metadata text)."""
+def plot_acceptance(summaries: dict[str, dict[str, Any]], path: str | Path,
+                    suites: dict[str, dict[str, dict[str, Any]]] | None = None, suite: str | None = None) -> Path:
+    """Write `acceptance_figure(summaries, suites, suite)` as a PNG (atomically, no metadata text)."""
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    fig = acceptance_figure(summaries)
+    fig = acceptance_figure(summaries, suites, suite)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", metadata={"Software": None}, dpi=110)
     plt.close(fig)

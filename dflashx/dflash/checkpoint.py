@@ -12,6 +12,7 @@ and so does a full disk (`DiskFull`, the partial state removed). Only then are o
 (`stages.train.keep_checkpoints`: the K newest and the best by logged loss stay).
 
 Public API: `save_drafter(drafter, out_dir, dtype=None)`, `load_drafter(path, device, dtype)`,
+`weight_shapes(path)`,
 `load_weights_into(drafter, path)` (continue from a public checkpoint), `save_training_state(
 engine, ckpt_dir, step, client_state, rank_state, loss=None, keep=None)`, `latest_tag(ckpt_dir)`,
 `best_tag(ckpt_dir)`, `prune_checkpoints(ckpt_dir, keep)`,
@@ -78,6 +79,14 @@ def load_weights_into(drafter: DFlashDrafter, path: str | Path) -> None:
             f"shape mismatch {bad[:4]}); check drafter.num_layers/num_target_layers against its config.json"
         )
     drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+
+
+def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of a checkpoint folder's weights, from the safetensors header (nothing loaded)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(path) / WEIGHTS_FILE), "pt") as f:
+        return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
 
 
 def load_drafter(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> DFlashDrafter:

@@ -1,7 +1,8 @@
 """`dflashx compare`: runs side by side — recipe differences, estimate vs actual, key results.
 
 Everything comes from the run folders (recipe.yaml, plan.json, records.jsonl, manifest.json, and
-the eval stage's eval/report/eval.json for tau per prompt source and per context bucket).
+the eval stage's eval/report/eval.json for tau per suite and drafter, per prompt source and per
+context bucket).
 When a run tracked online (`tracking.mode: online`) and WANDB_API_KEY is set, metrics missing
 locally are filled from the W&B API (runs of the pipeline run's group, one per stage = job type).
 """
@@ -129,6 +130,29 @@ def eval_groups(runs: list[RunInfo], key: str, title: str, order: tuple[str, ...
     return Section(title, ["group", *(r.name for r in runs)], rows, note)
 
 
+def suite_table(report: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """An eval.json's {suite: {drafter: summary}}; a report from before suites existed holds one
+    suite, the held-out prompts, with its trained and untrained drafters."""
+    if isinstance(report.get("suites"), dict):
+        return report["suites"]
+    old = {d: report[d] for d in ("trained", "untrained") if isinstance(report.get(d), dict)}
+    return {"heldout": old} if old else {}
+
+
+def eval_suites(runs: list[RunInfo]) -> Section:
+    """tau of every drafter on every suite, runs side by side: one row per (suite, drafter)."""
+    tables = [suite_table(eval_report(r)) for r in runs]
+    rows: list[list[str]] = []
+    for suite in dict.fromkeys(s for t in tables for s in t):
+        for drafter in dict.fromkeys(d for t in tables for d in t.get(suite, {})):
+            cells = [(t.get(suite) or {}).get(drafter) for t in tables]
+            rows.append([suite, drafter, *(f"{human_value(c.get('tau'))} ({c.get('prompts', '-')} prompts)" if c
+                                           else "-" for c in cells)])
+    note = ("tau (tokens per target forward) per suite and drafter, from eval/report/eval.json" if rows
+            else "No run has an eval report.")
+    return Section("Eval tau per suite and drafter", ["suite", "drafter", *(r.name for r in runs)], rows, note)
+
+
 def wandb_metrics(run: RunInfo) -> dict[str, dict[str, Any]]:
     """Per-stage W&B summaries of an online run ({} when offline, without a key, or unreachable)."""
     tracking = run.recipe.get("tracking") or {}
@@ -154,6 +178,6 @@ def compare(runs: list[RunInfo]) -> list[Section]:
                         for r in runs])
     remote = [wandb_metrics(r) for r in runs]
     return [overview, recipe_differences(runs), *estimate_vs_actual(runs),
-            key_results(runs, remote if any(remote) else None),
+            key_results(runs, remote if any(remote) else None), eval_suites(runs),
             eval_groups(runs, "by_source", "Eval tau per source"),
             eval_groups(runs, "by_context", "Eval tau by prompt length (tokens)", CONTEXT_BUCKET_LABELS)]

@@ -3,7 +3,7 @@ runs and how far it is, then where everything is and what to try next.
 
 On a terminal: one live row per running step (rich): spinner, name, a bar, done/total and an ETA
 when the stage's metrics say how far it is (train: step/total_steps with loss, tokens/s and MFU;
-generate: completions/prompts, every 30 s; eval: prompts decoded), else the elapsed time against
+generate: completions/prompts, every 30 s; eval: prompts decoded over all suites and drafters), else the elapsed time against
 the plan's estimate; and the stage's latest `dflashx` log line as its phase. A finished step
 prints its line (`dflashx.run.orchestrator.outcome_line`) above the rows. Off a terminal (a pipe,
 a file, CI): the same lines stamped HH:MM:SS, no control characters, and a progress line at most
@@ -30,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dflashx.config.schema import STAGE_ORDER
-from dflashx.report.fmt import human_seconds, human_value, wide_console
+from dflashx.report.fmt import human_seconds, human_value, suite_taus, wide_console
 from dflashx.run.orchestrator import RunResult, StageOutcome, outcome_line, start_line
 from dflashx.store.manifest import Manifest
 from dflashx.track.records import read_records
@@ -41,7 +41,8 @@ HEARTBEAT_S = 60.0  # off a terminal, a stage that says nothing still gets a lin
 _STEP_OF = re.compile(r"\bstep (\d+)/(\d+)\b")
 STYLE = {"done": "green", "skipped": "dim", "disabled": "dim", "failed": "red", "interrupted": "yellow"}
 # Headline figures per stage: (metric, format); other stages show their first scalar metrics.
-HEADLINES: dict[str, tuple[tuple[str, str], ...]] = {
+Spec = str | Callable[[Any], str]  # a format string, or a function of the value
+HEADLINES: dict[str, tuple[tuple[str, Spec], ...]] = {
     "ingest": (("prompts", "{:,} prompts"), ("eval_prompts", "{:,} held out")),
     "generate": (("completions_total", "{:,} completions"), ("output_tokens_per_s", "{:,.0f} tok/s"),
                  ("finish_length_frac", "{:.0%} truncated")),
@@ -50,7 +51,7 @@ HEADLINES: dict[str, tuple[tuple[str, str], ...]] = {
     "train": (("loss", "loss {:.3f}"), ("acceptance_length", "acceptance length {:.2f}"), ("step", "{:,} steps"),
               ("tokens_per_s", "{:,.0f} tok/s")),
     "eval": (("tau", "τ {:.2f} trained"), ("tau_untrained", "vs {:.2f} untrained"),
-             ("greedy_agreement", "greedy agreement {:.0%}")),
+             ("tau_by_suite", suite_taus), ("greedy_agreement", "greedy agreement {:.0%}")),
     "export": (("parameters", "{:,} parameters"),),
 }
 # Live figures from a stage's `ctx.log` metrics, in this order.
@@ -58,16 +59,18 @@ FIGURES = (("loss", "loss {:.3f}"), ("tokens_per_s", "{:,.0f} tok/s"), ("output_
            ("mfu", "MFU {:.1%}"), ("eval/trained_tau", "τ {:.2f}"), ("eval/untrained_tau", "τ {:.2f}"))
 
 
-def _format(spec: str, value: Any) -> str:
+def _format(spec: Spec, value: Any) -> str:
+    if callable(spec):
+        return spec(value)
     try:
         return spec.format(value)
     except (TypeError, ValueError):
         return f"{spec.split('{')[0]}{human_value(value)}"
 
 
-def figures(metrics: dict[str, Any], specs: Sequence[tuple[str, str]] = FIGURES, fallback: int = 0) -> str:
+def figures(metrics: dict[str, Any], specs: Sequence[tuple[str, Spec]] = FIGURES, fallback: int = 0) -> str:
     """`loss 2.310 · 1,234 tok/s` from metrics; without any of `specs`, the first `fallback` scalars."""
-    shown = [_format(spec, metrics[k]) for k, spec in specs if metrics.get(k) is not None]
+    shown = [text for k, spec in specs if metrics.get(k) is not None and (text := _format(spec, metrics[k]))]
     if not shown and fallback:
         scalars = [(k, v) for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) and len(str(v)) < 40]
         shown = [f"{k}={human_value(v)}" for k, v in scalars[:fallback]]
@@ -80,9 +83,8 @@ def progress_of(metrics: dict[str, Any]) -> tuple[float, float | None, str] | No
         return float(metrics["step"]), float(metrics["total_steps"]), "steps"
     if metrics.get("completions_total") is not None and metrics.get("prompts_total"):
         return float(metrics["completions_total"]), float(metrics["prompts_total"]), "completions"
-    for label in ("trained", "untrained"):
-        if metrics.get(f"eval/{label}_prompt") is not None:
-            return float(metrics[f"eval/{label}_prompt"]) + 1, None, f"prompts ({label} drafter)"
+    if metrics.get("eval/decoded") is not None and metrics.get("eval/decodes"):
+        return float(metrics["eval/decoded"]), float(metrics["eval/decodes"]), "prompts decoded (all suites, drafters)"
     return None
 
 

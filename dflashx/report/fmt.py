@@ -73,3 +73,14 @@ class Section:
 
     def to_json(self) -> dict[str, Any]:
         return {"title": self.title, "headers": self.headers, "rows": self.rows, "note": self.note}
+
+
+def suite_taus(by_suite: dict[str, dict[str, float]]) -> str:
+    """`τ per suite: heldout 3.94/1.00, tiny-eval 4.17/1.00 (trained/untrained)` from the eval stage's
+    `tau_by_suite`; empty when it adds nothing to the headline (one suite, trained and untrained)."""
+    drafters = list(next(iter(by_suite.values()), {}))
+    if len(by_suite) < 2 and set(drafters) <= {"trained", "untrained"}:
+        return ""
+    shown = lambda tau: "-" if tau is None else f"{tau:.2f}"  # noqa: E731 - as the headline's τ
+    cells = [f"{suite} " + "/".join(shown(taus.get(d)) for d in drafters) for suite, taus in by_suite.items()]
+    return f"τ per suite: {', '.join(cells)} ({'/'.join(drafters)})"

@@ -16,7 +16,9 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 
 from dflashx.config.fields import OPERATIONAL, OUTPUT, Precision
-from dflashx.config.schema import DrafterSpec, GenerateStage, Recipe, ServingSpec, Stages, TargetSpec, TrainStage
+from dflashx.config.schema import (
+    DrafterSpec, EvalStage, EvalSuite, GenerateStage, Recipe, ServingSpec, Stages, TargetSpec, TrainStage,
+)
 from dflashx.resolve.flops import DrafterDims
 from dflashx.targets.registry import TargetFacts
 
@@ -102,8 +104,30 @@ class ResolvedGenerateStage(GenerateStage):
     serving: ResolvedServing = Field(description="Serving settings, resolved.", json_schema_extra=OUTPUT)
 
 
+class ResolvedSuite(EvalSuite):
+    model_config = _FROZEN
+
+    count: int = Field(ge=1, description="Most prompts decoded.", json_schema_extra=OUTPUT)
+
+    @property
+    def heldout(self) -> bool:
+        """The run's own held-out prompts (stages.eval.prompts, else ingest.eval_prompts)."""
+        return self.path is None and self.hf_id is None
+
+
+class ResolvedEvalStage(EvalStage):
+    model_config = _FROZEN
+
+    suites: list[ResolvedSuite] = Field(description="Each suite's full definition (built-ins filled in).",
+                                        json_schema_extra=OUTPUT)
+    decodes: int = Field(ge=1, description="Prompt decodes in all, at most: each suite's count x (the trained "
+                         "drafter + the baselines); the planner's eval time.", json_schema_extra=OPERATIONAL)
+
+
 class ResolvedStages(Stages):
     model_config = _FROZEN
+
+    eval: ResolvedEvalStage = Field(description="Acceptance evaluation, suites resolved.", json_schema_extra=OUTPUT)
 
     generate: ResolvedGenerateStage = Field(description="Target completions, serving resolved.",
                                             json_schema_extra=OUTPUT)

@@ -15,7 +15,9 @@ What it fills in, and from what:
                given), the DeepSpeed config and the launch argv;
   target       facts, load_precision (fp32 on a CPU profile for a bf16/fp16 target);
   generate     context_length and the serving settings (tp, dp, dp_mode, weight dtype, checkpoint,
-               online quantization): `dflashx.resolve.serving`, one function each.
+               online quantization): `dflashx.resolve.serving`, one function each;
+  eval         each suite's definition (built-in names filled in) and count, and the decodes the
+               stage runs at most: `dflashx.resolve.suites`.
 Inconsistent values (layer ids out of range, a batch that does not divide) are resolved as
 given and reported by the plan's rules; only a value that cannot be decided at all raises
 `ResolveError` (it names the key and the fix).
@@ -32,6 +34,7 @@ from dflashx.resolve.model import (
     ResolvedDrafter, ResolvedGenerateStage, ResolvedRecipe, ResolvedStages, ResolvedTarget, ResolvedTrainStage,
 )
 from dflashx.resolve.serving import context_length, resolve_serving
+from dflashx.resolve.suites import resolve_eval
 from dflashx.targets.registry import TargetFacts
 
 
@@ -146,5 +149,5 @@ def resolve(recipe: Recipe, facts: TargetFacts) -> ResolvedRecipe:
     """The recipe with every derived value filled in (see the module docstring)."""
     drafter = _drafter(recipe, facts)
     stages = ResolvedStages(**{**dict(recipe.stages), "train": _train(recipe, drafter.block_size),
-                               "generate": _generate(recipe, facts)})
+                               "generate": _generate(recipe, facts), "eval": resolve_eval(recipe.stages.eval)})
     return ResolvedRecipe(**{**dict(recipe), "target": _target(recipe, facts), "drafter": drafter, "stages": stages})

@@ -1,14 +1,20 @@
-"""The eval stage: real speculative decoding of held-out prompts with the trained drafter.
+"""The eval stage: real speculative decoding of prompt suites with the trained drafter and baselines.
 
-Reads `train.checkpoint` and the held-out prompts (`stages.eval.prompts` when set, else
-`ingest.eval_prompts`); decodes the first `stages.eval.num_prompts` of them with the target and the
-drafter (`dflashx.dflash.spec_decode`, greedy at temperature 0, rejection sampling above), and
-again with an UNTRAINED drafter of the same config (seeded init) as the baseline. Writes `report`:
-eval.json (tau, acceptance per draft position, accepted-length histogram, tokens/s, per prompt tau,
-and the same tau / acceptance per prompt `source` (`by_source`, missing source = "unknown") and per
-prompt-length bucket (`by_context`), for both drafters) and acceptance.png. In greedy mode both
-runs must produce the target's own greedy output, so `greedy_agreement` (share of prompts whose two
-outputs are identical) should be 1.0.
+Reads `train.checkpoint` and, for the `heldout` suite, the held-out prompts (`stages.eval.prompts`
+when set, else `ingest.eval_prompts`). Every suite of `stages.eval.suites` (resolved:
+`dflashx.resolve.suites`; read: `dflashx.data.suites`) is decoded with the target and each drafter
+(`dflashx.stages.eval_drafters`: the trained one, then `stages.eval.baselines`, e.g. `untrained`
+or a published drafter's folder), greedy at temperature 0, rejection sampling above
+(`dflashx.dflash.spec_decode`). Writes `report`: eval.json and acceptance.png.
+
+eval.json: `suites: {suite: {drafter: summary}}` (tau, accepted_plus_one, acceptance per draft
+position, accepted-length histogram, tokens/s, cycles, prompts, per prompt tau, and the same per
+prompt `source` and per prompt-length bucket), `suite_prompts: {suite: {prompts, prompt_ids,
+prompt_sources, prompt_tokens, greedy_agreement}}`, `drafters: {drafter: {kind, path, layout,
+block_size, target_layer_ids}}`; and, as before suites existed, the first suite's figures at the
+top level (`trained`, `untrained`, `prompts`, `prompt_ids`, ...). In greedy mode every drafter
+must produce the target's own greedy output, so `greedy_agreement` (share of prompts whose outputs
+agree across all drafters) should be 1.0.
 """
 
 from __future__ import annotations
@@ -16,46 +22,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dflashx.config.eval_suites import TRAINED, UNTRAINED
 from dflashx.config.fields import TORCH_DTYPE
 from dflashx.data import chat_contract
 from dflashx.data.chat_mask import render_prompt
-from dflashx.data.jsonl import iter_numbered
+from dflashx.data.suites import suite_prompts
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
+from dflashx.stages.eval_drafters import CHECKPOINT, EvalDrafter, eval_drafters, load
 from dflashx.stages.graph import GRAPH
 from dflashx.store.atomic import atomic_write_json
 
-CHECKPOINT = GRAPH["eval"].inputs[0]
 PROMPTS = GRAPH["eval"].optional_inputs[0]
-UNTRAINED_SEED = 0
 
 
-def _prompts_file(ctx: StageContext) -> Path:
+def _heldout_file(ctx: StageContext) -> Path | None:
     if ctx.config.prompts:
         return Path(ctx.config.prompts)
-    if PROMPTS in ctx.inputs:
-        return ctx.inputs[PROMPTS]
-    raise ValueError(
-        "eval stage has no prompts: set stages.eval.prompts (a JSONL of {id, messages}) or keep "
-        "dataset.eval_holdout > 0 so the ingest stage writes eval_prompts.jsonl"
-    )
-
-
-def load_prompts(path: Path, limit: int) -> list[dict[str, Any]]:
-    """The first `limit` prompt records of a JSONL file, each checked for `messages`."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: eval prompts file not found (stages.eval.prompts)")
-    out = []
-    for line_no, record in iter_numbered(path):
-        if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
-            raise ValueError(  # noqa: TRY004 - bad file content, not a bad argument type
-                f"{path}:{line_no}: key `messages` missing; expected {{\"id\", \"messages\": [...]}}"
-            )
-        out.append(record)
-        if len(out) == limit:
-            break
-    if not out:
-        raise ValueError(f"{path}: no prompts; the eval stage needs at least one")
-    return out
+    return ctx.inputs.get(PROMPTS)
 
 
 def stop_ids(tokenizer: Any, generation_config: Any) -> list[int]:
@@ -69,11 +52,10 @@ def stop_ids(tokenizer: Any, generation_config: Any) -> list[int]:
     return sorted(i for i in ids if isinstance(i, int))
 
 
-def _load(ctx: StageContext):
+def _load_target(ctx: StageContext):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflashx.dflash.checkpoint import load_drafter
     from dflashx.targets.resolve import resolve_target_path, resolve_tokenizer_path
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -86,44 +68,7 @@ def _load(ctx: StageContext):
         target_to_fp8(target, torch.device(device))
     target = target.to(device).eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_tokenizer_path(ctx.recipe.target)))
-    if CHECKPOINT not in ctx.inputs:
-        raise ValueError(f"eval stage needs input `{CHECKPOINT}` (the train stage's drafter); enable stages.train")
-    drafter = load_drafter(ctx.inputs[CHECKPOINT], device=device)
-    text = target.config.get_text_config()
-    have = (drafter.config.hidden_size, drafter.config.vocab_size, drafter.config.num_target_layers)
-    want = (text.hidden_size, text.vocab_size, text.num_hidden_layers)
-    if have != want:
-        raise ValueError(
-            f"{ctx.inputs[CHECKPOINT]}: drafter (hidden, vocab, target layers) {have} does not fit target "
-            f"{ctx.recipe.target.model} {want}; evaluate it against the target it was trained for"
-        )
-    return target, tokenizer, drafter
-
-
-def _untrained_like(drafter: Any) -> Any:
-    import torch
-
-    from dflashx.dflash.model import DFlashDrafter
-
-    torch.manual_seed(UNTRAINED_SEED)
-    return DFlashDrafter(drafter.config).to(drafter.fc.weight.device).eval()
-
-
-def _encode(tokenizer: Any, prompt: dict[str, Any], chat: Any) -> list[int]:
-    return tokenizer(render_prompt(tokenizer, prompt, chat), add_special_tokens=False)["input_ids"]
-
-
-def _decode_all(ctx: StageContext, decoder: Any, encoded: list[list[int]], stops: list[int], label: str, seed: int):
-    import torch
-
-    cfg = ctx.config
-    gen = torch.Generator(device=decoder.device).manual_seed(seed)
-    results = []
-    for i, ids in enumerate(encoded):
-        result = decoder.generate(ids, cfg.max_new_tokens, cfg.temperature, stops, generator=gen)
-        results.append(result)
-        ctx.log({f"eval/{label}_tau": result.tau, f"eval/{label}_prompt": i})
-    return results
+    return target, tokenizer
 
 
 def prompt_source(prompt: dict[str, Any]) -> str:
@@ -133,45 +78,96 @@ def prompt_source(prompt: dict[str, Any]) -> str:
     return str(prompt.get("source") or UNKNOWN_SOURCE)
 
 
-def _summary(results: list[Any], block: int, sources: list[str], buckets: list[str]) -> dict[str, Any]:
-    """One drafter's eval.json entry: overall, per source and per context bucket, same definitions."""
-    from dflashx.dflash.acceptance import CONTEXT_BUCKET_LABELS, summarize, summarize_groups
-
-    return summarize(results, block) | {
-        "per_prompt_tau": [r.tau for r in results],
-        "by_source": summarize_groups(results, sources, block),
-        "by_context": summarize_groups(results, buckets, block, order=CONTEXT_BUCKET_LABELS),
-    }
-
-
-def evaluate(ctx: StageContext, target: Any, tokenizer: Any, drafter: Any) -> dict[str, Any]:
-    """Decode the prompts with the trained and an untrained drafter; the eval.json content."""
+def _suite_inputs(ctx: StageContext, tokenizer: Any) -> dict[str, dict[str, Any]]:
+    """Per suite: its prompts' ids, sources, token ids and context buckets (read and encoded once)."""
     from dflashx.dflash.acceptance import context_bucket
+
+    chat, heldout = ctx.recipe.target.chat_template, _heldout_file(ctx)
+    out = {}
+    for suite in ctx.config.suites:
+        prompts = suite_prompts(suite, heldout)
+        encoded = [tokenizer(render_prompt(tokenizer, p, chat), add_special_tokens=False)["input_ids"]
+                   for p in prompts]
+        out[suite.name] = {"ids": [p.get("id") for p in prompts], "sources": [prompt_source(p) for p in prompts],
+                           "encoded": encoded, "buckets": [context_bucket(len(e)) for e in encoded]}
+    return out
+
+
+def _decode(ctx: StageContext, target: Any, drafters: list[EvalDrafter], suites: dict[str, dict[str, Any]],
+            stops: list[int]) -> dict[str, dict[str, list[Any]]]:
+    """{suite: {drafter: [DecodeResult per prompt]}}; one drafter in memory at a time."""
+    import torch
+
     from dflashx.dflash.spec_decode import SpecDecoder
 
-    prompts = load_prompts(_prompts_file(ctx), ctx.config.num_prompts)
-    encoded = [_encode(tokenizer, p, ctx.recipe.target.chat_template) for p in prompts]
-    sources = [prompt_source(p) for p in prompts]
-    buckets = [context_bucket(len(ids)) for ids in encoded]
-    stops = stop_ids(tokenizer, getattr(target, "generation_config", None))
-    block = drafter.config.block_size
-    runs = {}
-    for label, model in (("trained", drafter), ("untrained", _untrained_like(drafter))):
-        runs[label] = _decode_all(ctx, SpecDecoder(target, model), encoded, stops, label, seed=0)
-    trained, untrained = runs["trained"], runs["untrained"]
-    same = sum(a.output_ids == b.output_ids for a, b in zip(trained, untrained)) / len(prompts)
+    cfg, device = ctx.config, next(target.parameters()).device
+    total, done = sum(len(s["encoded"]) for s in suites.values()) * len(drafters), 0
+    results: dict[str, dict[str, list[Any]]] = {name: {} for name in suites}
+    for drafter in drafters:
+        decoder = SpecDecoder(target, load(drafter, device))
+        for name, suite in suites.items():
+            gen = torch.Generator(device=decoder.device).manual_seed(0)
+            runs = results[name][drafter.name] = []
+            for ids in suite["encoded"]:
+                runs.append(decoder.generate(ids, cfg.max_new_tokens, cfg.temperature, stops, generator=gen))
+                done += 1
+                ctx.log({f"eval/{drafter.name}_tau": runs[-1].tau, "eval/decoded": done, "eval/decodes": total})
+        del decoder
+    return results
+
+
+def _agreeing(runs: dict[str, list[Any]]) -> list[bool]:
+    """Per prompt: whether every drafter's output is the same."""
+    return [len({tuple(r.output_ids) for r in row}) == 1 for row in zip(*runs.values())]
+
+
+def evaluate(ctx: StageContext, target: Any, tokenizer: Any, drafters: list[EvalDrafter]) -> dict[str, Any]:
+    """Decode every suite with every drafter; the eval.json content (see the module docstring)."""
+    from dflashx.dflash.acceptance import drafter_summary
+
+    suites = _suite_inputs(ctx, tokenizer)
+    results = _decode(ctx, target, drafters, suites, stop_ids(tokenizer, getattr(target, "generation_config", None)))
+    greedy = ctx.config.temperature == 0
+    agree = {suite: _agreeing(runs) for suite, runs in results.items()}
+    blocks = {d.name: d.config.block_size for d in drafters}
+    table = {suite: {name: drafter_summary(runs, blocks[name], suites[suite]["sources"], suites[suite]["buckets"])
+                     for name, runs in by_drafter.items()} for suite, by_drafter in results.items()}
+    info = {suite: {"prompts": len(s["encoded"]), "prompt_ids": s["ids"], "prompt_sources": s["sources"],
+                    "prompt_tokens": [len(e) for e in s["encoded"]],
+                    "greedy_agreement": sum(agree[suite]) / len(agree[suite]) if greedy else None}
+            for suite, s in suites.items()}
+    first, every = next(iter(table)), [a for flags in agree.values() for a in flags]
     return {
-        "block_size": block,
+        "block_size": blocks[TRAINED],
         "temperature": ctx.config.temperature,
         "max_new_tokens": ctx.config.max_new_tokens,
-        "prompts": len(prompts),
-        "trained": _summary(trained, block, sources, buckets),
-        "untrained": _summary(untrained, block, sources, buckets),
-        "greedy_agreement": same if ctx.config.temperature == 0 else None,
-        "prompt_ids": [p.get("id") for p in prompts],
-        "prompt_sources": sources,
-        "prompt_tokens": [len(ids) for ids in encoded],
+        "drafters": {d.name: d.describe() for d in drafters},
+        "suites": table,
+        "suite_prompts": info,
+        # the first suite's figures where they were before suites existed
+        **{k: v for k, v in info[first].items() if k != "greedy_agreement"},
+        **{name: table[first][name] for name in (TRAINED, UNTRAINED) if name in table[first]},
+        "greedy_agreement": sum(every) / len(every) if greedy else None,  # over every suite's prompts
     }
+
+
+def metrics_of(result: dict[str, Any]) -> dict[str, Any]:
+    """The stage record's figures: the trained drafter's on the first suite, and tau per suite and drafter."""
+    t, u = result[TRAINED], result.get(UNTRAINED)
+    metrics = {
+        "tau": t["tau"],
+        "acceptance_by_position": t["acceptance_by_position"],
+        "tokens_per_s": t["tokens_per_s"],
+        "tau_by_source": {k: v["tau"] for k, v in t["by_source"].items()},
+        "tau_by_context": {k: v["tau"] for k, v in t["by_context"].items()},
+        "tau_by_suite": {suite: {d: s["tau"] for d, s in by_drafter.items()}
+                         for suite, by_drafter in result["suites"].items()},
+    }
+    if u is not None:
+        metrics |= {"tau_untrained": u["tau"], "tokens_per_s_untrained": u["tokens_per_s"]}
+    if result["greedy_agreement"] is not None:
+        metrics["greedy_agreement"] = result["greedy_agreement"]
+    return metrics
 
 
 def run(ctx: StageContext) -> StageResult:
@@ -179,29 +175,19 @@ def run(ctx: StageContext) -> StageResult:
 
     report = ctx.out_dir / "report"
     report.mkdir(parents=True, exist_ok=True)
-    target, tokenizer, drafter = _load(ctx)
+    drafters = eval_drafters(ctx)  # every drafter checked against the target before anything is loaded
+    target, tokenizer = _load_target(ctx)
     chat = ctx.recipe.target.chat_template
     contract = chat_contract.ChatContract.for_tokenizer(tokenizer, chat.enable_thinking, chat.kwargs)
     try:  # evaluate with the template and thinking mode the drafter was trained for
         chat_contract.check(contract, ctx.inputs[CHECKPOINT], CHECKPOINT)
     except chat_contract.ContractMismatch as e:
         raise StageFailed(str(e)) from None
-    result = evaluate(ctx, target, tokenizer, drafter) | {"chat_contract": contract.to_json()}
+    result = evaluate(ctx, target, tokenizer, drafters) | {"chat_contract": contract.to_json()}
     atomic_write_json(report / "eval.json", result)
-    plot_acceptance({"trained": result["trained"], "untrained": result["untrained"]}, report / "acceptance.png")
-    t, u = result["trained"], result["untrained"]
-    metrics = {
-        "tau": t["tau"],
-        "tau_untrained": u["tau"],
-        "acceptance_by_position": t["acceptance_by_position"],
-        "tokens_per_s": t["tokens_per_s"],
-        "tokens_per_s_untrained": u["tokens_per_s"],
-        "tau_by_source": {k: v["tau"] for k, v in t["by_source"].items()},
-        "tau_by_context": {k: v["tau"] for k, v in t["by_context"].items()},
-    }
-    if result["greedy_agreement"] is not None:
-        metrics["greedy_agreement"] = result["greedy_agreement"]
+    first = next(iter(result["suites"]))
+    plot_acceptance(result["suites"][first], report / "acceptance.png", suites=result["suites"], suite=first)
     return StageResult(
         artifacts={"report": Artifact("report", tier="replaceable", description="eval.json + acceptance.png")},
-        metrics=metrics,
+        metrics=metrics_of(result),
     )

@@ -40,11 +40,9 @@ CONFIG, WEIGHTS, README_FILE = "config.json", "model.safetensors", "README.md"
 
 def _read(folder: Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
     """config.json and the weights' shapes (from the safetensors header, no tensor is loaded)."""
-    from safetensors import safe_open
+    from dflashx.dflash.checkpoint import weight_shapes
 
-    with safe_open(str(folder / WEIGHTS), "pt") as f:
-        shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
-    return json.loads((folder / CONFIG).read_text()), shapes
+    return json.loads((folder / CONFIG).read_text()), weight_shapes(folder)
 
 
 def served_target(ctx: StageContext) -> str:

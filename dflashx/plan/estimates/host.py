@@ -10,6 +10,7 @@ from dflashx.plan.estimates.device import device_of
 from dflashx.plan.estimates.generation import Serving
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.explain import Term, term
+from dflashx.resolve.model import ResolvedRecipe
 
 INGEST_PROMPTS_PER_S = 5_000  # read, normalise, dedupe (includes a datasets download amortised)
 QC_SAMPLES_PER_S = 2_000  # per-sample checks + report plots
@@ -36,11 +37,12 @@ def host_seconds(recipe: Recipe, tokens: Tokens, storage_total: float, export_by
     }
 
 
-def eval_seconds(recipe: Recipe, s: Serving) -> Term:
-    """Batch-1 target decode of every eval token (an upper bound: speculation only shortens it)."""
+def eval_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
+    """Batch-1 target decode of every eval token (an upper bound: speculation only shortens it):
+    each suite's prompts, once per drafter (`ResolvedEvalStage.decodes`)."""
     ev, dev = recipe.stages.eval, device_of(recipe.hardware)
-    tokens = ev.num_prompts * ev.max_new_tokens
+    tokens = ev.decodes * ev.max_new_tokens
     per_token = s.weight_bytes / (dev.bandwidth_bps * s.tp) / EVAL_BANDWIDTH_EFFICIENCY
     return term("eval.seconds", tokens * per_token, "s",
-                "prompts x max_new_tokens x weights / (bandwidth x tp x batch-1 efficiency)",
-                tokens=tokens, seconds_per_token=per_token, efficiency=EVAL_BANDWIDTH_EFFICIENCY)
+                "prompt decodes (suites x drafters) x max_new_tokens x weights / (bandwidth x tp x batch-1 "
+                "efficiency)", tokens=tokens, seconds_per_token=per_token, efficiency=EVAL_BANDWIDTH_EFFICIENCY)
