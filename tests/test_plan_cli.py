@@ -34,8 +34,8 @@ def test_json_is_one_object_with_the_documented_keys():
 
 
 def test_plan_errors_exit_1_and_findings_carry_fixes():
-    # offline hidden states (~87 TiB) break the 20 TB storage budget; 34 days break a 30-day budget
-    result = plan(SEEDS, "train.mode=offline", "budget.max_days=30", "--json")
+    # offline hidden states (~87 TiB) break the 20 TB storage budget; 24 days break a 20-day budget
+    result = plan(SEEDS, "train.mode=offline", "budget.max_days=20", "--json")
     assert result.exit_code == 1
     errors = json.loads(result.stdout)["errors"]
     assert {"offline_over_budget", "budget_days"} <= {e["code"] for e in errors}

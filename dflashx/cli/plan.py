@@ -43,6 +43,8 @@ def _value(value: float, unit: str) -> str:
         return human_seconds(value)
     if unit in ("fraction",):
         return f"{value:.1%}"
+    if unit == "x":
+        return f"{value:.2f}x"
     return f"{human_count(value)} {unit}"
 
 

@@ -14,7 +14,9 @@ What it fills in, and from what:
                eager and torch on CPU), the DeepSpeed config and the launch argv;
   target       facts, load_precision (fp32 on a CPU profile for a bf16/fp16 target);
   generate     context_length and the serving settings (tp, dp, dp_mode, weight dtype, checkpoint,
-               online quantization): `dflashx.resolve.serving`, one function each.
+               online quantization, the MTP acceptance profile): `dflashx.resolve.serving`, one function each;
+  deploy       the drafter's expected tau and acceptance profile before training
+               (`dflashx.resolve.speculative`).
 Inconsistent values (layer ids out of range, a batch that does not divide) are resolved as
 given and reported by the plan's rules; only a value that cannot be decided at all raises
 `ResolveError` (it names the key and the fix).
@@ -28,9 +30,10 @@ from dflashx.config.schema import DrafterSpec, GenerateStage, HardwareProfile, R
 from dflashx.resolve.deepspeed import deepspeed_config, launch_argv
 from dflashx.resolve.formulas import loss_gamma, spread_layer_ids
 from dflashx.resolve.model import (
-    ResolvedDrafter, ResolvedGenerateStage, ResolvedRecipe, ResolvedStages, ResolvedTarget, ResolvedTrainStage,
+    ResolvedDeploy, ResolvedDrafter, ResolvedGenerateStage, ResolvedRecipe, ResolvedStages, ResolvedTarget, ResolvedTrainStage,
 )
 from dflashx.resolve.serving import context_length, resolve_serving
+from dflashx.resolve.speculative import expected_drafter_acceptance, expected_tau, tau_source
 from dflashx.targets.registry import TargetFacts
 
 
@@ -132,9 +135,15 @@ def _generate(recipe: Recipe, facts: TargetFacts) -> ResolvedGenerateStage:
     })
 
 
+def _deploy(recipe: Recipe) -> ResolvedDeploy:
+    return ResolvedDeploy(**{**recipe.deploy.model_dump(), "expected_tau": expected_tau(recipe),
+                             "acceptance": expected_drafter_acceptance(recipe), "tau_source": tau_source(recipe)})
+
+
 def resolve(recipe: Recipe, facts: TargetFacts) -> ResolvedRecipe:
     """The recipe with every derived value filled in (see the module docstring)."""
     drafter = _drafter(recipe, facts)
     stages = ResolvedStages(**{**dict(recipe.stages), "train": _train(recipe, drafter.block_size),
                                "generate": _generate(recipe, facts)})
-    return ResolvedRecipe(**{**dict(recipe), "target": _target(recipe, facts), "drafter": drafter, "stages": stages})
+    return ResolvedRecipe(**{**dict(recipe), "target": _target(recipe, facts), "drafter": drafter, "stages": stages,
+                             "deploy": _deploy(recipe)})
