@@ -25,7 +25,8 @@ def test_json_is_one_object_with_the_documented_keys():
     result = plan(SEEDS, "hardware=b200_nvl8", "--dry-run", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)  # the whole output is exactly one JSON object
-    assert list(data) == ["errors", "warnings", "stages", "totals", "ranges", "calibration", "resolved"]
+    assert list(data) == ["errors", "warnings", "stages", "totals", "ranges", "calibration", "resolved", "deploy"]
+    assert [r["concurrency"] for r in data["deploy"]["rows"]] == [1, 8, 32, 128]
     assert [s["name"] for s in data["stages"]] == ["ingest", "generate", "qc", "tokenize", "train", "eval",
                                                     "export", "backup"]
     for s in data["stages"]:

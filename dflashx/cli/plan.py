@@ -81,6 +81,15 @@ def calibration_lines(cal: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def deploy_lines(deploy: dict[str, Any] | None) -> list[str]:
+    """The drafter's predicted serving speed-up before training (--explain: deploy.speedup)."""
+    if not deploy:
+        return []
+    cells = " · ".join(f"{r['speedup']:.2f}x @{r['concurrency']}" for r in deploy["rows"])
+    return [f"serving the drafter on {deploy['profile']} at expected tau {deploy['tau']:.2f} (block "
+            f"{deploy['block_size']}): {cells} (requests in flight per server; --explain: deploy.speedup)"]
+
+
 def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -107,6 +116,7 @@ def render(plan: dict[str, Any], title: str, explain: bool) -> None:
     if plan.get("ranges"):
         lines.append("P10 – P90: the mean output length's uncertainty and each model's error (--explain says which)")
     lines += calibration_lines(plan.get("calibration"))
+    lines += deploy_lines(plan.get("deploy"))
     for stage in plan["stages"]:
         if stage["enabled"] and stage["commands"]:
             lines.append(style(stage["name"], "bold") + " runs:")

@@ -20,6 +20,7 @@ from dflashx.config.fields import TORCH_DTYPE
 from dflashx.data import chat_contract
 from dflashx.data.chat_mask import render_prompt
 from dflashx.data.jsonl import iter_numbered
+from dflashx.stages import eval_speedup
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import GRAPH
 from dflashx.store.atomic import atomic_write_json
@@ -187,6 +188,7 @@ def run(ctx: StageContext) -> StageResult:
     except chat_contract.ContractMismatch as e:
         raise StageFailed(str(e)) from None
     result = evaluate(ctx, target, tokenizer, drafter) | {"chat_contract": contract.to_json()}
+    result |= eval_speedup.section(ctx.recipe, result, report)  # tokens/s with the drafter where it is served
     atomic_write_json(report / "eval.json", result)
     plot_acceptance({"trained": result["trained"], "untrained": result["untrained"]}, report / "acceptance.png")
     t, u = result["trained"], result["untrained"]
@@ -198,6 +200,7 @@ def run(ctx: StageContext) -> StageResult:
         "tokens_per_s_untrained": u["tokens_per_s"],
         "tau_by_source": {k: v["tau"] for k, v in t["by_source"].items()},
         "tau_by_context": {k: v["tau"] for k, v in t["by_context"].items()},
+        **eval_speedup.metrics(result),
     }
     if result["greedy_agreement"] is not None:
         metrics["greedy_agreement"] = result["greedy_agreement"]

@@ -117,9 +117,11 @@ class Step:
         return self.served.seconds + self.overhead_s + self.allreduce_s
 
 
-def overhead_seconds(sixteen: Roofline, row: EngineRow) -> float:
-    """What the engine's decode share stands for beyond the roofline, at its 16-bit time."""
-    return sixteen.seconds * (1 / row.decode.value - 1)
+def overhead_seconds(sixteen: Roofline, row: EngineRow, calls: int) -> float:
+    """What the engine's decode share stands for beyond the roofline, at its 16-bit time, plus a
+    launch-bound engine's fixed time for each of the forward's `calls` layer calls."""
+    fixed = row.call_latency.value * calls if row.call_latency else 0.0
+    return sixteen.seconds * (1 / row.decode.value - 1) + fixed
 
 
 def target_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, tokens: int = 1,
@@ -128,7 +130,8 @@ def target_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, t
     dtype = recipe.stages.generate.serving.weight_dtype
     served = target_roofline(recipe, dev, b, dtype, tokens, state_passes)
     sixteen = target_roofline(recipe, dev, b, sixteen_bit(dtype), tokens, state_passes)
-    return Step(served, overhead_seconds(sixteen, row), allreduce_seconds(recipe, max(b.value, 1) * tokens))
+    calls = recipe.target.facts.num_layers + 1
+    return Step(served, overhead_seconds(sixteen, row, calls), allreduce_seconds(recipe, max(b.value, 1) * tokens))
 
 
 @dataclass(frozen=True)
@@ -142,15 +145,15 @@ class Prefill:
 
 
 def prefill(recipe: ResolvedRecipe, dev: Device, prompt: float, dtype: str, share: float,
-            extra_flops: float = 0.0) -> Prefill:
+            extra_flops: float = 0.0, fixed_s: float = 0.0) -> Prefill:
     """A prompt's prefill: all of it at the 16-bit rate over the engine's prefill share, except the
     weight GEMMs, which run at the served precision's measured ceiling. `extra_flops`: a drafter's
-    own pass over the prompt (16-bit)."""
+    own pass over the prompt (16-bit); `fixed_s`: a launch-bound engine's layer calls."""
     facts = recipe.target.facts
     tp = recipe.stages.generate.serving.tp if recipe.hardware.gpu is not None else 1
     ref = sixteen_bit(dtype)
     rate_ref = dev.peak_flops(ref) * tp * gemm(recipe, ref)
     weight_flops = 2.0 * facts.params_through_layer(facts.num_layers - 1) * prompt
     total_ref = (target_forward_flops(facts, facts.num_layers - 1, [prompt]) + extra_flops) / (rate_ref * share)
-    other = total_ref - weight_flops / rate_ref
+    other = total_ref - weight_flops / rate_ref + fixed_s
     return Prefill(weight_flops / (dev.peak_flops(dtype) * tp * gemm(recipe, dtype)), other)

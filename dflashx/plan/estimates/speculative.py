@@ -32,6 +32,12 @@ from dflashx.resolve.serving import kv_elem_bytes
 from dflashx.resolve.speculative import accepted_length
 
 
+# A launch-bound engine's layer calls of a draft forward beyond the draft's own layers: the LM head for an
+# MTP head; for a DFlash drafter the embedding with its norm and the LM head of the block forward, plus the
+# context projection of the accepted features (`fc` and k/v, `DFlashDrafter.extend_context`, its own pass).
+DRAFT_EXTRA_CALLS = {"mtp": 1, "dflash": 3}
+
+
 @dataclass(frozen=True)
 class Drafter:
     """One draft method's work per cycle (module doc); FLOPs and bytes per sequence unless said."""
@@ -93,7 +99,8 @@ def draft_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, d:
                      + d.cycle_flops / d.forwards)
     r = roofline(recipe, dev, step_bytes, flops, sixteen_bit(recipe.stages.generate.serving.weight_dtype))
     share = d.layers / recipe.target.facts.num_layers
-    return Step(r, overhead_seconds(r, row), allreduce_seconds(recipe, batch * d.tokens) * share)
+    return Step(r, overhead_seconds(r, row, d.layers + DRAFT_EXTRA_CALLS[d.method]),
+                allreduce_seconds(recipe, batch * d.tokens) * share)
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,8 @@ def replica_rate(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, 
     """Output tokens/s of one replica decoding batch `b` (module doc); `drafter` None: no speculation."""
     batch, dtype = max(b.value, 1), recipe.stages.generate.serving.weight_dtype
     extra = drafter.prompt_flops_per_token * prompt if drafter else 0.0
-    first = prefill(recipe, dev, prompt, dtype, row.prefill.value, extra)
+    fixed = row.call_latency.value * (recipe.target.facts.num_layers + 1) if row.call_latency else 0.0
+    first = prefill(recipe, dev, prompt, dtype, row.prefill.value, extra, fixed)
     reduce = allreduce_seconds(recipe, prompt)
     pre, out = first.seconds + reduce, max(output, 1e-9)
     if drafter is None:
