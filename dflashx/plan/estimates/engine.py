@@ -108,10 +108,10 @@ IN_PROCESS = EngineRow(
     prefill=Measured(1.0, "benchmarks/results/cpu_decode.json", "one forward: its FLOPs plus its layer calls",
                      "CPU, torch eager"),
     call_latency=Measured(
-        0.395e-3, "benchmarks/results/cpu_decode.json (python -m benchmarks.cpu_decode)",
-        "plain greedy decoding of tiny Qwen3 targets with 1, 2, 4, 8 layers: 0.68, 1.15, 1.92, 3.47 ms/token; "
-        "least-squares slope 0.395 ms per layer, intercept 0.33 ms (about one more call)",
-        "the 2-core development machine, torch eager, 1 thread, hidden 64, batch 1"),
+        0.327e-3, "benchmarks/results/cpu_decode.json (python -m benchmarks.cpu_decode)",
+        "plain greedy decoding of tiny Qwen3 targets with 1, 2, 4, 8 layers: 0.66, 1.07, 1.83, 2.98 ms/token (CPU "
+        "time); least-squares slope 0.327 ms per layer, intercept 0.41 ms (about one more call)",
+        "the 2-core development machine, torch eager, 1 thread, hidden 64, batch 1")
 )
 
 
