@@ -84,7 +84,8 @@ def test_plan_json_of_a_good_recipe_keeps_its_shape() -> None:
     result = runner.invoke(app, ["plan", TINY, "--json"])
     assert result.exit_code == 0, result.output
     data = _one_json_object(result.stdout)
-    assert list(data) == ["errors", "warnings", "stages", "totals", "ranges", "calibration", "resolved"] and data["resolved"]
+    assert list(data) == ["errors", "warnings", "stages", "totals", "ranges", "calibration", "resolved", "deploy"]
+    assert data["resolved"] and data["deploy"]["profile"] == "cpu"
 
 
 # --------------------------------------------------------------------------- validate

@@ -137,7 +137,7 @@ def render(plan: dict[str, Any], title: str, explain: bool) -> None:
 def _json_failure(problems: list[Problem]) -> typer.Exit:
     """The one JSON object of a recipe that cannot be planned; returns the exit to raise (code 2)."""
     document = {"errors": [p.to_json() for p in problems], "warnings": [], "stages": [], "totals": None,
-                "ranges": None, "calibration": None, "resolved": None}
+                "ranges": None, "calibration": None, "resolved": None, "deploy": None}
     sys.stdout.write(json.dumps(document) + "\n")
     return typer.Exit(RecipeError.exit_code)
 
