@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from dflashx.plan.estimates.decode import COPY_BANDWIDTH, target_step
 from dflashx.plan.estimates.device import CALIBRATED_SERVING, Device, device_of, factor
-from dflashx.plan.estimates.engine import engine_row
+from dflashx.plan.estimates.engine import EngineRow, engine_row
 from dflashx.plan.estimates.lengths import OutputLengths
 from dflashx.plan.estimates.serving import Batch, mtp_on, running_batch, running_batch_with
 from dflashx.plan.estimates.speculative import Rate, mtp_drafter, pays, replica_rate
@@ -90,7 +90,8 @@ class Speculation:
         return pays(self.spec, self.plain)
 
 
-def _speculation(recipe: ResolvedRecipe, dev: Device, lengths: OutputLengths, tokens: Tokens, row) -> Speculation:
+def _speculation(recipe: ResolvedRecipe, dev: Device, lengths: OutputLengths, tokens: Tokens,
+                 row: EngineRow) -> Speculation:
     plain_b = running_batch_with(recipe, lengths, None)
     spec_b = running_batch(recipe, lengths)
     out, prompt = tokens.output_mean, tokens.prompt_mean
@@ -157,7 +158,7 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: OutputL
     return Generation(s, tps, seconds, tuple(terms), sp)
 
 
-def _step_term(recipe: ResolvedRecipe, rate: Rate, dev: Device, row, b: Batch, speculative: bool) -> Term:
+def _step_term(recipe: ResolvedRecipe, rate: Rate, dev: Device, row: EngineRow, b: Batch, speculative: bool) -> Term:
     """The decode step (or, with MTP, the draft-verify cycle) and how its time splits."""
     step = rate.verify if speculative else target_step(recipe, dev, b, row)
     s = recipe.stages.generate.serving
