@@ -4,7 +4,8 @@ It stands in for SGLang, which needs a GPU. Replies are deterministic functions 
 turn (`expected_reply`), so a test can check that every completion is whole. A `Script` sets the
 misbehaviour: slow replies, HTTP 500 or a dropped connection (no response at all) for the first
 attempts of each prompt, 400 for prompts holding a marker, `/health` answering 503 for a while,
-and where the reasoning goes (`reasoning_content`, inline `<think>` in the content, or nowhere).
+where the reasoning goes (`reasoning_content`, inline `<think>` in the content, or nowhere), and the
+speculative-decoding counters `/get_server_info` reports (none: 404, as a server without them).
 
 In-process: `with ScriptedOpenAIServer(Script(...)) as server: server.url`.
 As a process (what a plan's server command launches): `python tests/openai_server.py --port N`;
@@ -39,6 +40,7 @@ class Script:
     length_every: int = 0  # every k-th distinct prompt finishes with finish_reason="length"
     reject_marker: str | None = None  # prompts whose last user turn holds this get HTTP 400
     health_failures: int = 0  # the first N /health calls answer 503
+    spec_counters: tuple[int, int] | None = None  # /get_server_info: (accepted tokens, draft-verify cycles)
 
 
 def last_user(messages: list[dict[str, Any]]) -> str:
@@ -155,6 +157,11 @@ def _handler(server: ScriptedOpenAIServer) -> type[BaseHTTPRequestHandler]:
                 self._send(503 if starting else 200, {"ok": not starting})
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": MODEL_NAME, "object": "model"}]})
+            elif self.path == "/get_server_info" and server.script.spec_counters:
+                accepted, cycles = server.script.spec_counters
+                self._send(200, {"internal_states": [{"avg_spec_accept_length": 9.9,  # a recent window's
+                                                      "spec_cumulative_num_accept_tokens": accepted,
+                                                      "spec_cumulative_num_forward_ct": cycles}]})
             else:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
 

@@ -15,7 +15,7 @@ from openai_server import MODEL_NAME, Script, ScriptedOpenAIServer, expected_rep
 
 from dflashx.backends.base import split_think
 from dflashx.backends.servers import ServerError, ServerSpec, wait_healthy
-from dflashx.backends.sglang import SGLangBackend, backoff_s
+from dflashx.backends.sglang import SGLangBackend, accept_length_of, backoff_s
 from dflashx.config.schema import ChatTemplateSpec, GenerateStage
 from dflashx.dflash.distributed import free_port
 
@@ -62,6 +62,21 @@ def test_request_carries_recipe_settings_and_reasoning_field_is_kept():
         assert (r["reasoning"], r["answer"]) == expected_reply(p["messages"])
         assert r["backend"] == "sglang" and r["usage"]["completion_tokens"] > 0 and "error" not in r
     assert {r["finish_reason"] for r in out.values()} == {"stop", "length"}
+
+
+def test_the_servers_accept_length_is_read_after_the_last_prompt():
+    """Speculative decoding on: the pooled cumulative counters of every server (not a recent window)."""
+    with ScriptedOpenAIServer(Script(spec_counters=(300, 100))) as a, \
+            ScriptedOpenAIServer(Script(spec_counters=(100, 100))) as b:
+        backend = SGLangBackend(cfg([a.url, b.url]), ChatTemplateSpec(), "my/model")
+        generate(backend, prompts(4))
+    assert backend.stats.spec_accept_length == pytest.approx(2.0)
+    with ScriptedOpenAIServer(Script()) as plain:  # no counters: no figure
+        backend = SGLangBackend(cfg([plain.url]), ChatTemplateSpec(), "my/model")
+        generate(backend, prompts(2))
+    assert backend.stats.spec_accept_length is None
+    assert accept_length_of([{"internal_states": [{"avg_spec_accept_length": 3.0}, {"avg_spec_accept_length": 2.0},
+                                                  {"avg_spec_accept_length": None}]}]) == 2.5
 
 
 def test_inline_think_is_split_and_thinking_off_is_sent():

@@ -62,8 +62,8 @@ def test_plan_json_on_a_recipe_that_cannot_be_planned_is_one_object(tmp_path: Pa
     result = runner.invoke(app, ["plan", *CASES[case](tmp_path), "--json"])
     assert result.exit_code == 2, result.output
     data = _one_json_object(result.stdout)
-    assert list(data) == ["errors", "warnings", "stages", "totals", "ranges", "calibration", "resolved"]
-    assert data["errors"] and data["warnings"] == [] and data["stages"] == [] and data["resolved"] is None
+    assert list(data) == ["errors", "warnings", "stages", "totals", "ranges", "calibration", "resolved", "deploy"]
+    assert data["errors"] and data["warnings"] == [] and data["stages"] == [] and data["resolved"] is None is data["deploy"]
     for e in data["errors"]:
         assert {"code", "severity", "key", "message", "fix", "file", "line"} <= set(e)
         assert e["severity"] == "error" and e["message"]
@@ -84,7 +84,8 @@ def test_plan_json_of_a_good_recipe_keeps_its_shape() -> None:
     result = runner.invoke(app, ["plan", TINY, "--json"])
     assert result.exit_code == 0, result.output
     data = _one_json_object(result.stdout)
-    assert list(data) == ["errors", "warnings", "stages", "totals", "ranges", "calibration", "resolved"] and data["resolved"]
+    assert list(data) == ["errors", "warnings", "stages", "totals", "ranges", "calibration", "resolved", "deploy"]
+    assert data["resolved"] and data["deploy"]["profile"] == "cpu"
 
 
 # --------------------------------------------------------------------------- validate

@@ -25,7 +25,8 @@ def test_json_is_one_object_with_the_documented_keys():
     result = plan(SEEDS, "hardware=b200_nvl8", "--dry-run", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)  # the whole output is exactly one JSON object
-    assert list(data) == ["errors", "warnings", "stages", "totals", "ranges", "calibration", "resolved"]
+    assert list(data) == ["errors", "warnings", "stages", "totals", "ranges", "calibration", "resolved", "deploy"]
+    assert [r["concurrency"] for r in data["deploy"]["rows"]] == [1, 8, 32, 128]
     assert [s["name"] for s in data["stages"]] == ["ingest", "generate", "qc", "tokenize", "train", "eval",
                                                     "export", "backup"]
     for s in data["stages"]:
@@ -34,8 +35,8 @@ def test_json_is_one_object_with_the_documented_keys():
 
 
 def test_plan_errors_exit_1_and_findings_carry_fixes():
-    # offline hidden states (~87 TiB) break the 20 TB storage budget; 34 days break a 30-day budget
-    result = plan(SEEDS, "train.mode=offline", "budget.max_days=30", "--json")
+    # offline hidden states (~87 TiB) break the 20 TB storage budget; 24 days break a 20-day budget
+    result = plan(SEEDS, "train.mode=offline", "budget.max_days=20", "--json")
     assert result.exit_code == 1
     errors = json.loads(result.stdout)["errors"]
     assert {"offline_over_budget", "budget_days"} <= {e["code"] for e in errors}

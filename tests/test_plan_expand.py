@@ -62,8 +62,14 @@ def test_fp8_from_the_official_checkpoint_loads_it_and_online_fp8_quantizes():
 
 def test_mtp_flags_follow_the_recipe_and_the_target():
     argv = stage(seeds_recipe("b200_nvl8", target__mtp=True), "generate")["servers"][0]["command"]
-    assert flag(argv, "--speculative-algorithm") == "NEXTN" and flag(argv, "--speculative-num-steps") == "3"
-    plain = stage(seeds_recipe("b200_nvl8"), "generate")["servers"][0]["command"]
+    assert flag(argv, "--speculative-algorithm") == "EAGLE" and flag(argv, "--speculative-num-steps") == "3"
+    assert flag(argv, "--speculative-eagle-topk") == "1" and flag(argv, "--speculative-num-draft-tokens") == "4"
+    five = seeds_recipe("b200_nvl8", target__mtp=True, stages__generate__serving={"speculative": {
+        "algorithm": "NEXTN", "num_steps": 5, "num_draft_tokens": 6}})
+    argv = stage(five, "generate")["servers"][0]["command"]
+    assert flag(argv, "--speculative-algorithm") == "NEXTN" and flag(argv, "--speculative-num-steps") == "5"
+    assert flag(argv, "--speculative-num-draft-tokens") == "6"
+    plain = stage(seeds_recipe("b200_nvl8", target__mtp=False), "generate")["servers"][0]["command"]
     assert "--speculative-algorithm" not in plain
 
 

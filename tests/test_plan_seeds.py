@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from _plan_recipes import seeds_recipe
+from _plan_recipes import REPO, seeds_recipe
 
 from dflashx.plan.context import build_context
 from dflashx.resolve import resolve
@@ -54,16 +56,26 @@ def test_online_training_stores_no_hidden_states():
     assert stage(plan, "train")["estimates"]["storage_bytes"] < 1 * TIB
 
 
-def test_rtx_generation_is_predicted_within_the_acceptance_band_of_the_seeds_16_5_days():
-    """A validation row (benchmarks/planner_accuracy.py): nothing in the model is fitted to it."""
-    plan = make_plan(seeds_recipe("rtx_pro_6000_x4")).to_json()
-    seconds = stage(plan, "generate")["estimates"]["seconds"]
-    assert seconds / DAY == pytest.approx(16.5, rel=0.35)
+def test_the_seeds_figures_are_reference_rows_left_out_of_the_statistics():
+    """The seeds' 16.5 d and 1.8 d were calculated (a bandwidth ratio), not measured: the validation
+    table shows them as `reference` rows, and its statistics are over `validation` rows only."""
+    result = json.loads((REPO / "benchmarks" / "results" / "planner_accuracy.json").read_text())
+    seeds = [r for r in result["rows"] if r["reference"].startswith("the seeds' generation")]
+    assert [r["measured"] for r in seeds] == [16.5, 1.8]
+    assert all(r["role"] == "reference" and "calculated" in r["source"] for r in seeds)
+    assert result["validation_rows"] == sum(r["role"] == "validation" for r in result["rows"])
+
+
+def test_mtp_shortens_the_seeds_generation_at_their_batch():
+    """The seeds generated with MTP on; at the rtx node's state-pool-bound batch it pays."""
+    on = make_plan(seeds_recipe("rtx_pro_6000_x4")).to_json()
+    off = make_plan(seeds_recipe("rtx_pro_6000_x4", target__mtp=False)).to_json()
+    assert stage(on, "generate")["estimates"]["seconds"] < 0.8 * stage(off, "generate")["estimates"]["seconds"]
 
 
 def test_b200_seeds_figure_is_a_validation_row_the_model_misses():
-    """The seeds' ~1.8 d on b200_nvl8 (FP8) is slower than the published B200 measurements allow
-    (docs/planner.md, "Validation"): the prediction is reported, not tuned to it."""
+    """The seeds' ~1.8 d on b200_nvl8 (FP8), a calculated figure, is slower than the published B200
+    measurements allow (docs/planner.md, "Validation"): the prediction is reported, not tuned to it."""
     r = seeds_recipe("b200_nvl8", stages__generate__serving={"weight_dtype": "fp8", "kv_cache_dtype": "fp8_e4m3"},
                      stages__generate__concurrency=32)
     days = stage(make_plan(r).to_json(), "generate")["estimates"]["seconds"] / DAY

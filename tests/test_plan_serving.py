@@ -33,13 +33,18 @@ def test_no_profile_holds_an_efficiency_or_serving_key():
 
 
 def test_state_pool_caps_the_rtx_batch_as_sglang_sizes_it():
-    """96 GB RTX: (102.6 GB x 0.85 - 55.6 GB) x 0.9/1.9 of state pool / 154 MB per state / 5 slots."""
-    r = resolve(seeds_recipe(), QWEN36)
+    """96 GB RTX: (102.6 GB x 0.85 - 55.6 GB) x 0.9/1.9 of state pool / 154 MB per state / 5 slots; with
+    the MTP head each running request also holds one state per verified token (4)."""
+    r = resolve(seeds_recipe(target__mtp=False), QWEN36)
     b = running_batch(r, OutputLengths.of(r.dataset.stats))
     rest = 102.6e9 * 0.85 - b.weight_bytes
     slots = int(rest * 0.9 / 1.9 // QWEN36.recurrent_state_bytes) - 1
     assert b.binding == "state_pool" and b.value == slots // STATE_SLOTS_PER_REQUEST == 19
     assert b.caps["max_running_requests"] == 256 and b.caps["kv_pool"] > b.value
+    mtp = resolve(seeds_recipe(), QWEN36)
+    with_mtp = running_batch(mtp, OutputLengths.of(mtp.dataset.stats))
+    assert with_mtp.value == slots // (STATE_SLOTS_PER_REQUEST + 4) == 10
+    assert with_mtp.caps["kv_pool"] < b.caps["kv_pool"]  # the MTP layer's KV: 17 attention layers, not 16
 
 
 def test_running_context_is_length_biased():
@@ -121,7 +126,7 @@ def test_fp8_weights_speed_up_only_the_weight_gemms_of_a_prefill():
 
 def test_bf16_prefill_is_the_prompt_flops_over_the_measured_prefill_share():
     """With 16-bit weights the split adds up to the one formula the share was derived with."""
-    r = resolve(seeds_recipe("h200_x8"), QWEN36)
+    r = resolve(seeds_recipe("h200_x8", target__mtp=False), QWEN36)
     pre = term(build_context(r).generation, "generate.prefill_seconds")
     facts = r.target.facts
     flops = target_forward_flops(facts, facts.num_layers - 1, [r.dataset.stats.prompt_tokens_mean])

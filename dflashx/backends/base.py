@@ -67,6 +67,7 @@ class BackendStats:
     failed: int = 0  # prompts that still failed after every retry (not emitted)
     rejected: int = 0  # prompts the server refused for good (emitted with `error`)
     first_error: str | None = None
+    spec_accept_length: float | None = None  # tokens per draft-verify cycle the servers reported (MTP on)
 
     def note_error(self, message: str) -> None:
         self.first_error = self.first_error or message

@@ -9,9 +9,10 @@ URLs); they pull from one bounded queue, so faster replicas take more work and m
 A transient failure (connection error or drop, timeout, HTTP 408/409/425/429/5xx, an unreadable body) is
 retried on the next replica after an exponential back-off with jitter; other 4xx answers are final
 and recorded with `error`. When 2 x (all workers) prompts in a row fail every retry,
-the servers are taken to be down and the run stops (what was written is kept). The reasoning comes
-from `reasoning_content` (SGLang's `--reasoning-parser`) or `reasoning`; without either,
-`<think>...</think>` in the content is split.
+the servers are taken to be down and the run stops (what was written is kept). After the last
+prompt each server's `/get_server_info` is read for the accepted length of speculative decoding
+(`accept_length_of`). The reasoning comes from `reasoning_content` (SGLang's `--reasoning-parser`)
+or `reasoning`; without either, `<think>...</think>` in the content is split.
 """
 
 from __future__ import annotations
@@ -33,6 +34,21 @@ MAX_BACKOFF_S = 60.0
 
 class TransientError(Exception):
     """A failure worth retrying."""
+
+
+def accept_length_of(infos: list[dict[str, Any]]) -> float | None:
+    """Tokens per draft-verify cycle the servers report (speculative decoding on), else None.
+
+    SGLang's `/get_server_info` lists one `internal_states` entry per scheduler: the cumulative
+    `spec_cumulative_num_accept_tokens` / `spec_cumulative_num_forward_ct` where the version keeps them
+    (pooled over schedulers), else the mean of their `avg_spec_accept_length` (None without speculation)."""
+    states = [st for info in infos for st in (info.get("internal_states") or []) if isinstance(st, dict)]
+    accepted = sum(float(st.get("spec_cumulative_num_accept_tokens") or 0) for st in states)
+    cycles = sum(float(st.get("spec_cumulative_num_forward_ct") or 0) for st in states)
+    if cycles > 0:
+        return accepted / cycles
+    averages = [float(st["avg_spec_accept_length"]) for st in states if st.get("avg_spec_accept_length")]
+    return sum(averages) / len(averages) if averages else None
 
 
 def backoff_s(attempt: int, base_s: float) -> float:
@@ -112,6 +128,19 @@ class SGLangBackend(Backend):
                     await queue.put(prompt)
                 for _ in range(workers):
                     await queue.put(None)
+            self.stats.spec_accept_length = accept_length_of(await self._server_infos(http))
+
+    async def _server_infos(self, http: httpx.AsyncClient) -> list[dict[str, Any]]:
+        """Each server's `/get_server_info` (SGLang), skipping any that does not answer it."""
+        infos = []
+        for url in self.urls:
+            try:
+                resp = await http.get(f"{url}/get_server_info")
+                resp.raise_for_status()
+                infos.append(resp.json())
+            except (httpx.HTTPError, ValueError):
+                continue
+        return [i for i in infos if isinstance(i, dict)]
 
     async def _served_model(self, http: httpx.AsyncClient) -> str:
         """The name the first server serves (`/v1/models`), else the recipe's target model."""

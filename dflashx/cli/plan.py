@@ -43,6 +43,8 @@ def _value(value: float, unit: str) -> str:
         return human_seconds(value)
     if unit in ("fraction",):
         return f"{value:.1%}"
+    if unit == "x":
+        return f"{value:.2f}x"
     return f"{human_count(value)} {unit}"
 
 
@@ -79,6 +81,15 @@ def calibration_lines(cal: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def deploy_lines(deploy: dict[str, Any] | None) -> list[str]:
+    """The drafter's predicted serving speed-up before training (--explain: deploy.speedup)."""
+    if not deploy:
+        return []
+    cells = " · ".join(f"{r['speedup']:.2f}x @{r['concurrency']}" for r in deploy["rows"])
+    return [f"serving the drafter on {deploy['profile']} at expected tau {deploy['tau']:.2f} (block "
+            f"{deploy['block_size']}): {cells} (requests in flight per server; --explain: deploy.speedup)"]
+
+
 def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -105,6 +116,7 @@ def render(plan: dict[str, Any], title: str, explain: bool) -> None:
     if plan.get("ranges"):
         lines.append("P10 – P90: the mean output length's uncertainty and each model's error (--explain says which)")
     lines += calibration_lines(plan.get("calibration"))
+    lines += deploy_lines(plan.get("deploy"))
     for stage in plan["stages"]:
         if stage["enabled"] and stage["commands"]:
             lines.append(style(stage["name"], "bold") + " runs:")
@@ -125,7 +137,7 @@ def render(plan: dict[str, Any], title: str, explain: bool) -> None:
 def _json_failure(problems: list[Problem]) -> typer.Exit:
     """The one JSON object of a recipe that cannot be planned; returns the exit to raise (code 2)."""
     document = {"errors": [p.to_json() for p in problems], "warnings": [], "stages": [], "totals": None,
-                "ranges": None, "calibration": None, "resolved": None}
+                "ranges": None, "calibration": None, "resolved": None, "deploy": None}
     sys.stdout.write(json.dumps(document) + "\n")
     return typer.Exit(RecipeError.exit_code)
 

@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, ByteSize, FiniteFloat, Precision, Strict, parse_size
 from dflashx.config.eval_suites import BUILTIN_BASELINES, BUILTIN_SUITES
+from dflashx.config.speculative import DeploySpec, SpeculativeSpec
 from dflashx.config.stages import (  # the stage models are part of the schema
     STAGE_ORDER, StageBase, IngestStage, GenerateStage, ServingSpec, QCThresholds, QCStage, TokenizeStage, TrainStage, EvalStage, ExportStage, BackupStage, Stages,
     EvalBaseline, EvalSuite,
@@ -27,6 +28,7 @@ __all__ = [
     "ChatTemplateSpec",
     "DatasetSpec",
     "DatasetStats",
+    "DeploySpec",
     "DrafterSpec",
     "EvalBaseline",
     "EvalStage",
@@ -46,6 +48,7 @@ __all__ = [
     "OutputHistogram",
     "PilotSpec",
     "SourceSpec",
+    "SpeculativeSpec",
     "StageBase",
     "Stages",
     "StorageSpec",
@@ -171,7 +174,10 @@ class TargetSpec(Strict):
     chat_template: ChatTemplateSpec = Field(
         default_factory=ChatTemplateSpec, description="Chat-template options.", json_schema_extra=OUTPUT
     )
-    mtp: bool = Field(False, description="Serve with the target's MTP head (NEXTN speculative decoding).", json_schema_extra=OPERATIONAL)
+    mtp: bool = Field(
+        False, description="Generate with the target's MTP head (SGLang speculative decoding, settings in "
+        "stages.generate.serving.speculative); the plan says whether it pays at the planned batch.",
+        json_schema_extra=OPERATIONAL)
 
 
 # --------------------------------------------------------------------------- drafter
@@ -336,6 +342,9 @@ class Recipe(Strict):
     )
     budget: BudgetSpec = Field(default_factory=BudgetSpec, description="Limits the plan is checked against.")
     pilot: PilotSpec = Field(default_factory=PilotSpec, description="The calibrating pilot run (`dflashx pilot`).")
+    deploy: DeploySpec = Field(
+        default_factory=DeploySpec, description="Where the trained drafter will be served: concurrencies and expected "
+        "tau of the predicted speed-up.")
     acknowledge: list[str] = Field(
         default_factory=list,
         description="Blocking plan findings accepted on purpose, by code (e.g. [thinking_off]); reviewed in PRs.",

@@ -11,6 +11,7 @@ from dflashx.config.eval_suites import (
     BUILTIN_BASELINES, BUILTIN_SUITES, HELDOUT, TRAINED, UNTRAINED, known_names, template_fields, unique_names,
 )
 from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, FiniteFloat, Strict
+from dflashx.config.speculative import SpeculativeSpec
 
 AUTO = "auto"
 
@@ -51,6 +52,9 @@ class ServingSpec(Strict):
     max_running_requests: int = Field(
         256, ge=1, description="Most sequences one replica decodes at once (--max-running-requests); the engine "
         "lowers it further when its KV or linear-attention state pool is full.", json_schema_extra=OPERATIONAL)
+    speculative: SpeculativeSpec = Field(
+        default_factory=SpeculativeSpec, description="SGLang's draft settings for the target's MTP head "
+        "(`target.mtp: true`).", json_schema_extra=OPERATIONAL)
 
 
 class GenerateStage(StageBase):

@@ -9,7 +9,9 @@ values differ from the recipe being planned is not applied, and the plan says wh
             completions, the standard error of their mean): the prompt sources, the target and its
             chat template, the generation's sampling settings and max_tokens;
   serving   `hardware.calibrated[CALIBRATED_SERVING]`, measured tokens/s over the planner's own
-            prediction for the pilot's conditions: the node, the target, the generation settings;
+            prediction for the pilot's conditions, and with the target's MTP head on the accepted length
+            the servers reported (`stages.generate.serving.speculative.acceptance` becomes the geometric
+            profile with that tau): the node, the target, the generation settings;
   training  `hardware.calibrated[CALIBRATED_MFU]`, the MFU the trainer measured (gradient sync
             included): the node, the target, the drafter, the batch and lengths of training.
 """
@@ -25,6 +27,7 @@ from dflashx.config.schema import DatasetStats, Recipe
 from dflashx.plan.context import PlanContext, build_context
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
 from dflashx.resolve import resolve
+from dflashx.resolve.speculative import geometric_profile
 from dflashx.targets.registry import TargetFacts
 
 CALIBRATION_VERSION = 1
@@ -49,6 +52,8 @@ class PilotCalibration(BaseModel):
                                   "standard error of the mean, bytes).")
     serving_ratio: float | None = Field(None, gt=0, description="Measured / predicted generation tokens/s.")
     serving_ratio_rse: float | None = Field(None, ge=0, description="Relative standard error of the ratio.")
+    mtp_accept_length: float | None = Field(None, ge=1, description="Tokens per draft-verify cycle the SGLang "
+                                            "servers reported while the pilot generated with the MTP head.")
     training_mfu: float | None = Field(None, gt=0, le=1, description="MFU the trainer measured.")
     training_mfu_rse: float | None = Field(None, ge=0, description="Relative standard error of the MFU.")
     measured: dict[str, Any] = Field(default_factory=dict, description="The pilot's raw figures, for reports.")
@@ -96,13 +101,31 @@ def _shown(key: str, value: Any) -> Any:
     return value
 
 
+MTP_KEY = "stages.generate.serving.speculative.acceptance"
+
+
+def mtp_profile(recipe: Recipe, tau: float | None) -> list[float] | None:
+    """The geometric acceptance profile over the recipe's MTP steps with a measured tau."""
+    return None if tau is None else geometric_profile(tau, recipe.stages.generate.serving.speculative.num_steps)
+
+
+def with_mtp_accept_length(recipe: Recipe, tau: float) -> Recipe:
+    """The recipe whose MTP acceptance profile is the geometric one with a measured tau."""
+    gen = recipe.stages.generate
+    spec = gen.serving.speculative.model_copy(update={"acceptance": mtp_profile(recipe, tau)})
+    serving = gen.serving.model_copy(update={"speculative": spec})
+    return recipe.model_copy(update={"stages": recipe.stages.model_copy(update={
+        "generate": gen.model_copy(update={"serving": serving})})})
+
+
 def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, dict[str, Any]]:
     """The recipe with the pilot's figures in place, and what was (not) applied, for the plan's JSON."""
     now = conditions(recipe)
     stats, calibrated = recipe.dataset.stats, dict(recipe.hardware.calibrated)
     figures = {
         "data": {f"dataset.stats.{k}": _shown(k, v) for k, v in cal.stats.items()},
-        "serving": {f"hardware.calibrated.{CALIBRATED_SERVING}": cal.serving_ratio},
+        "serving": {f"hardware.calibrated.{CALIBRATED_SERVING}": cal.serving_ratio,
+                    MTP_KEY: mtp_profile(recipe, cal.mtp_accept_length)},
         "training": {f"hardware.calibrated.{CALIBRATED_MFU}": cal.training_mfu},
     }
     applied: dict[str, Any] = {}
@@ -117,7 +140,10 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, di
         if group == "data" and values:
             stats = DatasetStats.model_validate({**stats.model_dump(), **cal.stats})
         elif group == "serving" and values:
-            calibrated[CALIBRATED_SERVING] = float(cal.serving_ratio)  # type: ignore[arg-type]
+            if cal.serving_ratio is not None:
+                calibrated[CALIBRATED_SERVING] = float(cal.serving_ratio)
+            if cal.mtp_accept_length is not None:
+                recipe = with_mtp_accept_length(recipe, cal.mtp_accept_length)
         elif values:
             calibrated[CALIBRATED_MFU] = float(cal.training_mfu)  # type: ignore[arg-type]
     updated = recipe.model_copy(update={

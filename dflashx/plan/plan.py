@@ -3,7 +3,8 @@
 The plan holds the findings of every rule, one entry per stage (its commands, estimates and
 extras: `servers`/`router` for generate, `deepspeed_config`/`launch` for train), the totals,
 their P10/P50/P90 (`ranges`), the recipe with every derived value filled in (`resolved`), which
-figures a pilot calibrated (`calibration`) and, for `--explain`, the formula and inputs of every
+figures a pilot calibrated (`calibration`), the drafter's predicted serving speed-up at the recipe's
+expected tau (`deploy`) and, for `--explain`, the formula and inputs of every
 number. The JSON layout is documented in docs/planner.md.
 """
 
@@ -20,6 +21,7 @@ from dflashx.plan.context import (
     stage_estimates,
     totals,
 )
+from dflashx.plan.estimates.deployment import deploy_term, expected_speedup
 from dflashx.plan.expand.deepspeed import launch
 from dflashx.plan.expand.sglang import expand_sglang
 from dflashx.plan.calibration import PilotCalibration, apply_calibration
@@ -53,6 +55,7 @@ class Plan:
     terms: list[Term] = field(default_factory=list)
     ranges: Ranges | None = None
     calibration: dict[str, Any] | None = None  # which figures a pilot measured (apply_calibration's report)
+    deploy: dict[str, Any] | None = None  # the drafter's predicted serving speed-up at its expected tau
 
     @property
     def errors(self) -> list[Finding]:
@@ -71,6 +74,7 @@ class Plan:
             "ranges": self.ranges.to_json() if self.ranges is not None else None,
             "calibration": self.calibration,
             "resolved": self.resolved.model_dump(mode="json") if self.resolved is not None else None,
+            "deploy": self.deploy,
         }
         if explain:
             out["explain"] = [t.to_json() for t in self.terms]
@@ -140,8 +144,9 @@ def make_plan(recipe: Recipe, facts: TargetFacts | None = None,
     ctx = build_context(resolved)
     stages = _stage_plans(ctx)
     ranges = plan_ranges(ctx, (report or {}).get("rse"))
+    deploy = expected_speedup(resolved).to_json()
     return Plan([*check(ctx), *range_findings(ranges, recipe)], stages, totals({s.name: s.estimates for s in stages}),
-                resolved, [*ctx.terms, *ranges.terms], ranges, report)
+                resolved, [*ctx.terms, *ranges.terms, deploy_term(deploy)], ranges, report, deploy)
 
 
 __all__ = ["Plan", "StagePlan", "make_plan"]

@@ -115,5 +115,17 @@ def hicache_fits_host(ctx: PlanContext) -> Iterable[Finding]:
                     "memory if it has more")
 
 
+def mtp_pays(ctx: PlanContext) -> Iterable[Finding]:
+    """The MTP head costs more than it gains at the planned batch: say so, with both rates."""
+    sp = ctx.generation.speculation
+    if sp is None or sp.pays or not _serves(ctx):
+        return
+    yield warning("mtp_slower", "target.mtp",
+                  f"at batch {sp.spec_batch.value} per replica the MTP head gives {sp.spec.tokens_per_second:,.0f} "
+                  f"tokens/s against {sp.plain.tokens_per_second:,.0f} without it (tau {sp.spec.tau:.2f}; "
+                  "--explain: generate.speculation)",
+                  "set target.mtp=false, or fewer stages.generate.serving.speculative.num_steps")
+
+
 SERVING_RULES: tuple[Rule, ...] = (tp_dp_matches_gpus, serving_fits, fp8_supported, fp8_checkpoint_named,
-                                   batch_not_capped, hicache_fits_host)
+                                   batch_not_capped, hicache_fits_host, mtp_pays)

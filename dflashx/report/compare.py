@@ -2,7 +2,7 @@
 
 Everything comes from the run folders (recipe.yaml, plan.json, records.jsonl, manifest.json, and
 the eval stage's eval/report/eval.json for tau per suite and drafter, per prompt source and per
-context bucket).
+context bucket, and the predicted serving speed-up per concurrency).
 When a run tracked online (`tracking.mode: online`) and WANDB_API_KEY is set, metrics missing
 locally are filled from the W&B API (runs of the pipeline run's group, one per stage = job type).
 """
@@ -153,6 +153,27 @@ def eval_suites(runs: list[RunInfo]) -> Section:
     return Section("Eval tau per suite and drafter", ["suite", "drafter", *(r.name for r in runs)], rows, note)
 
 
+def _speedup_cell(row: dict[str, Any] | None) -> str:
+    if not row:
+        return "-"
+    return (f"{row['speedup']:.2f}x ({human_value(row['tokens_per_second'])} -> "
+            f"{human_value(row['tokens_per_second_drafter'])} tok/s)")
+
+
+def predicted_speedup(runs: list[RunInfo]) -> Section:
+    """Each run's predicted serving speed-up (eval.json `predicted_speedup`) per concurrency, side by side."""
+    predictions = [eval_report(r).get("predicted_speedup") or {} for r in runs]
+    by_run = [{row["concurrency"]: row for row in p.get("rows", [])} for p in predictions]
+    concurrencies = sorted(set().union(*by_run))
+    rows = [["tau, profile", *(f"{p['tau']:.2f} on {p['profile']}" if p else "-" for p in predictions)]] \
+        if concurrencies else []
+    rows += [[f"{c} in flight", *(_speedup_cell(b.get(c)) for b in by_run)] for c in concurrencies]
+    note = ("tokens/s per server with the trained drafter / without it, predicted from the eval's acceptance by "
+            "position on each run's hardware profile (eval/report/eval.json)" if rows
+            else "No run has a predicted speed-up (eval/report/eval.json).")
+    return Section("Predicted serving speed-up", ["", *(r.name for r in runs)], rows, note)
+
+
 def wandb_metrics(run: RunInfo) -> dict[str, dict[str, Any]]:
     """Per-stage W&B summaries of an online run ({} when offline, without a key, or unreachable)."""
     tracking = run.recipe.get("tracking") or {}
@@ -180,4 +201,5 @@ def compare(runs: list[RunInfo]) -> list[Section]:
     return [overview, recipe_differences(runs), *estimate_vs_actual(runs),
             key_results(runs, remote if any(remote) else None), eval_suites(runs),
             eval_groups(runs, "by_source", "Eval tau per source"),
-            eval_groups(runs, "by_context", "Eval tau by prompt length (tokens)", CONTEXT_BUCKET_LABELS)]
+            eval_groups(runs, "by_context", "Eval tau by prompt length (tokens)", CONTEXT_BUCKET_LABELS),
+            predicted_speedup(runs)]

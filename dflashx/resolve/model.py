@@ -17,7 +17,8 @@ from pydantic import ConfigDict, Field
 
 from dflashx.config.fields import OPERATIONAL, OUTPUT, Precision
 from dflashx.config.schema import (
-    DrafterSpec, EvalStage, EvalSuite, GenerateStage, Recipe, ServingSpec, Stages, TargetSpec, TrainStage,
+    DeploySpec, DrafterSpec, EvalStage, EvalSuite, GenerateStage, Recipe, ServingSpec, SpeculativeSpec, Stages,
+    TargetSpec, TrainStage,
 )
 from dflashx.resolve.flops import DrafterDims
 from dflashx.targets.registry import TargetFacts
@@ -82,8 +83,20 @@ class ResolvedTrainStage(TrainStage):
                               json_schema_extra=OPERATIONAL)
 
 
+class ResolvedSpeculative(SpeculativeSpec):
+    model_config = _FROZEN
+
+    acceptance: list[float] = Field(
+        description="Share of cycles accepting each draft position (the recipe's, else the published MTP profile).",
+        json_schema_extra=OPERATIONAL)
+    acceptance_source: str = Field(description="Where the profile comes from.", json_schema_extra=OPERATIONAL)
+
+
 class ResolvedServing(ServingSpec):
     model_config = _FROZEN
+
+    speculative: ResolvedSpeculative = Field(description="MTP draft settings and acceptance, resolved.",
+                                             json_schema_extra=OPERATIONAL)
 
     tp: int = Field(ge=1, description="Tensor-parallel GPUs per server.", json_schema_extra=OPERATIONAL)
     dp: int = Field(ge=1, description="Data-parallel replicas.", json_schema_extra=OPERATIONAL)
@@ -135,9 +148,20 @@ class ResolvedStages(Stages):
     train: ResolvedTrainStage = Field(description="DFlash drafter training, resolved.", json_schema_extra=OUTPUT)
 
 
+class ResolvedDeploy(DeploySpec):
+    model_config = _FROZEN
+
+    expected_tau: float = Field(gt=1, description="tau expected of the drafter before training.",
+                                json_schema_extra=OPERATIONAL)
+    acceptance: list[float] = Field(description="Expected share of cycles accepting draft position 1..B-1.",
+                                    json_schema_extra=OPERATIONAL)
+    tau_source: str = Field(description="Where the expected tau comes from.", json_schema_extra=OPERATIONAL)
+
+
 class ResolvedRecipe(Recipe):
     model_config = _FROZEN
 
     target: ResolvedTarget = Field(description="The target, with its facts.")
     drafter: ResolvedDrafter = Field(description="The drafter, every shape decided.")
     stages: ResolvedStages = Field(description="Each stage's parameters, train's derived values filled in.")
+    deploy: ResolvedDeploy = Field(description="Where the drafter will be served, its expected acceptance resolved.")

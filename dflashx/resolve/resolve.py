@@ -15,9 +15,11 @@ What it fills in, and from what:
                given), the DeepSpeed config and the launch argv;
   target       facts, load_precision (fp32 on a CPU profile for a bf16/fp16 target);
   generate     context_length and the serving settings (tp, dp, dp_mode, weight dtype, checkpoint,
-               online quantization): `dflashx.resolve.serving`, one function each;
+               online quantization, the MTP acceptance profile): `dflashx.resolve.serving`, one function each;
   eval         each suite's definition (built-in names filled in) and count, and the decodes the
-               stage runs at most: `dflashx.resolve.suites`.
+               stage runs at most: `dflashx.resolve.suites`;
+  deploy       the drafter's expected tau and acceptance profile before training
+               (`dflashx.resolve.speculative`).
 Inconsistent values (layer ids out of range, a batch that does not divide) are resolved as
 given and reported by the plan's rules; only a value that cannot be decided at all raises
 `ResolveError` (it names the key and the fix).
@@ -31,9 +33,10 @@ from dflashx.config.schema import DrafterSpec, GenerateStage, HardwareProfile, R
 from dflashx.resolve.deepspeed import deepspeed_config, launch_argv
 from dflashx.resolve.formulas import loss_gamma, muon_lr, spread_layer_ids
 from dflashx.resolve.model import (
-    ResolvedDrafter, ResolvedGenerateStage, ResolvedRecipe, ResolvedStages, ResolvedTarget, ResolvedTrainStage,
+    ResolvedDeploy, ResolvedDrafter, ResolvedGenerateStage, ResolvedRecipe, ResolvedStages, ResolvedTarget, ResolvedTrainStage,
 )
 from dflashx.resolve.serving import context_length, resolve_serving
+from dflashx.resolve.speculative import expected_drafter_acceptance, expected_tau, tau_source
 from dflashx.resolve.suites import resolve_eval
 from dflashx.targets.registry import TargetFacts
 
@@ -145,9 +148,15 @@ def _generate(recipe: Recipe, facts: TargetFacts) -> ResolvedGenerateStage:
     })
 
 
+def _deploy(recipe: Recipe) -> ResolvedDeploy:
+    return ResolvedDeploy(**{**recipe.deploy.model_dump(), "expected_tau": expected_tau(recipe),
+                             "acceptance": expected_drafter_acceptance(recipe), "tau_source": tau_source(recipe)})
+
+
 def resolve(recipe: Recipe, facts: TargetFacts) -> ResolvedRecipe:
     """The recipe with every derived value filled in (see the module docstring)."""
     drafter = _drafter(recipe, facts)
     stages = ResolvedStages(**{**dict(recipe.stages), "train": _train(recipe, drafter.block_size),
                                "generate": _generate(recipe, facts), "eval": resolve_eval(recipe.stages.eval)})
-    return ResolvedRecipe(**{**dict(recipe), "target": _target(recipe, facts), "drafter": drafter, "stages": stages})
+    return ResolvedRecipe(**{**dict(recipe), "target": _target(recipe, facts), "drafter": drafter, "stages": stages,
+                             "deploy": _deploy(recipe)})

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dflashx.config.fields import PRECISION_BYTES
 from dflashx.config.schema import HardwareProfile, Recipe
-from dflashx.resolve.model import ResolvedServing
+from dflashx.resolve.model import ResolvedServing, ResolvedSpeculative
+from dflashx.resolve.speculative import MTP_QWEN36, mtp_acceptance
 from dflashx.targets.registry import TargetFacts
 
 NVLINK_CLASS_GBS = 100.0
@@ -100,11 +101,20 @@ def context_length(recipe: Recipe, facts: TargetFacts) -> int:
     return recipe.stages.generate.context_length or facts.max_position_embeddings
 
 
+def speculative(recipe: Recipe) -> ResolvedSpeculative:
+    spec = recipe.stages.generate.serving.speculative
+    source = ("stages.generate.serving.speculative.acceptance (the recipe)" if spec.acceptance else
+              f"{MTP_QWEN36.source}: {MTP_QWEN36.figure} ({MTP_QWEN36.conditions})")
+    return ResolvedSpeculative(**{**spec.model_dump(), "acceptance": mtp_acceptance(recipe),
+                                  "acceptance_source": source})
+
+
 def resolve_serving(recipe: Recipe, facts: TargetFacts) -> ResolvedServing:
     serving = recipe.stages.generate.serving
     tp = tensor_parallel(recipe, facts)
     return ResolvedServing(**{
         **serving.model_dump(),
+        "speculative": speculative(recipe),
         "tp": tp,
         "dp": data_parallel(recipe, tp),
         "dp_mode": dp_mode(recipe.hardware, serving.dp_mode),

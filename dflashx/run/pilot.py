@@ -11,7 +11,8 @@ One entry point, `run_pilot`, reusing the real stages:
               run), `pilot.train_steps` optimizer steps; the DeepSpeed states are deleted after;
   4. measure  lengths of every completion present (a histogram, truncation, the standard error of
               the mean by source), generation tokens/s against the planner's prediction for the
-              pilot's own conditions (`serving_ratio`), the trainer's MFU, tokens/s and step time;
+              pilot's own conditions (`serving_ratio`; with the MTP head, predicted at the accepted length
+              the servers reported, which is itself calibrated), the trainer's MFU, tokens/s and step time;
   5. write    `pilot/calibration.json` (`PilotCalibration`), which `dflashx plan` of the same
               recipe applies, and re-plan with it.
 The prediction for the pilot's generation: its completions all start at once per server and drain,
@@ -33,7 +34,9 @@ from typing import Any
 
 from dflashx.config.schema import Recipe
 from dflashx.data.jsonl import iter_jsonl, iter_shards, write_jsonl_atomic
-from dflashx.plan.calibration import PilotCalibration, conditions, predicted, predicted_tokens_per_s
+from dflashx.plan.calibration import (
+    PilotCalibration, conditions, predicted, predicted_tokens_per_s, with_mtp_accept_length,
+)
 from dflashx.plan.context import build_context
 from dflashx.plan.plan import Plan, make_plan
 from dflashx.resolve.model import ResolvedRecipe
@@ -144,6 +147,7 @@ class Pilot:
             run_id=(self.rundir.info() or {}).get("run_id", self.rundir.path.name), run_dir=str(self.rundir.path),
             measured_at=utc_now(), conditions=conditions(self.recipe), stats=stats,
             serving_ratio=serving.get("ratio"), serving_ratio_rse=serving.get("ratio_rse"),
+            mtp_accept_length=serving.get("mtp_accept_length"),
             training_mfu=min(trained["mfu"], 1.0) if trained else None,
             training_mfu_rse=trained.get("mfu_rse") if trained else None, measured=measured)
 
@@ -233,14 +237,16 @@ class Pilot:
             batch = sum(outputs) / servers / max(max(outputs), 1)  # a draining server's mean batch
             cap = self.recipe.stages.generate.concurrency  # None: the client keeps the planned batch in flight
             update["concurrency"] = max(1, round(batch) if cap is None else min(cap, round(batch)))
-        expected = predicted_tokens_per_s(predicted(self.recipe, self.resolved.target.facts, stats | {"samples": n},
+        tau = generated.get("spec_accept_length") if self.recipe.target.mtp else None
+        recipe = with_mtp_accept_length(self.recipe, tau) if tau else self.recipe  # the measured tau, not the planned
+        expected = predicted_tokens_per_s(predicted(recipe, self.resolved.target.facts, stats | {"samples": n},
                                                     generate=update))
         measured = float(generated["output_tokens_per_s"])
         mean = sum(outputs) / n
         sd = math.sqrt(sum((x - mean) ** 2 for x in outputs) / (n - 1)) if n > 1 else 0.0
         return {"measured_tokens_per_s": measured, "predicted_tokens_per_s": expected, "completions": n,
                 "ratio": measured / expected if expected else None, "ratio_rse": sd / mean / math.sqrt(n) if mean else None,
-                "batch": update.get("concurrency"), "wall_s": generated.get("wall_s"),
+                "batch": update.get("concurrency"), "wall_s": generated.get("wall_s"), "mtp_accept_length": tau,
                 "startup_s": generated.get("startup_s")}
 
     def _predicted_training(self, steps: int, stats: dict[str, Any]) -> dict[str, Any]:

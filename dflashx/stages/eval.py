@@ -27,6 +27,7 @@ from dflashx.config.fields import TORCH_DTYPE
 from dflashx.data import chat_contract
 from dflashx.data.chat_mask import render_prompt
 from dflashx.data.suites import suite_prompts
+from dflashx.stages import eval_speedup
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.eval_drafters import CHECKPOINT, EvalDrafter, eval_drafters, load
 from dflashx.stages.graph import GRAPH
@@ -184,10 +185,11 @@ def run(ctx: StageContext) -> StageResult:
     except chat_contract.ContractMismatch as e:
         raise StageFailed(str(e)) from None
     result = evaluate(ctx, target, tokenizer, drafters) | {"chat_contract": contract.to_json()}
+    result |= eval_speedup.section(ctx.recipe, result, report)  # tokens/s with the drafter where it is served
     atomic_write_json(report / "eval.json", result)
     first = next(iter(result["suites"]))
     plot_acceptance(result["suites"][first], report / "acceptance.png", suites=result["suites"], suite=first)
     return StageResult(
         artifacts={"report": Artifact("report", tier="replaceable", description="eval.json + acceptance.png")},
-        metrics=metrics_of(result),
+        metrics=metrics_of(result) | eval_speedup.metrics(result),
     )

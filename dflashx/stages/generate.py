@@ -170,4 +170,6 @@ def _metrics(meter: GenerationMeter, backend: Backend, writer: ShardWriter, tota
         "rejected": backend.stats.rejected + refused,
         "refused_too_long": refused,
         "torn_bytes_truncated": writer.truncated_bytes,
+        **({"spec_accept_length": backend.stats.spec_accept_length}
+           if backend.stats.spec_accept_length is not None else {}),
     }

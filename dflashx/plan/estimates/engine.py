@@ -62,6 +62,7 @@ class EngineRow:
     decode: Measured
     prefill: Measured
     note: str = ""
+    call_latency: Measured | None = None  # fixed time per layer call of a forward (eager, launch-bound engines)
 
 
 _COOKBOOK = ("github.com/sgl-project/sglang docs_new/src/snippets/configs/qwen/qwen3.6-benchmarks.jsx "
@@ -94,6 +95,31 @@ TRANSFORMERS = EngineRow(
                     "CPU, HF generate(), batch_size prompts per call"),
     prefill=Measured(0.25, "assumption (not measured)", "as decode, over the GEMM ceiling", "CPU"),
 )
+
+
+# The in-process decoder on a CPU (the eval stage's speculative decoder and plain greedy decoding, torch
+# eager, one thread): launch-bound on small models, so each forward costs a measured fixed time per layer
+# call (its layers + 1 for embedding, norm, LM head and the loop; a DFlash drafter's cycle its layers + 3:
+# speculative.DRAFT_EXTRA_CALLS) on top of its roofline, and no share-based overhead.
+IN_PROCESS = EngineRow(
+    "in-process", "any",
+    decode=Measured(1.0, "benchmarks/results/cpu_decode.json", "the fixed time per layer call replaces a share",
+                    "CPU, torch eager, batch 1"),
+    prefill=Measured(1.0, "benchmarks/results/cpu_decode.json", "one forward: its FLOPs plus its layer calls",
+                     "CPU, torch eager"),
+    call_latency=Measured(
+        0.327e-3, "benchmarks/results/cpu_decode.json (python -m benchmarks.cpu_decode)",
+        "plain greedy decoding of tiny Qwen3 targets with 1, 2, 4, 8 layers: 0.66, 1.07, 1.83, 2.98 ms/token (CPU "
+        "time); least-squares slope 0.327 ms per layer, intercept 0.41 ms (about one more call)",
+        "the 2-core development machine, torch eager, 1 thread, hidden 64, batch 1")
+)
+
+
+def deploy_row(on_gpu: bool, hybrid: bool) -> EngineRow:
+    """Where a drafter is served: SGLang on GPUs (the export's serve command), in process on the CPU."""
+    if not on_gpu:
+        return IN_PROCESS
+    return SGLANG_HYBRID if hybrid else SGLANG_DENSE
 
 
 def engine_row(backend: str, hybrid: bool) -> EngineRow:

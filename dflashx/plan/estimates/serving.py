@@ -13,6 +13,8 @@ SGLang 0.5.23 sizes a replica's memory as (python/sglang/srt/mem_cache/kv_cache_
           tracking slots of the default `extra_buffer` radix-cache strategy with the overlap
           scheduler: MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO and allocation_sizing.py);
   KV      = what is left, in tokens of KV bytes/token.
+With speculative decoding (`SpecMemory`) the draft's own weights come off `rest` first, its KV is added
+to each token's, and every running request holds one more state per verified token.
 The batch is the smallest of: the client's in-flight count (`stages.generate.concurrency`, else
 no cap), --max-running-requests, the state slots / 5, and KV tokens / the mean context of a
 running sequence. With continuous batching the running sequences are length-biased: their mean
@@ -31,6 +33,35 @@ MAMBA_FULL_MEMORY_RATIO = 0.9
 STATE_SLOTS_PER_REQUEST = 5
 HICACHE_RATIO = 2.0  # --hicache-ratio default: host pool = 2 x the device pool (arg_groups/fields/memory.py)
 NO_CAP = 1 << 20
+
+
+@dataclass(frozen=True)
+class SpecMemory:
+    """What speculative decoding adds to a replica's memory: the draft's weights (outside the served
+    checkpoint), its own KV per context token, and the linear-attention states SGLang keeps per running
+    request for each verified token (`intermediate_ssm_state_cache`, mem_cache/memory_pool.py)."""
+
+    draft_weight_bytes: float
+    kv_bytes_per_token: float
+    verify_tokens: int
+
+
+def mtp_on(recipe: ResolvedRecipe) -> bool:
+    """The generation servers run the target's MTP head: asked for, shipped, SGLang on GPUs."""
+    gen = recipe.stages.generate
+    return bool(recipe.target.mtp and recipe.target.facts.mtp_layers and gen.backend == "sglang"
+                and recipe.hardware.gpu is not None)
+
+
+def mtp_memory(recipe: ResolvedRecipe) -> SpecMemory | None:
+    """The MTP head's memory when generation runs it: its weights are in the checkpoint (served already),
+    its full-attention layers keep KV, and each running request holds num_draft_tokens extra states."""
+    if not mtp_on(recipe):
+        return None
+    s, facts = recipe.stages.generate.serving, recipe.target.facts
+    kv = kv_elem_bytes(s.kv_cache_dtype, s.weight_dtype)
+    per_token = 2 * facts.mtp_layers * facts.num_kv_heads * facts.head_dim * kv
+    return SpecMemory(0.0, per_token, s.speculative.num_draft_tokens)
 
 
 @dataclass(frozen=True)
@@ -53,7 +84,13 @@ def mean_running_context(prompt_mean: float, lengths: OutputLengths, max_tokens:
 
 
 def running_batch(recipe: ResolvedRecipe, lengths: OutputLengths) -> Batch:
-    """The batch one replica decodes (module doc); on the CPU / transformers: `batch_size`."""
+    """The batch the generation servers decode, with the MTP head's memory when they run it."""
+    return running_batch_with(recipe, lengths, mtp_memory(recipe))
+
+
+def running_batch_with(recipe: ResolvedRecipe, lengths: OutputLengths, spec: SpecMemory | None) -> Batch:
+    """The batch one replica decodes (module doc), with `spec`'s memory taken first; on the CPU /
+    transformers: `batch_size`."""
     gen, hw = recipe.stages.generate, recipe.hardware
     s, facts = gen.serving, recipe.target.facts
     kv = kv_elem_bytes(s.kv_cache_dtype, s.weight_dtype)
@@ -62,15 +99,17 @@ def running_batch(recipe: ResolvedRecipe, lengths: OutputLengths) -> Batch:
     if gen.backend == "transformers" or hw.gpu is None:
         caps = {"batch_size": gen.batch_size}
         return Batch(gen.batch_size, "batch_size", caps, None, weights, kv, context)
-    rest = s.tp * hw.gpu.memory_gb * 1e9 * s.mem_fraction_static - weights
+    draft_weights, draft_kv, held = (spec.draft_weight_bytes, spec.kv_bytes_per_token, spec.verify_tokens) \
+        if spec else (0.0, 0.0, 0)
+    rest = s.tp * hw.gpu.memory_gb * 1e9 * s.mem_fraction_static - weights - draft_weights
     caps = {"client": gen.concurrency or NO_CAP, "max_running_requests": s.max_running_requests}
     kv_bytes = rest
     state = facts.recurrent_state_bytes
     if state:
         slots = int(max(rest, 0) * MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO) // state) - 1
-        caps["state_pool"] = max(slots, 0) // STATE_SLOTS_PER_REQUEST
+        caps["state_pool"] = max(slots, 0) // (STATE_SLOTS_PER_REQUEST + held)
         kv_bytes = rest - (max(slots, 0) + 1) * state
-    caps["kv_pool"] = int(max(kv_bytes, 0) / (facts.kv_bytes_per_token(kv) * context))
+    caps["kv_pool"] = int(max(kv_bytes, 0) / ((facts.kv_bytes_per_token(kv) + draft_kv) * context))
     binding = min(caps, key=lambda k: caps[k])
     return Batch(max(caps[binding], 0), binding, caps, rest, weights, kv, context)
 

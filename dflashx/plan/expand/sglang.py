@@ -17,8 +17,6 @@ from dflashx.targets.registry import TargetFacts
 
 HOST = "127.0.0.1"
 BASE_PORT = 30000  # the router (or the single server); workers behind a router take the next ports
-MTP_FLAGS = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
-             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 
 
 @dataclass
@@ -29,6 +27,14 @@ class SglangExpansion:
 
     def to_json(self) -> dict[str, Any]:
         return {"servers": self.servers, "router": self.router}
+
+
+def mtp_flags(recipe: ResolvedRecipe) -> list[str]:
+    """SGLang's draft settings for the target's MTP head (stages.generate.serving.speculative)."""
+    spec = recipe.stages.generate.serving.speculative
+    return ["--speculative-algorithm", spec.algorithm, "--speculative-num-steps", str(spec.num_steps),
+            "--speculative-eagle-topk", str(spec.eagle_topk), "--speculative-num-draft-tokens",
+            str(spec.num_draft_tokens)]
 
 
 def server_argv(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving, host: str, port: int,
@@ -51,7 +57,7 @@ def server_argv(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving, host: st
     if serving.kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", serving.kv_cache_dtype]
     if recipe.target.mtp and facts.mtp_layers:
-        argv += list(MTP_FLAGS)
+        argv += mtp_flags(recipe)
     if gen.hierarchical_cache:
         argv += ["--enable-hierarchical-cache"]
     if recipe.target.chat_template.enable_thinking and facts.model_type.startswith("qwen3"):

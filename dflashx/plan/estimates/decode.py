@@ -1,0 +1,159 @@
+"""One forward pass of a serving replica against the measured ceilings: the roofline, the engine's
+overhead and the TP all-reduce (the primitives of `generation.py` and `speculative.py`).
+
+A forward of `tokens` tokens for each of `batch` running sequences (1 for plain decode; the verified
+tokens for a speculative verify) reads
+  bytes = decoder weights (served dtype) + LM head (16-bit)
+          + batch x (KV bytes/token x mean context + state passes x linear-attention state)
+and computes batch x tokens x (2 x matmul parameters + 4 x context x heads x head_dim x attention layers).
+  roofline(dtype) = max(bytes / (bandwidth x tp x copy share), FLOPs / (peak x tp x GEMM share))
+  step            = roofline(served) + roofline(16-bit) x (1 / decode share - 1) + TP all-reduce
+The engine's decode share was measured with 16-bit weights: what it stands for beyond the roofline
+(launch gaps, normalizations, sampling, the scan) does not shrink with FP8 weights (Amdahl).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflashx.config.fields import PRECISION_BYTES
+from dflashx.plan.estimates.device import Device
+from dflashx.plan.estimates.engine import (
+    ALLREDUCE_LATENCY_NVLINK, ALLREDUCE_LATENCY_PCIE, COPY_BANDWIDTH, NVLINK_CLASS_GBS, EngineRow, gemm_share,
+)
+from dflashx.plan.estimates.serving import Batch
+from dflashx.resolve.flops import target_forward_flops
+from dflashx.resolve.model import ResolvedRecipe
+from dflashx.targets.registry import TargetFacts
+
+
+def matmul_params(facts: TargetFacts) -> int:
+    """Parameters multiplied per decoded token: every layer plus the LM head (embedding lookup is free)."""
+    return facts.params_through_layer(facts.num_layers - 1) + facts.vocab_size * facts.hidden_size
+
+
+def flops_per_token(facts: TargetFacts, context: float) -> float:
+    attention = 4 * context * facts.num_attention_heads * facts.head_dim * facts.num_kv_layers
+    return 2 * matmul_params(facts) + attention
+
+
+def head_bytes(facts: TargetFacts, weight_dtype: str) -> float:
+    """The LM head stays 16-bit (32-bit for fp32) whatever the decoder layers are served in."""
+    return facts.vocab_size * facts.hidden_size * (4 if weight_dtype == "fp32" else 2)
+
+
+def decode_read_bytes(facts: TargetFacts, weight_dtype: str) -> float:
+    """Weights one decode step reads: decoder layers at the served dtype, the LM head at 16 bits."""
+    return facts.params_through_layer(facts.num_layers - 1) * PRECISION_BYTES[weight_dtype] + head_bytes(
+        facts, weight_dtype)
+
+
+def sixteen_bit(weight_dtype: str) -> str:
+    """The precision the engine shares were measured in: 16-bit, or fp32 on the CPU."""
+    return "fp32" if weight_dtype == "fp32" else "bf16"
+
+
+def allreduce_seconds(recipe: ResolvedRecipe, tokens: float) -> float:
+    """2 ring all-reduces per layer of `tokens` x hidden 16-bit activations over the TP group."""
+    tp, hw = recipe.stages.generate.serving.tp, recipe.hardware
+    if tp <= 1 or hw.interconnect_gbs is None:
+        return 0.0
+    nvlink = hw.interconnect_gbs >= NVLINK_CLASS_GBS
+    latency = (ALLREDUCE_LATENCY_NVLINK if nvlink else ALLREDUCE_LATENCY_PCIE).value
+    payload = 2 * (tp - 1) / tp * tokens * recipe.target.facts.hidden_size * 2
+    return 2 * recipe.target.facts.num_layers * (latency + payload / (hw.interconnect_gbs * 1e9))
+
+
+@dataclass(frozen=True)
+class Roofline:
+    bytes: float
+    memory_s: float
+    compute_s: float
+    peak: float
+    gemm: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.memory_s, self.compute_s)
+
+    @property
+    def bound(self) -> str:
+        return "memory" if self.memory_s >= self.compute_s else "compute"
+
+
+def gemm(recipe: ResolvedRecipe, dtype: str) -> float:
+    return gemm_share(dtype if recipe.hardware.gpu is not None else "bf16").value
+
+
+def roofline(recipe: ResolvedRecipe, dev: Device, step_bytes: float, flops: float, dtype: str) -> Roofline:
+    """`step_bytes` and `flops` of one forward of a TP group against the measured ceilings in `dtype`."""
+    tp = recipe.stages.generate.serving.tp if recipe.hardware.gpu is not None else 1
+    peak, share = dev.peak_flops(dtype), gemm(recipe, dtype)
+    return Roofline(step_bytes, step_bytes / (dev.bandwidth_bps * tp * COPY_BANDWIDTH.value),
+                    flops / (peak * tp * share), peak, share)
+
+
+def target_roofline(recipe: ResolvedRecipe, dev: Device, b: Batch, dtype: str, tokens: int = 1,
+                    state_passes: float = 2.0) -> Roofline:
+    """One target forward of `tokens` tokens per running sequence, weights in `dtype` (the KV cache as
+    served); each sequence's linear-attention state is moved `state_passes` times (read + write: 2)."""
+    batch, context, kv = max(b.value, 1), b.mean_context, b.kv_elem_bytes
+    facts = recipe.target.facts
+    step_bytes = decode_read_bytes(facts, dtype) + batch * (
+        facts.kv_bytes_per_token(kv) * context + state_passes * facts.recurrent_state_bytes)
+    return roofline(recipe, dev, step_bytes, batch * tokens * flops_per_token(facts, context), dtype)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One engine forward: the roofline in the served precision, the engine overhead, the all-reduce."""
+
+    served: Roofline
+    overhead_s: float
+    allreduce_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.served.seconds + self.overhead_s + self.allreduce_s
+
+
+def overhead_seconds(sixteen: Roofline, row: EngineRow, calls: int) -> float:
+    """What the engine's decode share stands for beyond the roofline, at its 16-bit time, plus a
+    launch-bound engine's fixed time for each of the forward's `calls` layer calls."""
+    fixed = row.call_latency.value * calls if row.call_latency else 0.0
+    return sixteen.seconds * (1 / row.decode.value - 1) + fixed
+
+
+def target_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, tokens: int = 1,
+                state_passes: float = 2.0) -> Step:
+    """A target forward of `tokens` tokens for each of the batch's sequences (module doc)."""
+    dtype = recipe.stages.generate.serving.weight_dtype
+    served = target_roofline(recipe, dev, b, dtype, tokens, state_passes)
+    sixteen = target_roofline(recipe, dev, b, sixteen_bit(dtype), tokens, state_passes)
+    calls = recipe.target.facts.num_layers + 1
+    return Step(served, overhead_seconds(sixteen, row, calls), allreduce_seconds(recipe, max(b.value, 1) * tokens))
+
+
+@dataclass(frozen=True)
+class Prefill:
+    weight_gemm_s: float
+    other_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.weight_gemm_s + self.other_s
+
+
+def prefill(recipe: ResolvedRecipe, dev: Device, prompt: float, dtype: str, share: float,
+            extra_flops: float = 0.0, fixed_s: float = 0.0) -> Prefill:
+    """A prompt's prefill: all of it at the 16-bit rate over the engine's prefill share, except the
+    weight GEMMs, which run at the served precision's measured ceiling. `extra_flops`: a drafter's
+    own pass over the prompt (16-bit); `fixed_s`: a launch-bound engine's layer calls."""
+    facts = recipe.target.facts
+    tp = recipe.stages.generate.serving.tp if recipe.hardware.gpu is not None else 1
+    ref = sixteen_bit(dtype)
+    rate_ref = dev.peak_flops(ref) * tp * gemm(recipe, ref)
+    weight_flops = 2.0 * facts.params_through_layer(facts.num_layers - 1) * prompt
+    total_ref = (target_forward_flops(facts, facts.num_layers - 1, [prompt]) + extra_flops) / (rate_ref * share)
+    other = total_ref - weight_flops / rate_ref + fixed_s
+    return Prefill(weight_flops / (dev.peak_flops(dtype) * tp * gemm(recipe, dtype)), other)

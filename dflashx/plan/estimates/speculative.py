@@ -1,0 +1,149 @@
+"""Speculative decoding in the serving model: what a draft-verify cycle costs and yields (pure).
+
+Any draft method is a `Drafter`: `forwards` sequential draft forwards per cycle of `tokens` tokens per
+sequence (the target's MTP head: num_steps forwards of one token; a DFlash drafter: one forward of the
+block), then one target forward verifying `verify_tokens` tokens per sequence. Per replica of batch b:
+  verify  = the target step (decode.py) over verify_tokens tokens per sequence; with linear-attention
+            layers each sequence's state is read once and written per verified token (SGLang keeps one
+            state per draft token to roll back to) and once more when the accepted one is kept
+  draft   = forwards x (roofline of the draft's weights (16-bit) + LM head + b x its KV at the context,
+            and its FLOPs) + the engine overhead at the same decode share as the target's
+  tau     = 1 + sum of the acceptance shares of the drafted positions (resolve.speculative)
+  tokens/s per replica = O / (O x (verify + draft) / (b x tau) + prefill), prefill with the draft's own
+            pass over the prompt, against O / (O x step / b + prefill) without it.
+Speculation pays at a batch when the first is larger; the plan says which at its batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from dflashx.plan.estimates.decode import (
+    Prefill, Step, allreduce_seconds, head_bytes, overhead_seconds, prefill, roofline, sixteen_bit, target_step,
+)
+from dflashx.plan.estimates.device import Device
+from dflashx.plan.estimates.engine import EngineRow
+from dflashx.plan.estimates.serving import Batch, SpecMemory
+from dflashx.resolve.flops import DrafterDims
+from dflashx.resolve.model import ResolvedRecipe
+from dflashx.resolve.serving import kv_elem_bytes
+from dflashx.resolve.speculative import accepted_length
+
+
+# A launch-bound engine's layer calls of a draft forward beyond the draft's own layers: the LM head for an
+# MTP head; for a DFlash drafter the embedding with its norm and the LM head of the block forward, plus the
+# context projection of the accepted features (`fc` and k/v, `DFlashDrafter.extend_context`, its own pass).
+DRAFT_EXTRA_CALLS = {"mtp": 1, "dflash": 3}
+
+
+@dataclass(frozen=True)
+class Drafter:
+    """One draft method's work per cycle (module doc); FLOPs and bytes per sequence unless said."""
+
+    method: str
+    forwards: int
+    tokens: int
+    layers: int
+    weight_bytes: float  # read once per forward (16-bit), LM head included
+    flops_per_token: float  # dense FLOPs per drafted token and forward
+    attention_flops_per_context: float  # attention FLOPs per drafted token per context token
+    kv_bytes_per_context: float  # the draft's own KV read per context token and forward
+    context_cap: float | None  # a sliding window bounds the draft's context
+    cycle_flops: float  # per sequence and cycle, outside the forwards (projecting accepted context)
+    prompt_flops_per_token: float  # the draft's pass over each prompt token
+    verify_tokens: int
+    drafts: int
+    memory: SpecMemory
+
+
+def mtp_drafter(recipe: ResolvedRecipe) -> Drafter:
+    """The target's MTP head as SGLang runs it (EAGLE worker): num_steps forwards of the MTP layers
+    (one full-attention decoder layer + `fc` over [embedding, hidden], 2 h^2) and the shared LM head."""
+    facts, spec = recipe.target.facts, recipe.stages.generate.serving.speculative
+    layer = facts.attention_params + facts.mlp_params + 2 * facts.hidden_size**2
+    params = facts.mtp_layers * layer
+    head = facts.vocab_size * facts.hidden_size
+    width = facts.num_attention_heads * facts.head_dim
+    kv = kv_elem_bytes(recipe.stages.generate.serving.kv_cache_dtype, recipe.stages.generate.serving.weight_dtype)
+    kv_per_token = 2 * facts.mtp_layers * facts.num_kv_heads * facts.head_dim * kv
+    return Drafter("mtp", spec.num_steps, spec.eagle_topk, facts.mtp_layers,
+                   params * 2 + head_bytes(facts, "bf16"), 2.0 * (params + head), 4.0 * width * facts.mtp_layers,
+                   kv_per_token, None, 0.0, 2.0 * params, spec.num_draft_tokens, spec.num_steps,
+                   SpecMemory(0.0, kv_per_token, spec.num_draft_tokens))
+
+
+def dflash_drafter(recipe: ResolvedRecipe, dims: DrafterDims, block_size: int, window: int | None,
+                   tau: float) -> Drafter:
+    """A DFlash drafter as SGLang's DFLASH serves it: one forward of the block (anchor + B-1 masks) through
+    its layers, the LM head on the B-1 drafted slots, and `fc` + k/v projections of the tau accepted tokens
+    per cycle (the context features). Weights and KV in 16 bits."""
+    width = dims.num_attention_heads * dims.head_dim
+    head = dims.hidden_size * dims.vocab_size
+    dense = dims.num_layers * dims.layer_params
+    kv_per_token = dims.num_layers * 2 * dims.num_key_value_heads * dims.head_dim * 2
+    context = 2.0 * (dims.fc_params + dims.num_layers * dims.kv_params)
+    return Drafter("dflash", 1, block_size, dims.num_layers, (dims.trainable + head) * 2,
+                   2.0 * dense + 2.0 * head * (block_size - 1) / block_size, 4.0 * width * dims.num_layers,
+                   kv_per_token, window, context * tau, context, block_size, block_size - 1,
+                   SpecMemory(dims.trainable * 2, kv_per_token, block_size))
+
+
+def draft_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, d: Drafter) -> Step:
+    """One draft forward for the batch, in 16 bits, with the engine overhead of its decode share."""
+    batch = max(b.value, 1)
+    context = min(b.mean_context, d.context_cap) if d.context_cap else b.mean_context
+    step_bytes = d.weight_bytes + batch * d.kv_bytes_per_context * context
+    flops = batch * (d.tokens * (d.flops_per_token + d.attention_flops_per_context * context)
+                     + d.cycle_flops / d.forwards)
+    r = roofline(recipe, dev, step_bytes, flops, sixteen_bit(recipe.stages.generate.serving.weight_dtype))
+    share = d.layers / recipe.target.facts.num_layers
+    return Step(r, overhead_seconds(r, row, d.layers + DRAFT_EXTRA_CALLS[d.method]),
+                allreduce_seconds(recipe, batch * d.tokens) * share)
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Tokens/s of one replica at a batch, and how the time of a generated token splits."""
+
+    tokens_per_second: float
+    step_seconds: float  # a decode step, or a whole draft-verify cycle
+    tau: float  # tokens per step per sequence (1 without speculation)
+    prefill: Prefill
+    prefill_allreduce_s: float
+    verify: Step | None = None
+    draft: Step | None = None
+
+    @property
+    def prefill_seconds(self) -> float:
+        return self.prefill.seconds + self.prefill_allreduce_s
+
+    @property
+    def per_token_seconds(self) -> float:
+        return self.step_seconds / self.tau
+
+
+def replica_rate(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, output: float, prompt: float,
+                 drafter: Drafter | None = None, acceptance: Sequence[float | None] = ()) -> Rate:
+    """Output tokens/s of one replica decoding batch `b` (module doc); `drafter` None: no speculation."""
+    batch, dtype = max(b.value, 1), recipe.stages.generate.serving.weight_dtype
+    extra = drafter.prompt_flops_per_token * prompt if drafter else 0.0
+    fixed = row.call_latency.value * (recipe.target.facts.num_layers + 1) if row.call_latency else 0.0
+    first = prefill(recipe, dev, prompt, dtype, row.prefill.value, extra, fixed)
+    reduce = allreduce_seconds(recipe, prompt)
+    pre, out = first.seconds + reduce, max(output, 1e-9)
+    if drafter is None:
+        step = target_step(recipe, dev, b, row)
+        return Rate(out / (out * step.seconds / batch + pre), step.seconds, 1.0, first, reduce)
+    passes = 2.0 + drafter.verify_tokens if recipe.target.facts.recurrent_state_bytes else 2.0
+    verify = target_step(recipe, dev, b, row, drafter.verify_tokens, passes)
+    draft = draft_step(recipe, dev, b, row, drafter)
+    cycle = verify.seconds + drafter.forwards * draft.seconds
+    tau = accepted_length(acceptance, drafter.drafts)
+    return Rate(out / (out * cycle / (batch * tau) + pre), cycle, tau, first, reduce, verify, draft)
+
+
+def pays(spec: Rate, plain: Rate) -> bool:
+    return spec.tokens_per_second > plain.tokens_per_second and not math.isclose(
+        spec.tokens_per_second, plain.tokens_per_second)
