@@ -74,7 +74,7 @@ def parameter_groups(train: ResolvedTrainStage, module: torch.nn.Module) -> list
     tags `use_muon`) grouped by shape, each at its engine rate for the AdamW-matched `muon_lr`
     (`muon_engine_lr`), and the rest (norms) at `lr`."""
     params = [p for p in module.parameters() if p.requires_grad]
-    if train.optimizer != "muon":
+    if train.optimizer != "muon" or train.muon_lr is None:
         return [{"params": params}]
     shapes: dict[tuple[int, int], list[torch.nn.Parameter]] = {}
     for p in params:

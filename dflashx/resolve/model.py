@@ -75,8 +75,8 @@ class ResolvedTrainStage(TrainStage):
     loss_kernel: Literal["liger", "torch"] = Field(
         description="Fused LM-head cross-entropy (`auto`: liger on GPUs for decay_ce, else torch).",
         json_schema_extra=OPERATIONAL)
-    muon_lr: float = Field(gt=0, description="Muon matrices' peak learning rate, AdamW-matched (`lr` x the factor "
-                           "when unset).", json_schema_extra=OUTPUT)
+    muon_lr: float | None = Field(gt=0, description="Muon matrices' peak learning rate, AdamW-matched (`lr` x the "
+                                  "factor when unset); null under AdamW.", json_schema_extra=OUTPUT)
     deepspeed_config: dict[str, Any] = Field(description="The DeepSpeed config the engine is built with.",
                                              json_schema_extra=OPERATIONAL)
     launch: list[str] = Field(description="argv of the training launch ({run_dir} filled in by the stage).",
