@@ -73,6 +73,11 @@ def test_baseline_has_no_findings():
     ({"stages__train__global_batch": 60}, "global_batch", "stages.train.global_batch", "error"),
     ({"stages__train__master_weights": "bf16", "stages__train__zero_stage": 0}, "master_weights_zero",
      "stages.train.master_weights", "error"),
+    ({"stages__train__loss": "dpace", "stages__train__loss_kernel": "liger"}, "loss_kernel_objective",
+     "stages.train.loss_kernel", "error"),
+    ({"stages__train__labels": "target", "stages__train__mode": "offline", "budget__max_storage_bytes": "100TiB",
+      "budget__max_days": None}, "labels_offline", "stages.train.labels", "error"),
+    ({"stages__train__max_steps": 5}, "train_too_short", "stages.train.epochs", "warning"),
 ])
 def test_rule_fails_with_key_and_fix(overrides, code, key, severity):
     found = codes(b200(**overrides))
@@ -97,6 +102,8 @@ def test_rule_fails_with_key_and_fix(overrides, code, key, severity):
      "drafter__mask_token_id": None, "budget__max_days": None, "budget__max_usd": None},
     {"stages__train__global_batch": 48},
     {"drafter__precision": "fp8", "stages__train__master_weights": "bf16", "stages__train__compile": True},
+    {"stages__train__loss": "dpace", "stages__train__optimizer": "muon", "stages__train__labels": "target"},
+    {"stages__train__max_steps": 100},
 ])
 def test_rule_passes(overrides):
     assert [f for f in codes(b200(**overrides)).values() if f["severity"] == "error"] == []
@@ -195,3 +202,11 @@ def test_a_stated_p90_replaces_the_assumed_spread():
 def test_acknowledged_thinking_off_is_a_warning():
     found = codes(b200(target__chat_template__enable_thinking=False, acknowledge=["thinking_off", "train_truncation"]))
     assert found["thinking_off"]["severity"] == "warning" and "acknowledged" in found["thinking_off"]["message"]
+
+
+def test_a_run_too_short_to_learn_names_what_the_tiny_run_needed():
+    """speculators' defaults make 60 optimizer steps on a data set of the tiny's size: far below what
+    the tiny run needed; the tiny recipe itself is not flagged."""
+    short = codes(tiny_recipe(stages__train__epochs=0.1, stages__train__global_batch=16))
+    assert "train_too_short" in short and "optimizer steps" in short["train_too_short"]["message"]
+    assert "train_too_short" not in codes(tiny_recipe())

@@ -151,3 +151,41 @@ def test_resolved_recipe_is_frozen():
     r = resolve(tiny_recipe(), lookup("builtin:tiny-qwen3"))
     with pytest.raises(Exception, match="frozen"):
         r.stages.train.loss_gamma = 1.0
+
+
+def test_objective_and_optimizer_resolve_once():
+    """D-PACE takes the torch loss under `auto` (liger takes one weight per call); Muon's rate is lr x the
+    factor unless given, null under AdamW; the DeepSpeed config names Muon and drops clipping under it."""
+    from dflashx.resolve.formulas import MUON_LR_FACTOR
+
+    facts = lookup("Qwen/Qwen3.6-27B")
+    dpace = resolve(seeds_recipe("h200_x1", stages__train__loss="dpace", stages__train__optimizer="muon"), facts)
+    train = dpace.stages.train
+    assert train.loss_kernel == "torch" and train.muon_lr == pytest.approx(MUON_LR_FACTOR * train.lr)
+    assert train.deepspeed_config["optimizer"]["type"] == "Muon" and train.deepspeed_config["gradient_clipping"] == 0
+    assert train.deepspeed_config["optimizer"]["params"]["momentum"] == train.muon_momentum
+    adamw = resolve(seeds_recipe("h200_x1", stages__train__loss="decay_ce", stages__train__optimizer="adamw"), facts)
+    assert adamw.stages.train.loss_kernel == "liger" and adamw.stages.train.muon_lr is None
+    assert adamw.stages.train.deepspeed_config["optimizer"]["type"] == "AdamW"
+    assert adamw.stages.train.deepspeed_config["gradient_clipping"] == adamw.stages.train.grad_clip
+    given = resolve(seeds_recipe("h200_x1", stages__train__optimizer="muon", stages__train__muon_lr=2e-3), facts)
+    assert given.stages.train.muon_lr == 2e-3
+    assert ResolvedRecipe.model_validate_json(dpace.model_dump_json()) == dpace
+
+
+def test_target_labels_count_the_whole_target_and_its_head_in_the_plan():
+    """One FLOP model: `labels: target` runs every target layer and the LM head on the supervised
+    positions; the planner's FLOPs per sample grow by exactly that, the drafter's part not at all."""
+    from dflashx.plan.estimates.training import flops_per_sample
+    from dflashx.resolve.flops import target_forward_flops
+
+    facts = lookup("Qwen/Qwen3.6-27B")
+    data = resolve(seeds_recipe("h200_x1", stages__train__labels="data"), facts)
+    target = resolve(seeds_recipe("h200_x1", stages__train__labels="target"), facts)
+    prompt, outputs = 300.0, [1000.0, 2500.0]
+    (t_data, d_data, _), (t_target, d_target, _) = (flops_per_sample(r, prompt, outputs) for r in (data, target))
+    lengths = [prompt + o for o in outputs]
+    deepest = max(data.drafter.target_layer_ids)
+    extra = (target_forward_flops(facts, facts.num_layers - 1, lengths) - target_forward_flops(facts, deepest, lengths)
+             + 2.0 * facts.hidden_size * facts.vocab_size * sum(outputs)) / len(outputs)
+    assert d_target == d_data and t_target - t_data == pytest.approx(extra, rel=1e-9) and extra > 0
