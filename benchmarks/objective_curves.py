@@ -8,8 +8,8 @@ variant logs its loss and per-position accuracy per step and its wall time, so t
 at equal optimizer steps and at equal GPU time. The label source is not compared here: a random
 target's argmax is not the stream, so its labels are another task (the tiny ablation compares it).
 
-Step time: the seeds' accumulation (`--accum`, 16: recipes/qwen36_27b.yaml's global batch 64 on its
-4-GPU profile) at the seeds' shape (seq 3072, 512 anchors x 16, 5 drafter layers, ZeRO 2); the
+Step time: the seeds' accumulation (`--accum`: 16 is recipes/qwen36_27b.yaml's global batch 64 on its
+4-GPU profile, per rank; 64 the same recipe on one H200, `h200_x1`) at the seeds' shape (seq 3072, 512 anchors x 16, 5 drafter layers, ZeRO 2); the
 time of `--opt-steps` whole optimizer steps (each `--accum` micro steps and one optimizer update,
 Muon's Newton-Schulz included) per variant, after one warm-up optimizer step.
 
@@ -102,6 +102,8 @@ def step_times(args, device: str, shape: dict[str, Any], save, out: dict[str, An
     batch = random_batch(shape["vocab_size"], args.seq)
     out.update({"accum": args.accum, "seq": args.seq, "anchors": args.anchors, "opt_steps": args.opt_steps, "rows": {}})
     for name, train in VARIANTS.items():
+        if args.variants and name not in args.variants:
+            continue
         with tempfile.TemporaryDirectory() as stage:
             trainer = _trainer("qwen3-32b-dense", shape, target, args, train | {"global_batch": args.accum, "micro_batch": 1}, stage,
                                1000, device)
@@ -141,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--curve-anchors", type=int, default=128)
     p.add_argument("--curve-ids", type=int, default=256, help="token ids of the Markov stream (fewer: learnt sooner)")
     p.add_argument("--curve-lr", type=float, default=6e-4, help="the seeds' lr (recipes/qwen36_27b.yaml)")
+    p.add_argument("--variants", nargs="*", default=[], help="only these of VARIANTS (default: all)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.tiny:
