@@ -6,13 +6,16 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 from dflashx.stages.graph import GRAPH
 from test_run_fakes import REPO
 
 
 def test_import_contracts_hold():
-    exe = shutil.which("lint-imports")
+    # the one installed next to this interpreter first: a virtual environment need not be activated
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
     assert exe, "import-linter is a dev dependency: pip install -e '.[dev]'"
     proc = subprocess.run([exe, "--config", str(REPO / "pyproject.toml")], cwd=REPO, capture_output=True,
                           text=True, timeout=120)

@@ -1,5 +1,5 @@
-"""README stays true: its set-up and test commands are exactly what CI runs, and the main job's
-recipe exists and validates."""
+"""README stays true: its set-up (a virtual environment, then the install) and test commands are
+exactly what CI runs, in that order, and the main job's recipe exists and validates."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ def _bash_blocks(text: str) -> list[str]:
 def test_ci_runs_the_readme_setup_and_test_commands():
     setup, main_job, tests = _bash_blocks((REPO / "README.md").read_text())[:3]
     ci = (REPO / ".ci" / "run").read_text().splitlines()
-    assert setup in ci and tests in ci
+    venv, install = setup.splitlines()  # a virtual environment of its own first, then the install
+    assert venv == "python3 -m venv .venv && . .venv/bin/activate"
+    assert install.startswith("python -m pip install torch==")
+    assert ci.index(venv) < ci.index(install) < ci.index(tests) == len(ci) - 1  # pytest's exit status is CI's
     assert main_job == "dflashx run recipes/tiny.yaml"
     assert load_recipe(REPO / "recipes" / "tiny.yaml").recipe.hardware.name == "cpu"

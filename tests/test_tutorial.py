@@ -13,8 +13,9 @@ How the tutorial is read (keep docs/tutorial.md to these rules):
   installed `dflashx` (the one next to this interpreter) is first on PATH.
 - A command must exit 0, unless its trailing comment says `# exits N`: then it must exit N
   (`dflashx plan` exits 1 on a plan with errors, which the tutorial shows on purpose).
-- The install line (`python -m pip install ...`) is detected and not run: a fresh install is
-  tests/test_wheel_install.py's job, and this test uses the environment it runs in.
+- The set-up lines (`python3 -m venv ...`, `python -m pip install ...`) are detected and not run: a
+  fresh environment and install are .ci/run's and tests/test_wheel_install.py's job, and this test
+  uses the environment it runs in.
 - Each command has a time limit (COMMAND_TIMEOUT_S). The tiny target comes from the package (or
   the cache, $DFLASHX_CACHE or ~/.cache/dflashx, exactly as for a newcomer): the test never
   points the cache elsewhere, so it does not start a build of its own when one is there.
@@ -37,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 TUTORIAL = REPO / "docs" / "tutorial.md"
 COMMAND_TIMEOUT_S = 1200  # one command; the two tiny runs take ~1.5 min each on 2 cores
 EXIT_MARK = re.compile(r"#\s*exits\s+(\d+)\s*$")
-INSTALL = re.compile(r"^python3?\s+-m\s+pip\s+install\b")
+SETUP = re.compile(r"^python3?\s+-m\s+(pip\s+install|venv)\b")
 
 
 def tutorial_commands(text: str) -> list[tuple[str, int]]:
@@ -103,12 +104,20 @@ def test_parser_reads_continuations_comments_and_exit_marks() -> None:
                                        ("ls runs", 0)]
 
 
+def test_the_tutorial_sets_up_as_the_readme_does() -> None:
+    """Its first commands are README's set-up block (a virtual environment, then the install), which
+    the run below skips; nothing else is skipped."""
+    readme_setup = re.search(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S).group(1)
+    commands = [c for c, _ in tutorial_commands(TUTORIAL.read_text())]
+    assert commands[:2] == readme_setup.strip().splitlines()
+    assert [c for c in commands if SETUP.match(c)] == commands[:2]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_the_tutorial_runs_top_to_bottom(tmp_path: Path) -> None:
     commands = tutorial_commands(TUTORIAL.read_text())
-    installs = [c for c, _ in commands if INSTALL.match(c)]
-    assert installs, "the tutorial starts with the install line"
+    assert any(SETUP.match(c) for c, _ in commands), "the tutorial starts with the set-up"
     workdir = tmp_path / "dflashx"
     _copy_repo(workdir)
     env = _env()
@@ -116,7 +125,7 @@ def test_the_tutorial_runs_top_to_bottom(tmp_path: Path) -> None:
     outputs: list[tuple[str, str]] = []
     timings: list[tuple[float, str]] = []
     for command, expected in commands:
-        if INSTALL.match(command):
+        if SETUP.match(command):
             continue
         started = time.monotonic()
         done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", command], cwd=workdir, env=env,

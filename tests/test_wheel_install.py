@@ -11,6 +11,7 @@ import sys
 import time
 import zipfile
 from pathlib import Path
+from site import getsitepackages
 
 import pytest
 import yaml
@@ -78,6 +79,29 @@ def _ok(out: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[st
     return out
 
 
+def _site_dirs() -> list[str]:
+    """Where this interpreter finds its packages: its own site-packages (a virtual environment's when
+    it runs in one) and any other site directory on its path (a base environment's it was let see)."""
+    own = [p for p in getsitepackages() if Path(p).is_dir()]
+    found = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+    return list(dict.fromkeys(own + found))
+
+
+def _venv_seeing_this_interpreter(venv: Path, cwd: Path) -> Path:
+    """A new virtual environment whose packages are its own first, then this interpreter's (a `.pth`
+    file naming `_site_dirs()`); its python.
+
+    Not `--system-site-packages`: inside a virtual environment (README's set-up) the "system" packages
+    are the base interpreter's, not the ones this test runs with. The folders are plain path entries:
+    their own `.pth` files (the editable dflashx's finder) are not run, so the checkout cannot shadow
+    what is installed into the new environment."""
+    _ok(_run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=cwd, timeout=120))
+    python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    inner = _ok(_run([python, "-c", "import site; print(site.getsitepackages()[0])"], cwd=cwd, timeout=60))
+    Path(inner.stdout.strip(), "zz-outer-site.pth").write_text("".join(d + "\n" for d in _site_dirs()))
+    return python
+
+
 @pytest.mark.slow
 def test_wheel_ships_the_builtin_profiles(tmp_path: Path) -> None:
     # Built offline from the installed setuptools (build isolation would download it).
@@ -105,10 +129,8 @@ def test_wheel_ships_the_builtin_profiles(tmp_path: Path) -> None:
     # installed into it; --ignore-installed: the editable dflashx outside it is neither a reason to
     # skip the install nor something to uninstall.
     venv = tmp_path / "venv"
-    _ok(_run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv],
-             cwd=tmp_path, timeout=120))
-    bindir = venv / ("Scripts" if os.name == "nt" else "bin")
-    python = bindir / ("python.exe" if os.name == "nt" else "python")
+    python = _venv_seeing_this_interpreter(venv, tmp_path)
+    bindir = python.parent
     _ok(_run([python, "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", wheel],
              cwd=tmp_path, timeout=300))
 

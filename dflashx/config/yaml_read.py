@@ -1,7 +1,8 @@
 """Read one YAML mapping file (a recipe, a base recipe, a profile) safely.
 
-The file is read as bytes (at most `MAX_BYTES`), decoded as UTF-8, composed into a node tree (kept
-for line numbers), bounded — the tree an alias `*name` expands to must stay small, shallow and
+The file is read as bytes (at most `MAX_BYTES`), decoded as UTF-8, scanned for nesting deeper than
+`MAX_DEPTH` before any parser builds a tree (so the refusal reads the same whatever the installed
+PyYAML's own limits), composed into a node tree (kept for line numbers), bounded — the tree an alias `*name` expands to must stay small, shallow and
 acyclic, so an alias bomb ("billion laughs") is refused before it is copied out — checked for
 duplicate keys and only then constructed into plain dicts and lists. Scalars read as recipes always
 read them: `1e-4` is a float (YAML 1.2, as in OmegaConf), a date stays a string. Every failure is a
@@ -37,11 +38,17 @@ RecipeLoader.yaml_implicit_resolvers = {
 RecipeLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789"))
 _ALIAS_HINT = "write the values out, or use fewer (and less nested) anchors `&name` and aliases `*name`"
+_OPENS = (yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken, yaml.FlowMappingStartToken,
+          yaml.FlowSequenceStartToken)
+_CLOSES = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
 
 
 def read_mapping(file: Path) -> tuple[dict[str, Any], yaml.MappingNode]:
     """One YAML mapping file as plain data and its node tree; raises RecipeError."""
     text = _read_text(file)
+    too_deep = _too_deep_line(text)
+    if too_deep is not None:
+        raise RecipeError([_depth_problem(Origin(str(file), too_deep))], file)
     loader = RecipeLoader(text)
     try:
         node = loader.get_single_node()
@@ -64,8 +71,44 @@ def read_mapping(file: Path) -> tuple[dict[str, Any], yaml.MappingNode]:
 
 
 def load_value(text: str) -> Any:
-    """One YAML value as a recipe reads it (a command-line override's `VALUE`)."""
+    """One YAML value as a recipe reads it (a command-line override's `VALUE`); raises yaml.YAMLError."""
+    if _too_deep_line(text) is not None:
+        raise yaml.YAMLError(f"the value is nested more than {MAX_DEPTH} levels deep")
     return yaml.load(text, Loader=RecipeLoader)
+
+
+def _too_deep_line(text: str) -> int | None:
+    """The line (1-based) where the text's lists and mappings first nest more than `MAX_DEPTH` deep.
+
+    Read from the scanner's tokens, before a parser composes anything: the parsers' own limits depend
+    on the PyYAML release (6.0.4's libyaml stops at 1,000 levels with its own error, 6.0.3's does not,
+    the pure-Python composer overflows Python's recursion limit near 1,000). The scanner reads up to
+    1,024 characters ahead, so on one long line of `[` a scanner's own nesting limit can come first:
+    that error is the same refusal. Any other syntax error is left for the parser to report.
+    """
+    scanner = RecipeLoader(text)
+    depth = 0
+    try:
+        while scanner.check_token():
+            token = scanner.get_token()
+            if isinstance(token, _CLOSES):
+                depth -= 1
+            elif isinstance(token, _OPENS):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return int(token.start_mark.line) + 1
+    except yaml.MarkedYAMLError as exc:
+        if "nesting depth" in (exc.problem or "") and exc.problem_mark is not None:
+            return int(exc.problem_mark.line) + 1
+    finally:
+        scanner.dispose()
+    return None
+
+
+def _depth_problem(where: Origin) -> Problem:
+    return Problem(f"the YAML is nested more than {MAX_DEPTH} levels deep", where,
+                   hint="a recipe is a few levels of sections: write this value with fewer nested lists "
+                        "`[...]` and mappings `{...}` (or indented levels)")
 
 
 def _fail(problems: list[Problem], file: Path) -> None:
@@ -125,8 +168,7 @@ def _bounds_problems(root: yaml.Node, file: Path) -> list[Problem]:
                 return [Problem(f"the YAML expands to more than {MAX_NODES:,} values (aliases copy what "
                                 "their anchor holds): refused as an alias bomb", where, hint=_ALIAS_HINT)]
             if height[key] > MAX_DEPTH:
-                return [Problem(f"the YAML is nested more than {MAX_DEPTH} levels deep", where,
-                                hint="a recipe is a few levels of sections")]
+                return [_depth_problem(where)]
             continue
         if key in size:
             continue  # an alias of a node already counted
