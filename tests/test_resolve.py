@@ -124,7 +124,7 @@ def test_fp16_target_trains_the_drafter_in_bf16_as_the_plan_shows():
 def test_speed_switches_resolve_once_by_the_hardware():
     """`auto` compiles and takes liger on a GPU profile, neither on CPU; explicit values pass through;
     bf16 master weights reach the DeepSpeed config only where training runs in bf16."""
-    gpu = resolve(seeds_recipe("h200_x1"), lookup("Qwen/Qwen3.6-27B"))
+    gpu = resolve(seeds_recipe("h200_x1", stages__train__loss="decay_ce"), lookup("Qwen/Qwen3.6-27B"))
     cpu = resolve(tiny_recipe(), lookup("builtin:tiny-qwen3"))
     assert (gpu.stages.train.compile, gpu.stages.train.loss_kernel) == (True, "liger")
     assert (cpu.stages.train.compile, cpu.stages.train.loss_kernel) == (False, "torch")

@@ -185,7 +185,7 @@ class TrainStage(StageBase):
         json_schema_extra=OPERATIONAL,
     )
     loss: Literal["decay_ce", "dpace"] = Field(
-        "decay_ce",
+        "dpace",
         description="Training objective over a block's slots: `decay_ce`, cross-entropy weighted by the fixed decay "
                     "exp(-(k-1)/loss_gamma) (DFlash paper); `dpace`, D-PACE (arXiv 2605.18810): each slot weighted "
                     "by the accepted length it leads on to under the drafter's own smoothed confidence.",
@@ -203,7 +203,7 @@ class TrainStage(StageBase):
         json_schema_extra=OUTPUT,
     )
     optimizer: Literal["adamw", "muon"] = Field(
-        "adamw",
+        "muon",
         description="`adamw` for every weight, or `muon`: Muon (DeepSpeed's built-in, Newton-Schulz orthogonalised "
                     "momentum) for the 2-D matrices and AdamW for the rest (norms).", json_schema_extra=OUTPUT)
     muon_lr: FiniteFloat | None = Field(
