@@ -159,7 +159,8 @@ def test_objective_and_optimizer_resolve_once():
     from dflashx.resolve.formulas import MUON_LR_FACTOR
 
     facts = lookup("Qwen/Qwen3.6-27B")
-    dpace = resolve(seeds_recipe("h200_x1", stages__train__loss="dpace", stages__train__optimizer="muon"), facts)
+    dpace = resolve(seeds_recipe("h200_x1", stages__train__loss="dpace", stages__train__optimizer="muon",
+                                 stages__train__muon_lr=None), facts)
     train = dpace.stages.train
     assert train.loss_kernel == "torch" and train.muon_lr == pytest.approx(MUON_LR_FACTOR * train.lr)
     assert train.deepspeed_config["optimizer"]["type"] == "Muon" and train.deepspeed_config["gradient_clipping"] == 0

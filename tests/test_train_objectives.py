@@ -43,8 +43,8 @@ def _train(paths, stage_dir, kill_at=None, **kw) -> dict[int, dict]:
 
 
 def test_dpace_with_target_labels_trains_and_differs_from_decay(paths, tmp_path):
-    dpace = _train(paths, tmp_path / "dpace", loss="dpace", labels="target")
-    decay = _train(paths, tmp_path / "decay")
+    dpace = _train(paths, tmp_path / "dpace", loss="dpace", labels="target", optimizer="adamw")
+    decay = _train(paths, tmp_path / "decay", loss="decay_ce", labels="data", optimizer="adamw")
     assert dpace[24]["loss"] < dpace[4]["loss"] - 0.1
     assert dpace[24]["acceptance_length"] > dpace[4]["acceptance_length"]
     assert dpace[24]["loss"] != pytest.approx(decay[24]["loss"], rel=1e-4)
@@ -68,7 +68,7 @@ def test_muon_trains_alike_at_zero_0_1_and_2(paths, tmp_path, monkeypatch):
 
     monkeypatch.setattr(deepspeed, "initialize", spy)
     runs = {z: _train(paths, tmp_path / f"z{z}", optimizer="muon", zero_stage=z) for z in (0, 1, 2)}
-    adamw = _train(paths, tmp_path / "adamw")
+    adamw = _train(paths, tmp_path / "adamw", optimizer="adamw")
     for step in (4, 12, 24):
         assert runs[1][step]["loss"] == pytest.approx(runs[0][step]["loss"], rel=1e-4)
         assert runs[2][step]["loss"] == pytest.approx(runs[0][step]["loss"], rel=1e-4)
