@@ -210,3 +210,5 @@ def test_a_run_too_short_to_learn_names_what_the_tiny_run_needed():
     short = codes(tiny_recipe(stages__train__epochs=0.1, stages__train__global_batch=16))
     assert "train_too_short" in short and "optimizer steps" in short["train_too_short"]["message"]
     assert "train_too_short" not in codes(tiny_recipe())
+    sixty = codes(tiny_recipe(stages__train__max_steps=60))
+    assert "train_too_short" in sixty and "60 optimizer steps" in sixty["train_too_short"]["message"]
