@@ -170,7 +170,7 @@ def main() -> None:
         "recipe": "recipes/tiny.yaml", "seeds": args.seeds, "jobs": args.jobs, "cpu_count": os.cpu_count(),
         "eval": "16 held-out prompts, greedy, 96 new tokens, τ = tokens after the prefill's first / cycles",
         "winner_stage1": best["variant"], "winner": best_overall["variant"],
-        "training_needed": training_needed(best_overall), "table": table, "rows": rows,
+        "training_needed": training_needed(best), "table": table, "rows": rows,
     }, indent=1) + "\n")
     plot(table, PLOT)
     print(f"\nwrote {RESULT} and {PLOT}")
