@@ -103,11 +103,17 @@ def test_deepspeed_config_single_gpu_is_valid():
     cfg = train["deepspeed_config"]
     assert (cfg["train_batch_size"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (
         64, 1, 64)
-    assert cfg["bf16"]["enabled"] and cfg["gradient_clipping"] == 1.0
-    assert cfg["optimizer"]["type"] == "AdamW" and cfg["optimizer"]["params"]["lr"] == 6e-4
+    # the seeds' recipe trains with Muon: DeepSpeed's built-in, no clipping (ZeRO 1/2 would clip the
+    # orthogonalised update), the AdamW half at the recipe's lr
+    assert cfg["bf16"]["enabled"] and cfg["gradient_clipping"] == 0.0
+    assert cfg["optimizer"]["type"] == "Muon" and cfg["optimizer"]["params"]["lr"] == 6e-4
+    assert cfg["optimizer"]["params"]["momentum"] == 0.95
     assert "scheduler" not in cfg  # built by the trainer from the measured step count
     deepspeed_accepts(cfg)
     assert train["launch"]["command"][:3] == ["deepspeed", "--num_gpus", "1"]
+    adamw = stage(seeds_recipe("h200_x1", stages__train__optimizer="adamw"), "train")["deepspeed_config"]
+    assert adamw["optimizer"]["type"] == "AdamW" and adamw["gradient_clipping"] == 1.0
+    deepspeed_accepts(adamw)
 
 
 def test_deepspeed_config_cpu_is_fp32_and_valid():

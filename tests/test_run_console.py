@@ -114,7 +114,9 @@ def test_warm_run_skips_everything_and_a_changed_lr_says_why(tmp_path, recipe):
     assert "0 stage(s) ran, 7 unchanged" in warm and "earlier" in _row(warm, "train")
     changed = _run(str(recipe), "train.lr=1e-4", "--run-dir", str(run_dir))
     assert dict(fakes.CALLS) == {"train": 1, "eval": 1, "export": 1}
-    assert re.search(r"> train: running \(key \w{12}; re-runs: stages\.train\.lr changed\)", changed)
+    # the recipe's lr and the Muon rate derived from it (muon_lr = 10 x lr when unset) both changed
+    assert re.search(r"> train: running \(key \w{12}; re-runs: stages\.train\.lr, stages\.train\.muon_lr changed\)",
+                     changed)
     for stage in ("eval", "export"):
         assert re.search(rf"> {stage}: running \(key \w{{12}}; re-runs: input train\.checkpoint changed\)", changed)
     assert changed.count("unchanged (skipped)") == 4

@@ -59,22 +59,27 @@ def test_each_rank_reads_its_own_shard(tmp_path):
     assert set(seen[0]) | set(seen[1]) == set(range(10))
 
 
+# Two ranks against one: the same mathematics, another float summation order in the gradient all-reduce
+# (rel 1e-4 with AdamW). Muon's Newton-Schulz iterations amplify that order difference: one CI run measured
+# rel 1.4e-4 at step 3, another stayed under 1e-4; Muon is held to 1e-3 (a wrong partition of a matrix's
+# update would be off by far more: AdamW and Muon losses part by about 2% by step 8 at this lr on CPU).
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_two_ranks_match_one_rank_and_resume(tmp_path):
+@pytest.mark.parametrize(("optimizer", "rel"), [("adamw", 1e-4), ("muon", 1e-3)])
+def test_two_ranks_match_one_rank_and_resume(tmp_path, optimizer, rel):
     tiny_target(tmp_path / "target")
     tiny_dataset(tmp_path / "data", n=16)
     one: dict[int, dict] = {}
-    run_training(_job(tmp_path, "one"), log=lambda m, s: one.__setitem__(s, m["loss"]))
+    run_training(_job(tmp_path, "one", optimizer=optimizer), log=lambda m, s: one.__setitem__(s, m["loss"]))
 
     two = tmp_path / "two"
     two.mkdir()
-    _job(tmp_path, "two", hardware=TWO_PROCESSES).save()
+    _job(tmp_path, "two", hardware=TWO_PROCESSES, optimizer=optimizer).save()
     _torchrun(two)
     losses = _losses(two)
     assert sorted(losses) == [1, 2, 3, 4]
     for step, loss in losses.items():
-        assert loss == pytest.approx(one[step], rel=1e-4), step
+        assert loss == pytest.approx(one[step], rel=rel), step
     for rank in (0, 1):
         assert (two / "checkpoints" / "step-00000004" / f"rank_state_{rank}.pt").exists()
 
