@@ -3,7 +3,8 @@
 The config is the one the engine is built with, byte for byte (the trainer passes it unchanged;
 a test compares them). The learning-rate schedule is not in it: its length depends on the
 tokenized dataset, so the trainer builds it from the measured step count
-(`dflashx.resolve.formulas.warmup_cosine`, linear warm-up over `warmup_ratio`, cosine to 0).
+(`dflashx.resolve.formulas.lr_factor`, linear warm-up over `warmup_ratio`, then cosine or linear
+to 0).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
   Layer id l means the output of decoder layer l (HF `hidden_states[l + 1]`).
 - `loss_gamma(B)`: the slot-decay constant, the paper's 7 / 5 / 4 for B = 16 / 10 / 8, linear
   between those points and along the end slopes beyond them, at least 1.
-- `warmup_cosine(step, total, warmup)`: the learning-rate factor of the trainer's schedule.
+- `lr_factor(schedule, step, total, warmup)`: the learning-rate factor of the trainer's schedule.
 """
 
 from __future__ import annotations
@@ -47,30 +47,20 @@ def warmup_steps(total_steps: int, warmup_ratio: float) -> int:
     return max(1, math.ceil(warmup_ratio * total_steps))
 
 
-def warmup_cosine(step: int, total_steps: int, warmup: int) -> float:
-    """Learning-rate factor before optimizer step `step` (0-based): linear warm-up to 1 over
-    `warmup` steps, then cosine decay to 0 at `total_steps`."""
-    if step < warmup:
-        return (step + 1) / warmup
-    span = max(total_steps - warmup, 1)
-    return 0.5 * (1.0 + math.cos(math.pi * min(step - warmup, span) / span))
-
-
-def warmup_linear(step: int, total_steps: int, warmup: int) -> float:
-    """Learning-rate factor before optimizer step `step`: linear warm-up to 1 over `warmup` steps, then
-    linear decay to 0 at `total_steps` (speculators' default schedule)."""
-    if step < warmup:
-        return (step + 1) / warmup
-    span = max(total_steps - warmup, 1)
-    return max(0.0, 1.0 - min(step - warmup, span) / span)
-
-
-SCHEDULES = {"cosine": warmup_cosine, "linear": warmup_linear}
+# The decay after warm-up, as a function of the share of the decay span done (0 -> 1, 1 -> 0).
+DECAYS = {
+    "cosine": lambda done: 0.5 * (1.0 + math.cos(math.pi * done)),  # the DFlash paper's
+    "linear": lambda done: 1.0 - done,  # speculators' default
+}
 
 
 def lr_factor(schedule: str, step: int, total_steps: int, warmup: int) -> float:
-    """The factor of every group's peak learning rate before optimizer step `step`."""
-    return SCHEDULES[schedule](step, total_steps, warmup)
+    """The factor of every group's peak learning rate before optimizer step `step` (0-based): linear
+    warm-up to 1 over `warmup` steps, then `schedule` (cosine or linear) decay to 0 at `total_steps`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    span = max(total_steps - warmup, 1)
+    return DECAYS[schedule](min(step - warmup, span) / span)
 
 
 # Muon's peak learning rate relative to `lr` when the recipe leaves stages.train.muon_lr unset:
