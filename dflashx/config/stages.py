@@ -158,6 +158,13 @@ class TrainStage(StageBase):
     global_batch: int = Field(64, ge=1, description="Sequences per optimizer step across all GPUs.", json_schema_extra=OUTPUT)
     micro_batch: int | None = Field(None, ge=1, description="Default: the hardware profile's.", json_schema_extra=OPERATIONAL)
     zero_stage: Literal[0, 1, 2] | None = Field(None, description="Default: the hardware profile's.", json_schema_extra=OPERATIONAL)
+    shard_target: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="Shard the frozen online target over the node's GPUs (DeepSpeed ZeRO-3, the drafter stays "
+                    "data-parallel): `auto` when the target does not fit one GPU beside the drafter; `always` / "
+                    "`never` force or forbid it.",
+        json_schema_extra=OPERATIONAL,
+    )
     anchors_per_seq: int = Field(512, ge=1, description="Anchor positions (blocks) sampled per sequence.", json_schema_extra=OUTPUT)
     loss_gamma: FiniteFloat | None = Field(None, gt=0, description="Slot decay; default 7/5/4 for B=16/10/8.", json_schema_extra=OUTPUT)
     max_length: int | None = Field(None, ge=8, description="Default: tokenize.max_length.", json_schema_extra=OUTPUT)

@@ -64,6 +64,10 @@ class ResolvedTrainStage(TrainStage):
     loss_gamma: float = Field(gt=0, description="Slot decay γ.", json_schema_extra=OUTPUT)
     max_length: int = Field(ge=8, description="Tokens per training sequence.", json_schema_extra=OUTPUT)
     world_size: int = Field(ge=1, description="Training processes (one per GPU).", json_schema_extra=OPERATIONAL)
+    target_sharding: Literal["none", "zero3"] = Field(
+        description="How the frozen online target is held: a whole copy per GPU (`none`) or partitioned over the "
+                    "node's GPUs with DeepSpeed ZeRO-3 and gathered layer by layer (`zero3`).",
+        json_schema_extra=OPERATIONAL)
     grad_accum: int = Field(ge=1, description="Micro steps per optimizer step.", json_schema_extra=OPERATIONAL)
     precision: Literal["bf16", "fp32"] = Field(
         description="Drafter compute and weight precision (bf16 on GPUs, fp32 on a CPU profile or an fp32 target).",

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 
+from dflashx.config.fields import PRECISION_BYTES
 from dflashx.config.schema import DrafterSpec, GenerateStage, HardwareProfile, Recipe, TargetSpec, TrainStage
 from dflashx.resolve.deepspeed import deepspeed_config, launch_argv
 from dflashx.resolve.formulas import loss_gamma, muon_lr, spread_layer_ids
@@ -105,7 +106,17 @@ def _drafter(recipe: Recipe, facts: TargetFacts) -> ResolvedDrafter:
     })
 
 
-def _train(recipe: Recipe, block_size: int) -> ResolvedTrainStage:
+def target_sharding(recipe: Recipe, facts: TargetFacts, load_precision: str) -> str:
+    """`zero3` when the recipe forces it, or (`auto`) when the online target's weights alone exceed one GPU."""
+    choice, gpu = recipe.stages.train.shard_target, recipe.hardware.gpu
+    if choice != "auto":
+        return "zero3" if choice == "always" else "none"
+    if gpu is None or recipe.stages.train.mode != "online":
+        return "none"
+    return "zero3" if facts.total_params * PRECISION_BYTES[load_precision] > gpu.memory_gb * 1e9 else "none"
+
+
+def _train(recipe: Recipe, facts: TargetFacts, block_size: int, load_precision: str) -> ResolvedTrainStage:
     train, hw = recipe.stages.train, recipe.hardware
     world = world_size(hw)
     micro = train.micro_batch or default_micro_batch(hw)
@@ -121,6 +132,7 @@ def _train(recipe: Recipe, block_size: int) -> ResolvedTrainStage:
         "loss_gamma": train.loss_gamma or loss_gamma(block_size),
         "max_length": train.max_length or recipe.stages.tokenize.max_length,
         "world_size": world,
+        "target_sharding": target_sharding(recipe, facts, load_precision),
         "grad_accum": accum,
         "precision": "bf16" if bf16 else "fp32",
         "peak_flops": peak,
@@ -155,8 +167,9 @@ def _deploy(recipe: Recipe) -> ResolvedDeploy:
 
 def resolve(recipe: Recipe, facts: TargetFacts) -> ResolvedRecipe:
     """The recipe with every derived value filled in (see the module docstring)."""
-    drafter = _drafter(recipe, facts)
-    stages = ResolvedStages(**{**dict(recipe.stages), "train": _train(recipe, drafter.block_size),
+    drafter, target = _drafter(recipe, facts), _target(recipe, facts)
+    stages = ResolvedStages(**{**dict(recipe.stages), "train": _train(recipe, facts, drafter.block_size,
+                                                                        target.load_precision),
                                "generate": _generate(recipe, facts), "eval": resolve_eval(recipe.stages.eval)})
-    return ResolvedRecipe(**{**dict(recipe), "target": _target(recipe, facts), "drafter": drafter, "stages": stages,
+    return ResolvedRecipe(**{**dict(recipe), "target": target, "drafter": drafter, "stages": stages,
                              "deploy": _deploy(recipe)})
