@@ -72,10 +72,24 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen3.6-27b-hybrid": {"model_type": "qwen3_5_text", "hidden_size": 5120, "num_attention_heads": 24,
                            "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 17408,
                            "vocab_size": 248320, "mask_token_id": 248070, **_LINEAR},
+    # Qwen3-30B-A3B's published config.json (Qwen/Qwen3-30B-A3B): 128 experts, 8 active, expert FFN 768;
+    # run with --target-layers 48 it is the whole model (30.5B parameters, ~61 GB in bf16)
+    "qwen3-30b-a3b-moe": {"model_type": "qwen3_moe", "hidden_size": 2048, "num_attention_heads": 32,
+                          "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144,
+                          "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+                          "norm_topk_prob": True, "vocab_size": 151936, "mask_token_id": 151669},
 }
 TINY = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "intermediate_size": 128, "vocab_size": 512, "mask_token_id": 511, "linear_num_key_heads": 2,
+        "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2, "vocab_size": 512, "mask_token_id": 511, "linear_num_key_heads": 2,
         "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16}
+
+
+def shape_of(name: str, tiny: bool) -> dict[str, Any]:
+    """The named shape, or (tiny) the same architecture at TINY's sizes for the keys it has."""
+    shape = SHAPES[name]
+    return shape | {k: v for k, v in TINY.items() if k in shape or k == "mask_token_id"} if tiny else shape
+
+
 # trainer rows: (name, recipe overrides); `target.precision: fp8` converts the target in place: last.
 # "varying lengths" (--vary) first steps two other lengths, so the timed graphs are the dynamic-shape
 # ones a run over real data settles on.
@@ -167,6 +181,8 @@ def run_shape(name: str, shape: dict[str, Any], args, device: str, peaks: dict[s
                 continue
             if ("drafter" in overrides and args.no_fp8) or (variant == VARY and not args.vary):
                 continue
+            if args.variants and variant not in args.variants:
+                continue
             job = make_job(name, shape, target, args, overrides, stage)
             if job.target.precision == "fp8":
                 target_to_fp8(target, torch.device(device), depth=max(job.drafter.target_layer_ids) + 1)
@@ -211,7 +227,8 @@ def markov_batches(vocab: int, seq: int, steps: int, seed: int = 0, ids: int = 4
 
 def loss_curves(args, device: str, save: Callable[[], None], result: dict[str, Any]) -> None:
     """`--curve-steps` steps with a bf16 and an fp8 drafter on the same stream; compare the losses."""
-    name, shape = "qwen3-32b-dense", SHAPES["qwen3-32b-dense"] | (TINY if args.tiny else {})
+    name = "qwen3-32b-dense"
+    shape = shape_of(name, args.tiny)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(0)
     target = build_target(shape, args.target_layers, device, dtype)
@@ -276,6 +293,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--no-fp8", action="store_true")
     p.add_argument("--vary", action="store_true", help=f"add the row '{VARY}'")
+    p.add_argument("--variants", nargs="*", metavar="NAME",
+                   help=f"only these trainer rows (default: all of {', '.join(v for v, _ in VARIANTS)})")
     p.add_argument("--curve-steps", type=int, default=200, help="fp8 vs bf16 loss curve steps (0: none)")
     p.add_argument("--curve-seq", type=int, default=1024)
     p.add_argument("--curve-anchors", type=int, default=128)
@@ -313,7 +332,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in names:
         result: dict[str, Any] = {}
         report["results"].append(result)
-        run_shape(name, SHAPES[name] | (TINY if args.tiny else {}), args, device, peaks, save, result)
+        run_shape(name, shape_of(name, args.tiny), args, device, peaks, save, result)
         _free()
     if args.curve_steps:
         loss_curves(args, device, save, report["curve"])
