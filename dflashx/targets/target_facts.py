@@ -214,6 +214,23 @@ class TargetFacts(BaseModel):
         and LM head included: Qwen's "activated" convention); for a dense model, every computed weight."""
         return self.params_through_layer(self.num_layers - 1, active=True) + self.embedding_params
 
+    def expected_experts_touched(self, tokens: float) -> float:
+        """Distinct routed experts per MoE layer that `tokens` routed tokens use: E (1 - (1 - k/E)^n).
+        Uniform, independent routing assumed: each token picks each expert with probability k/E
+        (top-k of E), so an expert stays idle for all n tokens with probability (1 - k/E)^n (the
+        balls-into-bins occupancy expectation; load-balanced routers aim at uniform use, Fedus et
+        al. 2022, Switch Transformer, sec. 2.2). Real routing is skewed, so this is an upper bound."""
+        if not self.is_moe:
+            return 0.0
+        e, k = self.num_experts, self.num_experts_per_tok
+        return e * (1.0 - (1.0 - k / e) ** max(tokens, 0.0))
+
+    def decoder_params_read(self, tokens: float) -> float:
+        """Decoder weights a forward of `tokens` tokens reads: every non-expert weight, plus in each
+        MoE layer the routed experts those tokens touch (`expected_experts_touched`)."""
+        idle = self.num_experts - self.expected_experts_touched(tokens) if self.is_moe else 0.0
+        return self.params_through_layer(self.num_layers - 1) - self.num_moe_layers * idle * self.expert_params
+
     @property
     def routed_expert_params(self) -> int:
         """All routed experts' weights (the part `expert_weight_format` applies to)."""
