@@ -180,6 +180,13 @@ class TargetFacts(BaseModel):
     def router_params(self) -> int:
         return self.num_experts * (self.hidden_size + (1 if self.moe_bias else 0))
 
+    @property
+    def dense_ffn_width(self) -> int:
+        """The dense FFN width a drafter for this target gets: the target's dense MLP width, else
+        (every layer MoE) the width a token runs through: top-k routed + shared experts."""
+        return self.intermediate_size or (self.num_experts_per_tok * self.moe_intermediate_size
+                                          + self.num_shared_experts * self.shared_expert_intermediate_size)
+
     def ffn_params(self, index: int, active: bool = False) -> int:
         """Layer `index`'s feed-forward weights; `active`: only the top-k routed experts a token uses."""
         if not self.is_moe_layer(index):
