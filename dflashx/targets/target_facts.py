@@ -187,12 +187,14 @@ class TargetFacts(BaseModel):
         return self.intermediate_size or (self.num_experts_per_tok * self.moe_intermediate_size
                                           + self.num_shared_experts * self.shared_expert_intermediate_size)
 
-    def ffn_params(self, index: int, active: bool = False) -> int:
-        """Layer `index`'s feed-forward weights; `active`: only the top-k routed experts a token uses."""
-        if not self.is_moe_layer(index):
-            return self.mlp_params
+    def moe_ffn_params(self, active: bool = False) -> int:
+        """One MoE layer's feed-forward weights; `active`: only the top-k routed experts a token uses."""
         routed = self.num_experts_per_tok if active else self.num_experts
         return routed * self.expert_params + self.shared_params + self.router_params
+
+    def ffn_params(self, index: int, active: bool = False) -> int:
+        """Layer `index`'s feed-forward weights; `active`: only the top-k routed experts a token uses."""
+        return self.moe_ffn_params(active) if self.is_moe_layer(index) else self.mlp_params
 
     def layer_params(self, index: int, active: bool = False) -> int:
         """Layer `index`: its mixer, feed-forward and two RMSNorms (`active`: top-k experts only)."""
