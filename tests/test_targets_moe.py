@@ -149,3 +149,17 @@ def test_reserved_token_is_the_mask_when_no_mask_token_exists():
     assert mask_token_from_tokenizer(harmony, None) == 200_000 == lookup("gpt-oss-20b").mask_token_id
     with_mask = {"added_tokens": [*harmony["added_tokens"], {"id": 7, "content": "<|mask|>"}]}
     assert mask_token_from_tokenizer(with_mask, None) == 7
+
+
+def test_deepseek_style_keys_first_dense_layers_and_shared_experts():
+    """`n_routed_experts`, `n_shared_experts` (width = the routed experts') and `first_k_dense_replace`."""
+    cfg = {"model_type": "glm4_moe", "num_hidden_layers": 4, "hidden_size": 16, "num_attention_heads": 2,
+           "vocab_size": 50, "intermediate_size": 40, "moe_intermediate_size": 8, "n_routed_experts": 6,
+           "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 1}
+    facts = facts_from_config(cfg)
+    assert facts.dense_layer_ids == [0] and facts.num_moe_layers == 3
+    assert (facts.num_shared_experts, facts.shared_expert_intermediate_size) == (1, 8)
+    assert facts.ffn_params(0) == 3 * 16 * 40
+    assert facts.ffn_params(1) == 6 * 3 * 16 * 8 + 3 * 16 * 8 + 6 * 16
+    assert facts.ffn_params(1, active=True) == 2 * 3 * 16 * 8 + 3 * 16 * 8 + 6 * 16
+    assert facts.dense_ffn_width == 40  # the drafter takes the dense layers' width
