@@ -35,9 +35,9 @@ def launch_of(recipe) -> LaunchPlan:
     return launch
 
 
-def backend(recipe, node: int) -> SGLangBackend:
+def backend(recipe, node: int, log_dir: Path | None = None) -> SGLangBackend:
     r = resolve(recipe, QWEN36)
-    return SGLangBackend(r.stages.generate, r.target.chat_template, r.target.model, launch_of(recipe), Path("."),
+    return SGLangBackend(r.stages.generate, r.target.chat_template, r.target.model, launch_of(recipe), log_dir,
                          node=node)
 
 
@@ -123,12 +123,13 @@ def fake_node(monkeypatch):
     return waited
 
 
-def test_two_nodes_node_0_starts_only_its_servers_and_waits_for_node_1_at_its_address(fake_node, monkeypatch):
+def test_two_nodes_node_0_starts_only_its_servers_and_waits_for_node_1_at_its_address(fake_node, monkeypatch,
+                                                                                       tmp_path):
     monkeypatch.setenv(NODE_HOSTS_ENV, "10.1.0.1,10.1.0.2")
     recipe = seeds_recipe("h100_x8", **TWO_NODES)
     launch = launch_of(recipe)
     assert launch.nodes == (0, 1) and len(launch.on_node(0)) == len(launch.on_node(1)) == 8
-    with backend(recipe, node=0) as b:
+    with backend(recipe, node=0, log_dir=tmp_path) as b:
         assert b.drives
     ports = [str(s.port) for s in launch.on_node(0)]
     assert [argv[argv.index("--port") + 1] for argv, _ in FakePopen.launched] == ports  # node 0's only
@@ -139,10 +140,10 @@ def test_two_nodes_node_0_starts_only_its_servers_and_waits_for_node_1_at_its_ad
     assert b.workers == 16 * launch.in_flight_per_replica
 
 
-def test_node_1_starts_only_its_servers_and_serves(fake_node, monkeypatch):
+def test_node_1_starts_only_its_servers_and_serves(fake_node, monkeypatch, tmp_path):
     recipe = seeds_recipe("h100_x8", **TWO_NODES)
     launch = launch_of(recipe)
-    b = backend(recipe, node=1)
+    b = backend(recipe, node=1, log_dir=tmp_path)
     b.pool.poll_s = 0.01
     monkeypatch.setattr(servers_mod.subprocess, "Popen", lambda argv, env, **kw: FakePopen(argv, env, polls_left=2))
     with b:
@@ -152,6 +153,7 @@ def test_node_1_starts_only_its_servers_and_serves(fake_node, monkeypatch):
         [str(s.port) for s in launch.on_node(1)]
     assert all(argv[argv.index("--host") + 1] == "0.0.0.0" for argv, _ in FakePopen.launched)
     assert fake_node == [[s.url for s in launch.on_node(1)]] and "exited with code 0" in stopped
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"server-{s.port}.log" for s in launch.on_node(1))
 
 
 def test_an_unknown_node_address_is_a_clear_error(fake_node, monkeypatch):

@@ -143,7 +143,8 @@ class ServerPool:
         return [s.url for s in self.servers]
 
     def __enter__(self) -> "ServerPool":
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.local:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             for spec in self.local:
                 env = dict(os.environ)

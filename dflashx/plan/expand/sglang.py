@@ -99,7 +99,8 @@ def launch_plan(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving) -> Launc
         return LaunchPlan("in-process", per_replica)
     if gen.urls:
         shares = split_in_flight(per_replica * s.dp, len(gen.urls))
-        return LaunchPlan("attach", per_replica, tuple(ServerSpec(base_url(url), n) for url, n in zip(gen.urls, shares)))
+        servers = tuple(ServerSpec(base_url(url), n) for url, n in zip(gen.urls, shares))
+        return LaunchPlan("attach", per_replica, servers)
     if recipe.hardware.gpu is None:
         return LaunchPlan("launch", per_replica)  # nothing to start on the CPU: the run says to give urls
     return _launched(recipe, facts, s, per_replica)
