@@ -130,11 +130,11 @@ def test_in_flight_requests_are_bounded_by_concurrency():
 
 def test_each_url_keeps_its_launch_plan_in_flight():
     """The client opens exactly the launch plan's `in_flight` per URL (nothing re-defaulted from the recipe):
-    a dp_size server with 8 replicas behind it planned at 5 each gets 40 here although concurrency is 2."""
-    with ScriptedOpenAIServer(Script(delay_s=0.05)) as server:
-        plan = LaunchPlan("attach", 5, (ServerSpec(server.url, 40),))
-        generate(SGLangBackend(cfg([server.url], concurrency=2), ChatTemplateSpec(), "m", plan, node=0), prompts(120))
-    assert server.max_in_flight == 40
+    a dp_size server with 4 replicas behind it planned at 3 each gets 12 here although concurrency is 2."""
+    with ScriptedOpenAIServer(Script(delay_s=0.3)) as server:
+        plan = LaunchPlan("attach", 3, (ServerSpec(server.url, 12),))
+        generate(SGLangBackend(cfg([server.url], concurrency=2), ChatTemplateSpec(), "m", plan, node=0), prompts(48))
+    assert server.max_in_flight == 12
 
 
 def test_a_dp_size_server_gets_its_in_flight_from_the_plan_json():
