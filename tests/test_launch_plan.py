@@ -61,7 +61,9 @@ def test_every_stage_runtime_round_trips_through_plan_json(recipe):
 
 def test_the_launch_plan_names_its_mode():
     assert launch_of(seeds_recipe("b200_nvl8")).mode == "launch"
-    assert launch_of(seeds_recipe("b200_nvl8", stages__generate__backend="transformers")).mode == "in-process"
+    local = launch_of(seeds_recipe("b200_nvl8", stages__generate__backend="transformers",
+                                   stages__generate__batch_size=6, stages__generate__concurrency=9))
+    assert local.mode == "in-process" and local.in_flight_per_replica == 6 and local.servers == ()
     attached = launch_of(seeds_recipe("b200_nvl8", stages__generate__urls=["http://10.0.0.5:30000/v1/"]))
     assert attached.mode == "attach" and attached.servers[0].url == "http://10.0.0.5:30000"
     assert attached.servers[0].command == () and attached.servers[0].node is None

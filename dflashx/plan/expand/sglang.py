@@ -94,9 +94,9 @@ def _launched(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving, per_replic
 def launch_plan(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving) -> LaunchPlan:
     """How generation is served (module doc): in-process (transformers), attach (`urls`) or launch."""
     gen = recipe.stages.generate
-    per_replica = client_in_flight(gen, s.batch)
     if gen.backend != "sglang":
-        return LaunchPlan("in-process", per_replica)
+        return LaunchPlan("in-process", max(s.batch, 1))  # the transformers batch (`batch_size`)
+    per_replica = client_in_flight(gen, s.batch)
     if gen.urls:
         shares = split_in_flight(per_replica * s.dp, len(gen.urls))
         servers = tuple(ServerSpec(base_url(url), n) for url, n in zip(gen.urls, shares))
