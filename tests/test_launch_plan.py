@@ -9,13 +9,19 @@ import json
 import re
 import socket
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from _plan_recipes import seeds_recipe
 from test_run_fakes import REPO
 
 from dflashx.backends import servers as servers_mod
-from dflashx.backends.servers import NODE_HOSTS_ENV, NODE_RANK_ENV, ServerError, node_rank
+from dflashx.backends.servers import (
+    NODE_HOSTS_ENV,
+    NODE_RANK_ENV,
+    ServerError,
+    node_rank,
+)
 from dflashx.backends.sglang import SGLangBackend
 from dflashx.plan.context import build_context
 from dflashx.plan.launch import LaunchPlan, StageRuntime, split_in_flight
@@ -25,7 +31,7 @@ from dflashx.stages.base import StageContext
 from dflashx.targets.registry import lookup
 
 QWEN36 = lookup("Qwen/Qwen3.6-27B")
-TWO_NODES = dict(hardware__nodes=2)  # h100_x8 twice: 16 one-GPU replicas behind the router, 8 per node
+TWO_NODES = {"hardware__nodes": 2}  # h100_x8 twice: 16 one-GPU replicas behind the router, 8 per node
 
 
 def launch_of(recipe) -> LaunchPlan:
@@ -97,7 +103,7 @@ class FakePopen:
     """Stands in for `subprocess.Popen`: SGLang servers on GPUs cannot start here (no GPU, no sglang).
     Records each launch; `poll` reports an exit after `polls_left` calls (None: runs forever)."""
 
-    launched: list[tuple[list[str], str]] = []
+    launched: ClassVar[list[tuple[list[str], str]]] = []
 
     def __init__(self, argv, env, polls_left: int | None = None, **_kw):
         FakePopen.launched.append((list(argv), env.get("CUDA_VISIBLE_DEVICES", "")))
@@ -186,3 +192,19 @@ def test_no_stage_or_backend_reads_a_plan_dict():
                  for path in sorted((REPO / "dflashx" / folder).glob("*.py"))
                  for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert offenders == []
+
+
+def test_the_generate_stage_on_node_1_serves_and_writes_nothing(fake_node, monkeypatch, tmp_path):
+    """`dflashx run --node-rank 1` on a 2-node profile: the stage starts node 1's servers, keeps them up
+    until one stops, then fails saying node 0 writes the completions; no completion folder on node 1."""
+    from helpers_models import stage_context
+
+    from dflashx.stages.base import StageFailed
+    from dflashx.stages.generate import generate
+
+    monkeypatch.setenv(NODE_RANK_ENV, "1")
+    monkeypatch.setattr(servers_mod.subprocess, "Popen", lambda argv, env, **kw: FakePopen(argv, env, polls_left=1))
+    ctx = stage_context("generate", seeds_recipe("h100_x8", **TWO_NODES), tmp_path / "run")
+    with pytest.raises(StageFailed, match="only serves generation for node 0.*exited with code 0"):
+        generate(ctx, [], 0)
+    assert len(FakePopen.launched) == 8 and not (ctx.out_dir / "completions").exists()

@@ -26,7 +26,7 @@ LOCAL_HOST = "127.0.0.1"
 def base_url(url: str) -> str:
     """`http://host:port` from a URL that may end in `/` or `/v1`."""
     url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
+    return url.removesuffix("/v1")
 
 
 def node_host(node: int) -> str:
@@ -60,7 +60,7 @@ class ServerSpec:
     def host(self) -> str:
         return self.url.split("://", 1)[-1].rsplit(":", 1)[0]
 
-    def at_host(self, host: str) -> "ServerSpec":
+    def at_host(self, host: str) -> ServerSpec:
         """The same server reached at `host` (a real address for a planned `node-<i>` name)."""
         return replace(self, url=f"http://{host}:{self.port}")
 
@@ -69,7 +69,7 @@ class ServerSpec:
                 "node": self.node, "in_flight": self.in_flight}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "ServerSpec":
+    def from_json(cls, data: dict[str, Any]) -> ServerSpec:
         return cls(str(data["url"]), int(data["in_flight"]), tuple(str(c) for c in data.get("command") or ()),
                    None if data.get("port") is None else int(data["port"]),
                    tuple(int(g) for g in data.get("gpus") or ()),
@@ -89,7 +89,7 @@ class RouterSpec:
         return {"command": list(self.command), "port": self.port, "url": self.url}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "RouterSpec":
+    def from_json(cls, data: dict[str, Any]) -> RouterSpec:
         return cls(tuple(str(c) for c in data["command"]), int(data["port"]), str(data["url"]))
 
 
@@ -117,7 +117,7 @@ class LaunchPlan:
                 "router": self.router.to_json() if self.router else None}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "LaunchPlan":
+    def from_json(cls, data: dict[str, Any]) -> LaunchPlan:
         router = data.get("router")
         return cls(data["mode"], int(data["in_flight_per_replica"]),
                    tuple(ServerSpec.from_json(s) for s in data.get("servers") or ()),
@@ -133,7 +133,7 @@ class StageRuntime:
     launch: LaunchPlan | None = None
 
     @classmethod
-    def from_json(cls, entry: dict[str, Any]) -> "StageRuntime":
+    def from_json(cls, entry: dict[str, Any]) -> StageRuntime:
         """From one stage's entry of plan.json (`StagePlan.to_json`); `{}` gives the empty runtime."""
         estimates = entry.get("estimates") or {}
         return cls(float(estimates.get("storage_bytes") or 0.0),

@@ -13,7 +13,15 @@ import shlex
 
 from dflashx.plan.estimates.generation import Serving
 from dflashx.plan.estimates.serving import client_in_flight
-from dflashx.plan.launch import LOCAL_HOST, LaunchPlan, RouterSpec, ServerSpec, base_url, node_host, split_in_flight
+from dflashx.plan.launch import (
+    LOCAL_HOST,
+    LaunchPlan,
+    RouterSpec,
+    ServerSpec,
+    base_url,
+    node_host,
+    split_in_flight,
+)
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.targets.registry import TargetFacts
 
