@@ -208,3 +208,15 @@ def test_the_generate_stage_on_node_1_serves_and_writes_nothing(fake_node, monke
     with pytest.raises(StageFailed, match="only serves generation for node 0.*exited with code 0"):
         generate(ctx, [], 0)
     assert len(FakePopen.launched) == 8 and not (ctx.out_dir / "completions").exists()
+
+
+def test_dflashx_run_node_rank_sets_the_environment_the_launcher_reads(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from dflashx.cli.main import app
+
+    monkeypatch.setenv(NODE_RANK_ENV, "0")  # restored after the test: the option writes os.environ
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "missing.yaml"), "--node-rank", "1"])
+    assert result.exit_code == 2  # the recipe cannot be read: nothing ran
+    assert node_rank() == 1
+    assert CliRunner().invoke(app, ["run", "x.yaml", "--node-rank", "-1"]).exit_code == 2
