@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from dflashx.config.schema import Recipe
+from dflashx.plan.launch import StageRuntime
+from dflashx.plan.plan import make_plan
 from dflashx.resolve import ResolvedRecipe, resolve
 from dflashx.stages.base import StageContext
 from dflashx.targets.facts import facts_for
-from dflashx.targets.registry import lookup
+from dflashx.targets.registry import TargetFacts, lookup
 from dflashx.tiny.tokenizer import train_tokenizer
 
 CORPUS = [
@@ -60,12 +62,25 @@ def make_recipe(sources: list[dict[str, Any]] | None = None, **sections: Any) ->
     return Recipe.model_validate(data)
 
 
+def _facts(recipe: Recipe) -> TargetFacts:
+    """The target's own facts (a local folder's config.json, the registry); for a target a test never loads
+    (`unused`), the tiny target's."""
+    facts = facts_for(recipe.target) or lookup("builtin:tiny-qwen3")
+    assert facts is not None
+    return facts
+
+
 def resolved(recipe: Recipe) -> ResolvedRecipe:
-    """`resolve` with the target's own facts (a local folder's config.json, the registry); a
-    recipe whose target a test never loads (`unused`) is resolved with the tiny target's facts."""
+    """`resolve` with the target's facts (`_facts`)."""
     if isinstance(recipe, ResolvedRecipe):
         return recipe
-    return resolve(recipe, facts_for(recipe.target) or lookup("builtin:tiny-qwen3"))
+    return resolve(recipe, _facts(recipe))
+
+
+def planned_runtime(recipe: Recipe, name: str) -> StageRuntime:
+    """What the planner hands stage `name` of `recipe` (its `StagePlan.runtime()`), as `dflashx run` does."""
+    plan = make_plan(recipe, _facts(recipe))
+    return next(s for s in plan.stages if s.name == name).runtime()
 
 
 def stage_context(
@@ -73,12 +88,12 @@ def stage_context(
     recipe: Recipe,
     run_dir: Path,
     inputs: dict[str, Path] | None = None,
-    plan: dict[str, Any] | None = None,
+    runtime: StageRuntime | None = None,
     log: Any = None,
 ) -> StageContext:
-    """A StageContext as the orchestrator builds it (stage folder `run_dir/<name>`)."""
+    """A StageContext as the orchestrator builds it (stage folder `run_dir/<name>`, the plan's runtime)."""
     ctx = StageContext(
-        name=name, recipe=resolved(recipe), plan=plan or {}, run_dir=run_dir,
+        name=name, recipe=resolved(recipe), runtime=runtime or planned_runtime(recipe, name), run_dir=run_dir,
         out_dir=run_dir / name, inputs=inputs or {},
     )
     if log is not None:

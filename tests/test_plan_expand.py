@@ -28,7 +28,7 @@ def test_rtx_one_server_per_gpu_behind_the_router():
         assert flag(argv, "--model-path") == "Qwen/Qwen3.6-27B" and flag(argv, "--tp-size") == "1"
         assert flag(argv, "--port") == str(s["port"]) and s["url"].endswith(f":{s['port']}")
         assert flag(argv, "--context-length") == "262144" and flag(argv, "--mem-fraction-static") == "0.85"
-        assert int(flag(argv, "--max-running-requests")) == 256 and s["in_flight"] == gen["batch_per_replica"] > 0
+        assert int(flag(argv, "--max-running-requests")) == 256 and s["in_flight"] == gen["in_flight_per_replica"] > 0
         assert flag(argv, "--reasoning-parser") == "qwen3" and "--enable-hierarchical-cache" in argv
         assert "--dp-size" not in argv and "--quantization" not in argv and "--kv-cache-dtype" not in argv
     router = gen["router"]["command"]
@@ -44,7 +44,7 @@ def test_b200_one_server_with_dp_size_keeps_the_planned_batch_per_gpu_in_flight(
     assert flag(argv, "--dp-size") == "8" and flag(argv, "--tp-size") == "1"
     assert "--quantization" not in argv and "--kv-cache-dtype" not in argv  # the target's precision by default
     assert server["gpus"] == list(range(8)) and gen["router"] is None
-    assert server["in_flight"] == 8 * gen["batch_per_replica"]  # one URL, eight replicas behind it
+    assert server["in_flight"] == 8 * gen["in_flight_per_replica"]  # one URL, eight replicas behind it
 
 
 def test_fp8_from_the_official_checkpoint_loads_it_and_online_fp8_quantizes():
@@ -84,9 +84,10 @@ def test_thinking_off_drops_the_reasoning_parser_and_hicache_switch():
     {"stages__generate__urls": ["http://10.0.0.5:30000"]},
     {"stages__generate__backend": "transformers"},
 ])
-def test_no_servers_when_attached_or_local(overrides):
+def test_nothing_launched_when_attached_or_local(overrides):
     gen = stage(seeds_recipe("b200_nvl8", **overrides), "generate")
-    assert gen["servers"] == [] and gen["commands"] == []
+    assert not any(s["command"] for s in gen["servers"]) and gen["commands"] == []
+    assert gen["mode"] == ("attach" if "stages__generate__urls" in overrides else "in-process")
 
 
 def deepspeed_accepts(config: dict) -> None:

@@ -59,8 +59,8 @@ def test_servers_keep_the_planned_batch_in_flight():
         g = next(s for s in plan["stages"] if s["name"] == "generate")
         replicas = sum(int(s["command"][s["command"].index("--dp-size") + 1]) if "--dp-size" in s["command"]
                        else 1 for s in g["servers"])
-        assert sum(s["in_flight"] for s in g["servers"]) == replicas * g["batch_per_replica"]
-        assert g["batch_per_replica"] == gen(seeds_recipe(hardware)).serving.batch
+        assert sum(s["in_flight"] for s in g["servers"]) == replicas * g["in_flight_per_replica"]
+        assert g["in_flight_per_replica"] == gen(seeds_recipe(hardware)).serving.batch
 
 
 def test_client_concurrency_caps_the_batch_and_says_so():

@@ -77,9 +77,14 @@ class Backend(ABC):
     """One way of turning prompts into completions."""
 
     name: str = "base"
+    drives: bool = True  # this process sends the prompts (False: a node that only serves, see `serve`)
 
     def __init__(self) -> None:
         self.stats = BackendStats()
+
+    def serve(self) -> str:
+        """Keep what this backend started up for another node until it stops; what stopped, in words."""
+        raise NotImplementedError(f"the {self.name} backend only runs in-process")
 
     def __enter__(self) -> "Backend":
         return self

@@ -1,54 +1,79 @@
-"""Inference servers for the sglang backend: launch the plan's commands, or attach to given URLs.
+"""Inference servers for the sglang backend: launch this node's servers of the launch plan, reach the rest.
 
-Launched servers run in their own process group with `CUDA_VISIBLE_DEVICES` set from the plan's
-`gpus`, stdout+stderr going to `server-<port>.log` in the stage folder, and are stopped (SIGTERM,
-then SIGKILL) on exit. Either way, nothing is sent before every server answers `GET /health` with
-200; a launched server that exits while starting fails at once with the tail of its log.
+Where servers start is decided here, once: a machine starts only the launch plan's servers whose `node`
+is its own (`node_rank`: `DFLASHX_NODE_RANK`, which `dflashx run --node-rank K` sets; 0 when unset) and
+reaches every other node's servers at their addresses (`reachable`: `DFLASHX_NODE_HOSTS`, else the planned
+`node-<i>` names). Node 0 drives generation; node K > 0 only serves (docs/running.md). Launched servers
+run in their own process group with `CUDA_VISIBLE_DEVICES` set from the plan's `gpus`, stdout+stderr going
+to `server-<port>.log` in the stage folder, and are stopped (SIGTERM, then SIGKILL) on exit. Nothing is
+sent before every server answers `GET /health` with 200; a launched server that exits while starting
+fails at once with the tail of its log.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import signal
+import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import httpx
+
+from dflashx.plan.launch import LaunchPlan, ServerSpec, base_url
+
+NODE_RANK_ENV = "DFLASHX_NODE_RANK"  # this machine's node in the profile (0 .. nodes-1); `dflashx run --node-rank`
+NODE_HOSTS_ENV = "DFLASHX_NODE_HOSTS"  # the nodes' addresses, node 0 first, comma-separated
 
 
 class ServerError(RuntimeError):
     """A server did not come up (exited, or not healthy before the startup timeout)."""
 
 
-def base_url(url: str) -> str:
-    """`http://host:port` from a URL that may end in `/` or `/v1`."""
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
+def node_rank(env: Mapping[str, str] = os.environ) -> int:
+    """This machine's node: `DFLASHX_NODE_RANK` (set by `dflashx run --node-rank K`), else 0."""
+    raw = env.get(NODE_RANK_ENV, "0").strip() or "0"
+    if not raw.isdigit():
+        raise ValueError(f"{NODE_RANK_ENV}={raw!r} is not a node index: set it to 0 on the first node, 1 on the "
+                         f"second, ... (or pass `dflashx run --node-rank K`)")
+    return int(raw)
 
 
-@dataclass
-class ServerSpec:
-    """One server the plan lists: `{command, port, url, gpus, in_flight}`."""
+def node_hosts(env: Mapping[str, str] = os.environ) -> dict[int, str]:
+    """The addresses `DFLASHX_NODE_HOSTS` gives (node 0 first); empty when unset."""
+    raw = env.get(NODE_HOSTS_ENV, "")
+    return {i: h.strip() for i, h in enumerate(raw.split(",")) if h.strip()}
 
-    command: list[str]
-    port: int
-    url: str
-    gpus: list[int] = field(default_factory=list)
-    in_flight: int | None = None  # requests the plan keeps open on it (batch x replicas it serves)
 
-    @classmethod
-    def from_plan(cls, entry: dict[str, Any]) -> "ServerSpec":
-        command = entry["command"]
-        command = shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
-        port = int(entry["port"])
-        in_flight = entry.get("in_flight")
-        return cls(command, port, base_url(entry.get("url") or f"http://127.0.0.1:{port}"), list(entry.get("gpus", [])),
-                   int(in_flight) if in_flight else None)
+def resolvable(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError):
+        return False
+    return True
+
+
+def reachable(plan: LaunchPlan, env: Mapping[str, str] = os.environ) -> tuple[ServerSpec, ...]:
+    """The plan's servers as node 0 (the driver) reaches them: node 0's and attached ones at their planned
+    address, node i's at `DFLASHX_NODE_HOSTS`'s i-th address, else the planned `node-<i>` name, which must
+    resolve (else a clear error: nothing is waited for in vain)."""
+    hosts, out = node_hosts(env), []
+    for server in plan.servers:
+        if not server.node:
+            out.append(server)
+            continue
+        host = hosts.get(server.node, server.host)
+        if not resolvable(host):
+            raise ServerError(
+                f"node {server.node}'s server {server.url} has no address: {host!r} does not resolve. Set "
+                f"{NODE_HOSTS_ENV}=<node-0 host>,<node-1 host>,... (node 0 first), or name the nodes node-<i> in "
+                f"/etc/hosts (as the training hostfile does), or start the servers yourself and give "
+                f"stages.generate.urls")
+        out.append(server.at_host(host))
+    return tuple(out)
 
 
 def _log_tail(path: Path, lines: int = 20) -> str:
@@ -98,10 +123,16 @@ def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
 
 
 class ServerPool:
-    """Context manager: launch `specs` (logs into `log_dir`), wait for health, stop them on exit."""
+    """Context manager: start `node`'s servers of `plan` (logs into `log_dir`), wait until the servers it uses
+    answer (node 0: all of them, node K: its own), stop what it started on exit."""
 
-    def __init__(self, specs: list[ServerSpec], log_dir: Path, startup_timeout_s: float, poll_s: float = 1.0):
-        self.specs = specs
+    def __init__(self, plan: LaunchPlan, node: int, log_dir: Path, startup_timeout_s: float, poll_s: float = 1.0,
+                 env: Mapping[str, str] = os.environ):
+        if plan.nodes and node not in plan.nodes:
+            raise ServerError(f"this is node {node} ({NODE_RANK_ENV}), but the plan's servers run on nodes "
+                              f"{', '.join(map(str, plan.nodes))}: start node i with `dflashx run ... --node-rank i`")
+        self.local = plan.on_node(node)
+        self.servers = reachable(plan, env) if node == 0 else self.local
         self.log_dir = log_dir
         self.startup_timeout_s = startup_timeout_s
         self.poll_s = poll_s
@@ -109,19 +140,20 @@ class ServerPool:
 
     @property
     def urls(self) -> list[str]:
-        return [s.url for s in self.specs]
+        return [s.url for s in self.servers]
 
     def __enter__(self) -> "ServerPool":
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.local:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
-            for spec in self.specs:
+            for spec in self.local:
                 env = dict(os.environ)
                 if spec.gpus:
                     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
                 log_path = self.log_dir / f"server-{spec.port}.log"
                 with log_path.open("ab") as log_file:
                     proc = subprocess.Popen(
-                        spec.command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                        list(spec.command), stdout=log_file, stderr=subprocess.STDOUT, env=env,
                         start_new_session=True,
                     )
                 self.procs[spec.url] = (proc, log_path)
@@ -130,6 +162,14 @@ class ServerPool:
             self.stop()
             raise
         return self
+
+    def hold(self) -> str:
+        """Block while the launched servers run (a node that only serves); say which stopped and how."""
+        while True:
+            for url, (proc, log_path) in self.procs.items():
+                if proc.poll() is not None:
+                    return f"server {url} exited with code {proc.returncode} (log: {log_path})"
+            time.sleep(self.poll_s)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

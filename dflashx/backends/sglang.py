@@ -1,11 +1,11 @@
 """The production backend: SGLang (or any OpenAI-compatible server) over HTTP, never imported.
 
-Servers come from the plan (`ServerPool` launches them) or from `stages.generate.urls` (attach).
-Requests go to `/v1/chat/completions` with the recipe's sampling settings and
-`chat_template_kwargs: {enable_thinking, ...}`. Each URL gets as many asyncio workers as requests
-the plan assumed in flight there (`stages.generate.concurrency` when set, else the server's
-`in_flight` = planned batch x replicas behind it, else the plan's batch per replica for attached
-URLs); they pull from one bounded queue, so faster replicas take more work and memory stays bounded.
+Servers come from the typed launch plan (`dflashx.plan.launch`): `ServerPool` starts this node's and
+reaches the others, or (attach) waits for `stages.generate.urls`. Requests go to `/v1/chat/completions`
+with the recipe's sampling settings and `chat_template_kwargs: {enable_thinking, ...}`. Each URL gets as
+many asyncio workers as its `in_flight` in the launch plan (the per-replica in-flight count x the replicas
+behind it; attached URLs share what the estimate counts), nothing re-defaulted here; they pull from one
+bounded queue, so faster replicas take more work and memory stays bounded.
 A transient failure (connection error or drop, timeout, HTTP 408/409/425/429/5xx, an unreadable body) is
 retried on the next replica after an exponential back-off with jitter; other 4xx answers are final
 and recorded with `error`. When 2 x (all workers) prompts in a row fail every retry,
@@ -25,8 +25,9 @@ from typing import Any, Iterable
 import httpx
 
 from dflashx.backends.base import Backend, Emit, completion_record, rejected_record, split_think
-from dflashx.backends.servers import ServerError, ServerPool, ServerSpec, base_url, wait_healthy
+from dflashx.backends.servers import ServerError, ServerPool, node_rank
 from dflashx.config.schema import ChatTemplateSpec, GenerateStage
+from dflashx.plan.launch import LaunchPlan
 
 RETRY_STATUS = {408, 409, 425, 429}
 MAX_BACKOFF_S = 60.0
@@ -59,49 +60,34 @@ def backoff_s(attempt: int, base_s: float) -> float:
 class SGLangBackend(Backend):
     name = "sglang"
 
-    def __init__(
-        self,
-        cfg: GenerateStage,
-        chat: ChatTemplateSpec,
-        model: str,
-        servers: list[dict[str, Any]] | None = None,
-        log_dir: Path | None = None,
-        batch_per_replica: int | None = None,
-    ):
+    def __init__(self, cfg: GenerateStage, chat: ChatTemplateSpec, model: str, launch: LaunchPlan | None,
+                 log_dir: Path | None = None, node: int | None = None):
         super().__init__()
+        if launch is None or launch.mode == "in-process" or not launch.servers:
+            raise ValueError(
+                "stages.generate.backend is 'sglang' but the plan lists no servers and stages.generate.urls is "
+                "empty: give the URLs of running servers, or plan on a GPU profile")
         self.cfg = cfg
         self.chat = chat
         self.model = model
-        self.pool: ServerPool | None = None
-        if cfg.urls:
-            self.urls = [base_url(u) for u in cfg.urls]
-            self.in_flight = [cfg.concurrency or batch_per_replica or 0 for _ in self.urls]
-        elif servers:
-            specs = [ServerSpec.from_plan(s) for s in servers]
-            self.pool = ServerPool(specs, log_dir or Path("."), cfg.server_startup_timeout_s)
-            self.urls = self.pool.urls
-            self.in_flight = [cfg.concurrency or s.in_flight or batch_per_replica or 0 for s in specs]
-        else:
-            raise ValueError(
-                "stages.generate.backend is 'sglang' but the plan lists no servers and "
-                "stages.generate.urls is empty: give the URLs of running servers, or plan on a GPU profile"
-            )
-        if not all(self.in_flight):
-            raise ValueError("no in-flight count for the sglang servers: set stages.generate.concurrency "
-                             "(requests per replica), or run from a plan (it holds the planned batch)")
+        self.node = node_rank() if node is None else node
+        self.drives = self.node == 0  # node 0 sends the prompts; another node only serves (`serve`)
+        self.pool = ServerPool(launch, self.node, log_dir or Path("."), cfg.server_startup_timeout_s)
+        self.urls = self.pool.urls
+        self.in_flight = [s.in_flight for s in self.pool.servers]
         self.workers = sum(self.in_flight)
         self._fail_streak = 0
 
     def __enter__(self) -> "SGLangBackend":
-        if self.pool is not None:
-            self.pool.__enter__()
-        else:
-            wait_healthy(self.urls, self.cfg.server_startup_timeout_s)
+        self.pool.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.pool is not None:
-            self.pool.__exit__(*exc)
+        self.pool.__exit__(*exc)
+
+    def serve(self) -> str:
+        """Keep this node's servers up for node 0 until one stops; what stopped, in words."""
+        return self.pool.hold()
 
     def generate(self, prompts: Iterable[dict[str, Any]], emit: Emit) -> None:
         try:

@@ -8,6 +8,7 @@ noise go to `<stage>/stage.log` (`dflashx.track.output`).
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -33,9 +34,17 @@ def command(
     skip_preflight: Annotated[bool, typer.Option("--skip-preflight", help="Start without the preflight checks.")] = False,
     skip_pilot: Annotated[bool, typer.Option("--skip-pilot", help="Do not run the pilot first (pilot.enabled).")] = False,
     continue_over_budget: ContinueOpt = False,
+    node_rank: Annotated[int | None, typer.Option(
+        "--node-rank", min=0, help="This machine's node of a multi-node profile (sets DFLASHX_NODE_RANK): "
+        "it starts only its own generation servers; node 0 drives (docs/running.md).")] = None,
 ) -> None:
     from dflashx.report.console import RunConsole
     from dflashx.track.output import terminal
+
+    if node_rank is not None:
+        from dflashx.backends.servers import NODE_RANK_ENV
+
+        os.environ[NODE_RANK_ENV] = str(node_rank)  # read where servers start (backends.servers.node_rank)
 
     with terminal() as stream, RunConsole(file=stream) as view, view.route_logs():
         view.line(f"dflashx run {recipe}: planning…")  # before the heavy imports: a line at once

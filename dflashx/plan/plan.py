@@ -1,7 +1,9 @@
 """`make_plan(recipe, facts) -> Plan`: pure (no file or network I/O, no torch).
 
 The plan holds the findings of every rule, one entry per stage (its commands, estimates and
-extras: `servers`/`router` for generate, `deepspeed_config`/`launch` for train), the totals,
+extras: the typed launch plan for generate (`dflashx.plan.launch`), `deepspeed_config`/`launch` for
+train; `StagePlan.runtime()` is what a stage gets when it runs, and `StageRuntime.from_json` reads the
+same object back from plan.json), the totals,
 their P10/P50/P90 (`ranges`), the recipe with every derived value filled in (`resolved`), which
 figures a pilot calibrated (`calibration`), the drafter's predicted serving speed-up at the recipe's
 expected tau (`deploy`) and, for `--explain`, the formula and inputs of every
@@ -23,10 +25,11 @@ from dflashx.plan.context import (
 )
 from dflashx.plan.estimates.deployment import deploy_term, expected_speedup
 from dflashx.plan.expand.deepspeed import launch
-from dflashx.plan.expand.sglang import expand_sglang
+from dflashx.plan.expand.sglang import launch_plan, shell_lines
 from dflashx.plan.calibration import PilotCalibration, apply_calibration
 from dflashx.plan.explain import Term
 from dflashx.plan.findings import Finding, error, warning
+from dflashx.plan.launch import LaunchPlan, StageRuntime
 from dflashx.plan.ranges import Ranges, plan_ranges
 from dflashx.plan.rules import check
 from dflashx.resolve import ResolvedRecipe, ResolveError, resolve
@@ -40,10 +43,15 @@ class StagePlan:
     commands: list[str] = field(default_factory=list)
     estimates: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ESTIMATE_KEYS, 0.0))
     extra: dict[str, Any] = field(default_factory=dict)
+    launch: LaunchPlan | None = None  # generate's servers, router, mode and in-flight counts
+
+    def runtime(self) -> StageRuntime:
+        """What the stage gets when it runs (`StageRuntime.from_json(self.to_json())` is the same)."""
+        return StageRuntime(float(self.estimates.get("storage_bytes") or 0.0), self.launch)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "enabled": self.enabled, "commands": self.commands,
-                "estimates": self.estimates, **self.extra}
+                "estimates": self.estimates, **(self.launch.to_json() if self.launch else {}), **self.extra}
 
 
 @dataclass
@@ -88,9 +96,9 @@ def _stage_plans(ctx: PlanContext) -> list[StagePlan]:
         enabled = getattr(recipe.stages, name).enabled
         plans.append(StagePlan(name, enabled, estimates=stage_estimates(ctx, name)))
     by_name = {p.name: p for p in plans}
-    sglang = expand_sglang(recipe, ctx.facts, ctx.generation.serving)
-    by_name["generate"].commands = sglang.commands
-    by_name["generate"].extra = {**sglang.to_json(), "batch_per_replica": ctx.generation.serving.batch}
+    serving = launch_plan(ctx.recipe, ctx.facts, ctx.generation.serving)
+    by_name["generate"].commands = shell_lines(serving)
+    by_name["generate"].launch = serving
     run = launch(recipe)
     by_name["train"].commands = [run["shell"]]
     by_name["train"].extra = {"deepspeed_config": recipe.stages.train.deepspeed_config, "launch": run}

@@ -171,9 +171,11 @@ def servers_local(ctx: PlanContext) -> Iterable[Finding]:
     gen, hw = ctx.recipe.stages.generate, ctx.recipe.hardware
     if gen.enabled and gen.backend == "sglang" and not gen.urls and hw.nodes > 1:
         yield warning("servers_on_other_nodes", "stages.generate.urls",
-                      f"the generate stage starts SGLang servers on this node only; {hw.nodes - 1} other node(s) "
-                      "need theirs started by hand (the plan's commands marked [on node-i])",
-                      "start the listed servers on every node and give all their URLs in stages.generate.urls")
+                      f"generation spans {hw.nodes} nodes: each node starts only its own SGLang servers (the plan's "
+                      "commands marked [on node-i]) and node 0 sends the prompts to all of them",
+                      "on node i run `dflashx run RECIPE --until generate --skip-pilot --node-rank i` "
+                      "(docs/running.md); node 0 reaches node i at DFLASHX_NODE_HOSTS's i-th address, else at the name node-<i>; "
+                      "or start servers yourself and give their URLs in stages.generate.urls")
 
 
 def mtp_available(ctx: PlanContext) -> Iterable[Finding]:

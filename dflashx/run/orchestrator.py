@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from dflashx.plan.launch import StageRuntime
 from dflashx.run.graph import Selection
 from dflashx.run.keys import StageKey, key_material, stage_key
 from dflashx.resolve.model import ResolvedRecipe
@@ -170,6 +171,11 @@ def plan_stage(plan: dict[str, Any], name: str) -> dict[str, Any]:
     return next((s for s in plan.get("stages", []) if s.get("name") == name), {})
 
 
+def stage_runtime(plan: dict[str, Any], name: str) -> StageRuntime:
+    """What the stage gets from the plan (plan.json's entry read back into the typed `StageRuntime`)."""
+    return StageRuntime.from_json(plan_stage(plan, name))
+
+
 class Orchestrator:
     """One `dflashx run` invocation over one run directory (holds its lock while running)."""
 
@@ -271,8 +277,8 @@ class Orchestrator:
         manifest = Manifest.load(self.rundir.path)
         inputs = {n: self.rundir.path / manifest.entries[n].path for n in key.inputs}
         stage_plan = plan_stage(self.plan, name)
-        ctx = StageContext(name=name, recipe=self.recipe, plan=stage_plan, run_dir=self.rundir.path,
-                           out_dir=out_dir, inputs=inputs)
+        ctx = StageContext(name=name, recipe=self.recipe, runtime=StageRuntime.from_json(stage_plan),
+                           run_dir=self.rundir.path, out_dir=out_dir, inputs=inputs)
         self.records.append("stage_start", stage=name, stage_key=key.key, pid=os.getpid(), host=socket.gethostname(),
                             reason=reason)
         self._write_progress()

@@ -43,7 +43,7 @@ from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.graph import select
 from dflashx.run.keys import key_material, stage_key
 from dflashx.run.layout import PILOT_DIR, calibration_path
-from dflashx.run.orchestrator import RunObserver, StageOutcome, key_leaves, plan_stage, run_pipeline
+from dflashx.run.orchestrator import RunObserver, StageOutcome, key_leaves, run_pipeline, stage_runtime
 from dflashx.run.pilot_measure import length_stats, slim, source_weights, training_stats
 from dflashx.run.rundir import RunDir, moved_line, set_aside
 from dflashx.stages.base import StageContext, StageResult, load_stage
@@ -185,7 +185,7 @@ class Pilot:
         write_jsonl_atomic(self.dir / "prompts" / "shard-00000.jsonl", todo)
         out.mkdir(parents=True, exist_ok=True)
         self.rundir.mark_started("generate", key.key, key_leaves(key_material("generate", self.resolved, key.inputs)))
-        ctx = StageContext("generate", self.resolved, plan_stage(self.plan, "generate"), self.rundir.path, out,
+        ctx = StageContext("generate", self.resolved, stage_runtime(self.plan, "generate"), self.rundir.path, out,
                            {"ingest.prompts": self.dir / "prompts"})
         from dflashx.stages.generate import generate
 
@@ -201,7 +201,7 @@ class Pilot:
         wanted = set(ids)
         write_jsonl_atomic(self.dir / "completions" / "shard-00000.jsonl",
                            (r for r in iter_shards(completions) if r["id"] in wanted))
-        tok = StageContext("tokenize", self.resolved, plan_stage(self.plan, "tokenize"), self.rundir.path,
+        tok = StageContext("tokenize", self.resolved, stage_runtime(self.plan, "tokenize"), self.rundir.path,
                            self.dir / "tokenize", {"generate.completions": self.dir / "completions"})
         tokenized = self._stage("tokenize", tok, load_stage("tokenize"), "-", f"{len(ids)} completions into {PILOT_DIR}/")
         train = self.resolved.stages.train
@@ -211,7 +211,7 @@ class Pilot:
             "max_steps": steps, "epochs": max(train.epochs, math.ceil(steps * train.global_batch / rows) + 1),
             "log_every": max(1, steps // 20), "checkpoint_every": steps, "keep_checkpoints": 1})
         recipe = self.resolved.model_copy(update={"stages": self.resolved.stages.model_copy(update={"train": short})})
-        ctx = StageContext("train", recipe, plan_stage(self.plan, "train"), self.rundir.path, self.dir / "train",
+        ctx = StageContext("train", recipe, stage_runtime(self.plan, "train"), self.rundir.path, self.dir / "train",
                            {"tokenize.dataset": self.dir / "tokenize" / "dataset"})
         self._stage("train", ctx, load_stage("train"), "-", f"{steps} steps to measure MFU and tokens/s")
         metrics = self.dir / "train" / "logs" / "metrics.jsonl"

@@ -1,7 +1,9 @@
 """The contract every stage implements.
 
 A stage is one function `run(ctx: StageContext) -> StageResult` in `dflashx/stages/<name>.py`.
-It reads its resolved config from `ctx.config` (its section of the `ResolvedRecipe` in `ctx.recipe`) and its inputs from `ctx.inputs` (the outputs of
+It reads its resolved config from `ctx.config` (its section of the `ResolvedRecipe` in `ctx.recipe`),
+what the plan decided for it from `ctx.runtime` (a frozen `StageRuntime`: planned storage and, for
+generate, the typed launch plan; never the planner's JSON) and its inputs from `ctx.inputs` (the outputs of
 earlier stages, keyed "<stage>.<artifact>"), writes only inside `ctx.out_dir`, and returns the
 artifacts it produced (paths relative to `ctx.out_dir`) and its measured metrics. The orchestrator
 (`dflashx.run`) owns everything around it: the run directory, stage keys, `_SUCCESS` markers,
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from dflashx.config.schema import STAGE_ORDER
+from dflashx.plan.launch import StageRuntime
 from dflashx.resolve.model import ResolvedRecipe
 
 
@@ -45,7 +48,7 @@ class Artifact:
 class StageContext:
     name: str
     recipe: ResolvedRecipe  # every derived value filled in; stages never re-default a recipe value
-    plan: dict[str, Any]  # the planner's JSON for this stage (commands, estimates, servers)
+    runtime: StageRuntime  # what the plan decided for this stage, typed (read back from plan.json)
     run_dir: Path
     out_dir: Path  # this stage's folder; persists across resumes until _SUCCESS
     inputs: dict[str, Path] = field(default_factory=dict)  # "<stage>.<artifact>" -> absolute path

@@ -30,7 +30,7 @@ LOG_EVERY_S = 30.0
 
 
 def make_backend(ctx: StageContext) -> Backend:
-    """The backend the recipe names, configured from the recipe and the plan."""
+    """The backend the recipe names, configured from the recipe and the plan's launch plan."""
     cfg = ctx.config
     target = ctx.recipe.target
     if cfg.backend == "transformers":
@@ -42,8 +42,7 @@ def make_backend(ctx: StageContext) -> Backend:
         )
     from dflashx.backends.sglang import SGLangBackend
 
-    return SGLangBackend(cfg, target.chat_template, target.model, ctx.plan.get("servers"), ctx.out_dir,
-                         ctx.plan.get("batch_per_replica"))
+    return SGLangBackend(cfg, target.chat_template, target.model, ctx.runtime.launch, ctx.out_dir)
 
 
 class GenerationMeter:
@@ -107,14 +106,25 @@ def run(ctx: StageContext) -> StageResult:
     return generate(ctx, iter_shards(prompts_dir), count_records(prompts_dir))
 
 
+def serve_only(backend: Backend) -> StageFailed:
+    """Node K > 0 of a multi-node generation: start its servers, keep them up for node 0 (which sends the
+    prompts and writes the completions) until one stops; the stop, as the stage's failure."""
+    with backend:
+        stopped = backend.serve()
+    return StageFailed(f"this node only serves generation for node 0, which writes the completions; {stopped}. "
+                       "Restart this command to serve again while node 0 generates.")
+
+
 def generate(ctx: StageContext, prompts: Iterable[dict[str, Any]], total: int) -> StageResult:
     """Complete `prompts` (of `total`) into `completions/`, skipping ids already there. The stage runs it on
     every ingested prompt; `dflashx pilot` on its first few hundred, so the stage later resumes after them."""
     cfg = ctx.config
+    backend = make_backend(ctx)
+    if not backend.drives:
+        raise serve_only(backend)
     try:
         with ShardWriter(ctx.out_dir / "completions", cfg.shard_size, cfg.flush_every) as writer:
             todo = (p for p in prompts if p["id"] not in writer.ids)
-            backend = make_backend(ctx)
             gate = open_gate(ctx.recipe.target, cfg.max_tokens, cfg.context_length)
             started = time.monotonic()
             with _progress() as progress, backend:
@@ -148,7 +158,7 @@ def generate(ctx: StageContext, prompts: Iterable[dict[str, Any]], total: int) -
 
 def _still_needed(e: DiskFull, ctx: StageContext) -> DiskFull:
     """The stop restated with the plan's storage for this stage less what the folder holds."""
-    planned = float((ctx.plan.get("estimates") or {}).get("storage_bytes") or 0)
+    planned = ctx.runtime.storage_bytes
     have = used_bytes(e.folder)
     if planned <= have:
         return e

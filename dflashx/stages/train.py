@@ -4,7 +4,7 @@ Reads `tokenize.dataset`; writes `checkpoint` (the drafter in the exported DFlas
 config.json + model.safetensors, loadable by `dflashx.dflash.checkpoint.load_drafter`) and `logs`
 (metrics.jsonl). With one process (the CPU profile, one GPU) it trains in-process and logs every
 log step through `ctx.log`; with N GPUs it writes `train_job.json` and runs the planner's launch
-command (`ctx.plan["launch"]["command"]`, `{run_dir}` filled in), one process per GPU, then
+command (`stages.train.launch` of the resolved recipe, `{run_dir}` filled in), one process per GPU, then
 replays the metrics into `ctx.log`. Resuming is automatic: a stage folder with
 `checkpoints/latest` continues from it with the same optimizer, scheduler, data position and RNG.
 

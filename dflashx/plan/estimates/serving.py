@@ -1,8 +1,9 @@
 """The running batch of one replica: SGLang's own pool sizing, and the one function that decides it.
 
-`running_batch` is read by the plan (the decode estimate), by the server expansion (each server's
-`in_flight`) and so by the generate stage's client: the client keeps exactly the batch in flight
-per replica that the estimate assumed.
+`running_batch` is read by the plan (the decode estimate) and, through `client_in_flight`, by the
+launch plan (each server's `in_flight`) and so by the generate stage's client: the client keeps open
+per replica exactly the requests the estimate assumed (`stages.generate.concurrency`, its "client"
+cap, when set; else the planned batch).
 
 SGLang 0.5.23 sizes a replica's memory as (python/sglang/srt/mem_cache/kv_cache_configurator.py,
 `_profile_available_bytes`, `_handle_max_mamba_cache`, `resolve_max_num_reqs`):
@@ -26,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflashx.plan.estimates.lengths import OutputLengths
-from dflashx.resolve.model import ResolvedRecipe
+from dflashx.resolve.model import ResolvedGenerateStage, ResolvedRecipe
 from dflashx.resolve.serving import kv_elem_bytes, served_weight_bytes
 
 MAMBA_FULL_MEMORY_RATIO = 0.9
@@ -75,6 +76,13 @@ class Batch:
     weight_bytes: float
     kv_elem_bytes: int
     mean_context: float
+
+
+def client_in_flight(gen: ResolvedGenerateStage, batch: int) -> int:
+    """Requests the generate client keeps open per replica: `stages.generate.concurrency` when set (the
+    estimate's "client" cap, so the planned batch never exceeds it), else the planned running batch
+    (at least 1). The launch plan and so the runtime read this one number."""
+    return gen.concurrency or max(batch, 1)
 
 
 def mean_running_context(prompt_mean: float, lengths: OutputLengths, max_tokens: int) -> float:

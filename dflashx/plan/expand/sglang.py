@@ -1,32 +1,31 @@
-"""SGLang server command lines for the profile: one server per replica behind sglang_router, or one
-server with `--dp-size` per node, with the checkpoint, precision, KV-cache, MTP, cache and parser
-flags of the resolved recipe. Each server entry carries `in_flight`: the requests the generate
-stage keeps open on it, the planned running batch x the replicas it serves. Every emitted command
+"""The generate stage's launch plan (`dflashx.plan.launch`): SGLang server command lines for the profile
+(one server per replica behind sglang_router, or one server with `--dp-size` per node, with the
+checkpoint, precision, KV-cache, MTP, cache and parser flags of the resolved recipe), the attached
+`stages.generate.urls`, or the transformers backend in-process. Each server carries `in_flight`: the
+requests the generate stage keeps open on it, `in_flight_per_replica` x the replicas it serves; attached
+URLs share the dp x `in_flight_per_replica` the estimate counts (`split_in_flight`). Every emitted command
 parses with SGLang 0.5.23's own argument parser (tests/test_sglang_commands.py)."""
 
 from __future__ import annotations
 
 import math
 import shlex
-from dataclasses import dataclass, field
-from typing import Any
 
 from dflashx.plan.estimates.generation import Serving
+from dflashx.plan.estimates.serving import client_in_flight
+from dflashx.plan.launch import (
+    LOCAL_HOST,
+    LaunchPlan,
+    RouterSpec,
+    ServerSpec,
+    base_url,
+    node_host,
+    split_in_flight,
+)
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.targets.registry import TargetFacts
 
-HOST = "127.0.0.1"
 BASE_PORT = 30000  # the router (or the single server); workers behind a router take the next ports
-
-
-@dataclass
-class SglangExpansion:
-    servers: list[dict[str, Any]] = field(default_factory=list)  # {command: argv, port, url, gpus}
-    router: dict[str, Any] | None = None  # {command, port, url} when replicas sit behind sglang_router
-    commands: list[str] = field(default_factory=list)  # shell lines, for people
-
-    def to_json(self) -> dict[str, Any]:
-        return {"servers": self.servers, "router": self.router}
 
 
 def mtp_flags(recipe: ResolvedRecipe) -> list[str]:
@@ -65,42 +64,51 @@ def server_argv(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving, host: st
     return argv
 
 
-def _server(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving, node: int, port: int, gpus: list[int],
-            dp_size: int) -> dict[str, Any]:
-    """One server entry; servers on other nodes listen on all interfaces and are named `node-<i>`."""
-    bind, name = (HOST, HOST) if node == 0 else ("0.0.0.0", f"node-{node}")
-    return {"command": server_argv(recipe, facts, s, bind, port, dp_size), "port": port,
-            "url": f"http://{name}:{port}", "gpus": gpus, "node": node, "in_flight": max(s.batch, 1) * dp_size}
+def _server(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving, per_replica: int, node: int, port: int,
+            gpus: range, dp_size: int) -> ServerSpec:
+    """One server; servers on other nodes listen on all interfaces and are named `node-<i>`."""
+    bind = LOCAL_HOST if node == 0 else "0.0.0.0"
+    return ServerSpec(f"http://{node_host(node)}:{port}", per_replica * dp_size,
+                      tuple(server_argv(recipe, facts, s, bind, port, dp_size)), port, tuple(gpus), node)
 
 
-def _shell_line(server: dict[str, Any]) -> str:
-    where = "" if server["node"] == 0 else f"[on node-{server['node']}] "
-    return f"{where}CUDA_VISIBLE_DEVICES={','.join(map(str, server['gpus']))} {shlex.join(server['command'])}"
+def shell_lines(plan: LaunchPlan) -> list[str]:
+    """The plan's commands as shell lines, for people (`[on node-<i>]` before another node's)."""
+    lines = [("" if srv.node == 0 else f"[on node-{srv.node}] ")
+             + f"CUDA_VISIBLE_DEVICES={','.join(map(str, srv.gpus))} {shlex.join(srv.command)}"
+             for srv in plan.servers if srv.command]
+    return lines + ([shlex.join(plan.router.command)] if plan.router else [])
 
 
-def expand_sglang(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving) -> SglangExpansion:
-    """Servers to start; none when the recipe attaches to `generate.urls` or uses transformers.
-
-    `gpus` are the GPU indices on the server's node (`CUDA_VISIBLE_DEVICES`).
-    """
-    gen, hw = recipe.stages.generate, recipe.hardware
-    if gen.backend != "sglang" or gen.urls or hw.gpu is None:
-        return SglangExpansion()
-    out = SglangExpansion()
+def _launched(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving, per_replica: int) -> LaunchPlan:
+    """The servers to start on the profile's GPUs; `gpus` are indices on the server's node."""
+    hw, servers = recipe.hardware, []
     per_node = max(hw.gpus_per_node // s.tp, 1)  # replicas that fit on one node
-    if s.dp > 1 and gen.serving.dp_mode == "router":
+    if s.dp > 1 and recipe.stages.generate.serving.dp_mode == "router":
         for replica in range(s.dp):
             node, local = divmod(replica, per_node)
-            out.servers.append(_server(recipe, facts, s, node, BASE_PORT + 1 + replica,
-                                       list(range(local * s.tp, (local + 1) * s.tp)), 1))
-        out.router = {"command": ["python", "-m", "sglang_router.launch_router", "--host", HOST,
-                                  "--port", str(BASE_PORT), "--worker-urls", *(v["url"] for v in out.servers)],
-                      "port": BASE_PORT, "url": f"http://{HOST}:{BASE_PORT}"}
-    else:
-        for node in range(math.ceil(s.dp / per_node)):
-            dp_here = min(per_node, s.dp - node * per_node)
-            out.servers.append(_server(recipe, facts, s, node, BASE_PORT, list(range(s.tp * dp_here)), dp_here))
-    out.commands = [_shell_line(srv) for srv in out.servers]
-    if out.router:
-        out.commands.append(shlex.join(out.router["command"]))
-    return out
+            servers.append(_server(recipe, facts, s, per_replica, node, BASE_PORT + 1 + replica,
+                                   range(local * s.tp, (local + 1) * s.tp), 1))
+        router = RouterSpec(("python", "-m", "sglang_router.launch_router", "--host", LOCAL_HOST, "--port",
+                             str(BASE_PORT), "--worker-urls", *(v.url for v in servers)),
+                            BASE_PORT, f"http://{LOCAL_HOST}:{BASE_PORT}")
+        return LaunchPlan("launch", per_replica, tuple(servers), router)
+    for node in range(math.ceil(s.dp / per_node)):
+        dp_here = min(per_node, s.dp - node * per_node)
+        servers.append(_server(recipe, facts, s, per_replica, node, BASE_PORT, range(s.tp * dp_here), dp_here))
+    return LaunchPlan("launch", per_replica, tuple(servers))
+
+
+def launch_plan(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving) -> LaunchPlan:
+    """How generation is served (module doc): in-process (transformers), attach (`urls`) or launch."""
+    gen = recipe.stages.generate
+    if gen.backend != "sglang":
+        return LaunchPlan("in-process", max(s.batch, 1))  # the transformers batch (`batch_size`)
+    per_replica = client_in_flight(gen, s.batch)
+    if gen.urls:
+        shares = split_in_flight(per_replica * s.dp, len(gen.urls))
+        servers = tuple(ServerSpec(base_url(url), n) for url, n in zip(gen.urls, shares))
+        return LaunchPlan("attach", per_replica, servers)
+    if recipe.hardware.gpu is None:
+        return LaunchPlan("launch", per_replica)  # nothing to start on the CPU: the run says to give urls
+    return _launched(recipe, facts, s, per_replica)
