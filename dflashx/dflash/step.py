@@ -40,6 +40,7 @@ from dflashx.dflash.loss import dflash_loss, liger_available, target_label_ids
 from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.metrics import step_flops
 from dflashx.dflash.model import DFlashDrafter
+from dflashx.dflash.target_shard import frozen_io
 
 LM_HEAD_CHUNK = 4096  # supervised tokens per chunk of the torch fused LM-head cross-entropy
 CONTEXT_BUCKET = 256  # compiled drafter: context widths padded to a multiple of this
@@ -83,8 +84,7 @@ class TrainStep:
 
         train, self.job, self.device, self.cfg = job.train, job, device, drafter.config
         self.capture = FeatureCapture(target, self.cfg.target_layer_ids)
-        self.embed = target.get_input_embeddings()
-        self.lm_head_w = target.get_output_embeddings().weight
+        self.embed, self.lm_head_w = frozen_io(target)  # whole copies when the target is sharded
         loss_kernel = train.loss_kernel
         if loss_kernel == "liger" and not liger_available():
             log.warning("stages.train.loss_kernel is liger but liger-kernel or CUDA is missing: torch fused loss")
