@@ -133,6 +133,50 @@ def mtp_rows() -> list[Row]:
     return rows
 
 
+# The cookbook's MoE sibling, Qwen3.6-35B-A3B (256 experts, top-8 + 1 shared, 3B active), on the same
+# workload and flags, same file and commit: (hardware, weights, high-throughput tokens/s/GPU (in + out)
+# at conc 1,024, low-latency TTFT ms at conc 1, low-latency (MTP) tokens/s/GPU at conc 1 and 16).
+MOE_MODEL = "Qwen/Qwen3.6-35B-A3B"
+MOE_CELLS = [("h200_x1", "bf16", 18708, 182, 3751, 15394), ("h200_x1", "fp8", 30201, 138, 4331, 20434),
+             ("b200_nvl8", "bf16", 38134, 98, 4921, 24712), ("b200_nvl8", "fp8", 46963, 116, 4755, 27810)]
+
+
+def _moe_cookbook(hardware: str, weights: str, concurrency: int = 1024, mtp: bool = False) -> Any:
+    """A 35B-A3B cell: the 27B cell's recipe with the MoE target (and its FP8 checkpoint)."""
+    recipe = _cookbook(hardware, weights, concurrency, mtp)
+    generate = recipe.stages.generate
+    serving = generate.serving.model_copy(update={"checkpoint": f"{MOE_MODEL}-FP8" if weights == "fp8" else None})
+    stages = recipe.stages.model_copy(update={"generate": generate.model_copy(update={"serving": serving})})
+    return recipe.model_copy(update={"target": recipe.target.model_copy(update={"model": MOE_MODEL}),
+                                     "stages": stages})
+
+
+def moe_rows() -> list[Row]:
+    """Validation only: planned with the dense targets' engine constants (no MoE-specific constant);
+    decode reads the experts the running batch touches (uniform routing), FLOPs count active parameters."""
+    rows = []
+    for hardware, weights, throughput, ttft_ms, *low_latency in MOE_CELLS:
+        gpu = "H200" if hardware.startswith("h200") else "B200"
+        name = f"Qwen3.6-35B-A3B (MoE) {weights.upper()} on {gpu}"
+        cell = _moe_cookbook(hardware, weights)
+        rows.append(Row(f"{name}, high-throughput", "8,192 in / 1,024 out, conc 1,024, TP 1, mem 0.8, MTP off",
+                        f"{COOKBOOK}: {throughput:,} tokens/s/GPU (in + out)", "validation", "output tokens/s/GPU",
+                        throughput * 1024 / 9216, _per_gpu_output(cell)))
+        _, terms = _terms(cell)
+        rows.append(Row(f"{name}, time to first token", "8,192-token prompt, conc 1, TP 1",
+                        f"{COOKBOOK}: TTFT {ttft_ms} ms", "validation", "s", ttft_ms / 1000,
+                        terms["generate.prefill_seconds"]["value"]))
+        for conc, published in zip((1, 16), low_latency, strict=True):
+            recipe = _moe_cookbook(hardware, weights, conc, mtp=True)
+            spec = _terms(recipe)[1]["generate.speculation"]["inputs"]
+            rows.append(Row(f"{name}, low-latency (MTP), conc {conc}",
+                            f"8,192 in / 1,024 out, conc {conc}, TP 1, mem 0.8, MTP EAGLE 3/1/4, planned tau "
+                            f"{spec['tau']:.2f}", f"{COOKBOOK}: {published:,} tokens/s/GPU (in + out)", "validation",
+                            "output tokens/s/GPU", published * 1024 / 9216,
+                            spec["tokens_per_second_mtp"] / recipe.hardware.num_gpus))
+    return rows
+
+
 SEEDS_REASON = ("reference, not validation: the seeds calculated this figure (a memory-bandwidth ratio) before "
                 "their B200 run; the run that followed was on a 7-GPU B200 node and gave no duration (issue 24)")
 
@@ -210,7 +254,7 @@ def training_rows() -> list[Row]:
 
 def main() -> None:
     sys.path.insert(0, str(REPO))
-    rows = serving_rows() + mtp_rows() + drafter_rows() + seeds_rows() + training_rows()
+    rows = serving_rows() + mtp_rows() + moe_rows() + drafter_rows() + seeds_rows() + training_rows()
     judged = [r for r in rows if r.role == "validation"]
     errors = [abs(r.error) for r in judged]
     median = statistics.median(errors) if errors else 0.0

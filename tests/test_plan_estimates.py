@@ -8,7 +8,7 @@ from _plan_recipes import seeds_recipe, tiny_recipe
 from dflashx.plan.context import build_context
 from dflashx.resolve import resolve
 from dflashx.plan.estimates.device import CALIBRATED_SERVING
-from dflashx.plan.estimates.memory import zero_model_state_bytes
+from dflashx.resolve.memory import zero_model_state_bytes
 from dflashx.plan.estimates.training import sample_lengths
 from dflashx.plan.plan import make_plan
 from dflashx.resolve.flops import target_forward_flops

@@ -31,8 +31,18 @@ def training_fits(ctx: PlanContext) -> Iterable[Finding]:
         yield error("train_memory", "stages.train.micro_batch",
                     f"training needs about {human_bytes(need)} per GPU ({_parts(ctx.memory['train'].parts)}) "
                     f"but {hw.gpu.name} has {human_bytes(have)}",
-                    "lower stages.train.micro_batch, raise stages.train.zero_stage, shorten "
+                    _sharding_fix(ctx) + "lower stages.train.micro_batch, raise stages.train.zero_stage, shorten "
                     "stages.train.anchors_per_seq, or use a profile with more GPU memory")
+
+
+def _sharding_fix(ctx: PlanContext) -> str:
+    """The first fix when the target is held whole: shard it over the node (or get GPUs to shard over)."""
+    train = ctx.recipe.stages.train
+    if train.mode != "online" or train.target_sharding == "zero3":
+        return ""
+    if train.world_size > 1:
+        return "shard the target over the node's GPUs (stages.train.shard_target: always, or auto), "
+    return "shard the target over several GPUs (a profile with more GPUs, stages.train.shard_target: auto), "
 
 
 def _parts(parts: dict[str, float]) -> str:

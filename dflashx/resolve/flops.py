@@ -5,7 +5,9 @@ MFU, calibration, the benchmark) is computed here. FLOPs are counted from the ar
 shapes (2 per multiply-add), never from module parameters, so a target converted to FP8 (whose
 weights live in buffers) counts the same as in bf16.
 
-  target   forward up to the deepest tapped layer: 2 x params(layers 0..deepest) per token, plus
+  target   forward up to the deepest tapped layer: 2 x active params(layers 0..deepest) per token
+           (an MoE layer counts its router, shared experts and the top-k routed experts a token
+           runs through, not the idle ones: Fedus et al. 2022, Switch Transformer, sec. 2), plus
            causal softmax attention (QK^T and AV: 4 x heads x head_dim per visible pair) in its
            attention layers (Gated DeltaNet layers count their projections only); with the
            target's argmax as labels (`stages.train.labels: target`) every layer, and its LM head
@@ -73,7 +75,7 @@ def target_forward_flops(facts: TargetFacts, deepest: int, lengths: Sequence[flo
     """Forward FLOPs of target layers 0..deepest over sequences of `lengths` tokens."""
     attention_layers = sum(t != "linear_attention" for t in facts.types[: deepest + 1])
     width = facts.num_attention_heads * facts.head_dim
-    return (2.0 * facts.params_through_layer(deepest) * sum(lengths)
+    return (2.0 * facts.params_through_layer(deepest, active=True) * sum(lengths)
             + 4.0 * width * causal_pairs(lengths) * attention_layers)
 
 

@@ -4,9 +4,11 @@ What it fills in, and from what:
   drafter      target_layer_ids (spread over the target's layers unless given), mask_token_id
                (the recipe's, else the target's), layer_types (all full attention unless given),
                the shapes the drafter shares with the target (hidden, heads, head_dim, vocab) and
-               its FFN width (the target's unless given);
+               its FFN width (the target's unless given; `TargetFacts.dense_ffn_width`: a drafter
+               is dense, for an MoE target as wide as the FFN a token runs through);
   train        micro_batch and zero_stage (the recipe's, else `default_micro_batch` and
-               `default_zero_stage` below), world_size (one process per GPU; `gpus_per_node`
+               `default_zero_stage` below; with the target sharded, the largest micro batch that
+               fits), target_sharding (`dflashx.resolve.sharding`), world_size (one process per GPU; `gpus_per_node`
                processes on a CPU profile, at least 1),
                grad_accum = ceil(global_batch / (micro_batch x world)), loss_gamma, max_length
                (tokenize.max_length unless given), precision (bf16 on GPUs unless the target is
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import math
 
-from dflashx.config.fields import PRECISION_BYTES
 from dflashx.config.schema import DrafterSpec, GenerateStage, HardwareProfile, Recipe, TargetSpec, TrainStage
 from dflashx.resolve.deepspeed import deepspeed_config, launch_argv, target_shard_config
 from dflashx.resolve.formulas import loss_gamma, muon_lr, spread_layer_ids
@@ -38,6 +39,7 @@ from dflashx.resolve.model import (
     ResolvedDeploy, ResolvedDrafter, ResolvedGenerateStage, ResolvedRecipe, ResolvedStages, ResolvedTarget, ResolvedTrainStage,
 )
 from dflashx.resolve.serving import context_length, resolve_serving
+from dflashx.resolve.sharding import sharded_micro_batch, target_sharding
 from dflashx.resolve.speculative import expected_drafter_acceptance, expected_tau, tau_source
 from dflashx.resolve.suites import resolve_eval
 from dflashx.targets.registry import TargetFacts
@@ -98,7 +100,7 @@ def _drafter(recipe: Recipe, facts: TargetFacts) -> ResolvedDrafter:
         "target_layer_ids": ids,
         "mask_token_id": mask,
         "layer_types": list(d.layer_types) if d.layer_types else ["full_attention"] * d.num_layers,
-        "intermediate_size": d.intermediate_size or facts.intermediate_size,
+        "intermediate_size": d.intermediate_size or facts.dense_ffn_width,
         "hidden_size": facts.hidden_size,
         "num_attention_heads": facts.num_attention_heads,
         "num_key_value_heads": facts.num_kv_heads,
@@ -107,31 +109,23 @@ def _drafter(recipe: Recipe, facts: TargetFacts) -> ResolvedDrafter:
     })
 
 
-def target_sharding(recipe: Recipe, facts: TargetFacts, load_precision: str) -> str:
-    """`zero3` when the recipe forces it, or (`auto`) when the online target's weights alone exceed one GPU."""
-    choice, gpu = recipe.stages.train.shard_target, recipe.hardware.gpu
-    if choice != "auto":
-        return "zero3" if choice == "always" else "none"
-    if gpu is None or recipe.stages.train.mode != "online":
-        return "none"
-    return "zero3" if facts.total_params * PRECISION_BYTES[load_precision] > gpu.memory_gb * 1e9 else "none"
-
-
-def _train(recipe: Recipe, facts: TargetFacts, block_size: int, load_precision: str) -> ResolvedTrainStage:
+def _train(recipe: Recipe, facts: TargetFacts, drafter: ResolvedDrafter, load_precision: str) -> ResolvedTrainStage:
     train, hw = recipe.stages.train, recipe.hardware
     world = world_size(hw)
     micro = train.micro_batch or default_micro_batch(hw)
     zero = train.zero_stage if train.zero_stage is not None else default_zero_stage(world)
+    sharding = target_sharding(recipe, facts, drafter.dims, load_precision, world, zero, micro)
+    if sharding == "zero3" and train.micro_batch is None:
+        micro = sharded_micro_batch(recipe, facts, drafter.dims, load_precision, world, zero)
     accum = max(1, math.ceil(train.global_batch / (micro * world)))
     on_gpu = hw.gpu is not None
     bf16 = on_gpu and recipe.target.precision != "fp32"
     peak = hw.gpu.bf16_tflops * 1e12 if hw.gpu is not None else hw.cpu_tflops * 1e12
-    sharding = target_sharding(recipe, facts, load_precision)
     return ResolvedTrainStage(**{
         **train.model_dump(include=set(TrainStage.model_fields)),
         "micro_batch": micro,
         "zero_stage": zero,
-        "loss_gamma": train.loss_gamma or loss_gamma(block_size),
+        "loss_gamma": train.loss_gamma or loss_gamma(drafter.block_size),
         "max_length": train.max_length or recipe.stages.tokenize.max_length,
         "world_size": world,
         "target_sharding": sharding,
@@ -171,8 +165,7 @@ def _deploy(recipe: Recipe) -> ResolvedDeploy:
 def resolve(recipe: Recipe, facts: TargetFacts) -> ResolvedRecipe:
     """The recipe with every derived value filled in (see the module docstring)."""
     drafter, target = _drafter(recipe, facts), _target(recipe, facts)
-    stages = ResolvedStages(**{**dict(recipe.stages), "train": _train(recipe, facts, drafter.block_size,
-                                                                        target.load_precision),
+    stages = ResolvedStages(**{**dict(recipe.stages), "train": _train(recipe, facts, drafter, target.load_precision),
                                "generate": _generate(recipe, facts), "eval": resolve_eval(recipe.stages.eval)})
     return ResolvedRecipe(**{**dict(recipe), "target": target, "drafter": drafter, "stages": stages,
                              "deploy": _deploy(recipe)})

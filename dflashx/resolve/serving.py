@@ -21,6 +21,7 @@ from dflashx.config.schema import HardwareProfile, Recipe
 from dflashx.resolve.model import ResolvedServing, ResolvedSpeculative
 from dflashx.resolve.speculative import MTP_QWEN36, mtp_acceptance
 from dflashx.targets.registry import TargetFacts
+from dflashx.targets.target_facts import WEIGHT_FORMAT_BITS
 
 NVLINK_CLASS_GBS = 100.0
 KV_ELEM_BYTES = {"bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}  # SGLang --kv-cache-dtype, bytes per element
@@ -33,13 +34,24 @@ def kv_elem_bytes(kv_cache_dtype: str, weight_dtype: str) -> int:
     return 4 if weight_dtype == "fp32" else 2
 
 
+def expert_elem_bytes(facts: TargetFacts, weight_dtype: str) -> float:
+    """Bytes per routed-expert weight as served: the checkpoint's own expert format when it is the
+    narrower one (gpt-oss's MXFP4 experts, which SGLang serves as published), else `weight_dtype`."""
+    served = PRECISION_BYTES[weight_dtype]
+    if facts.expert_weight_format is None:
+        return served
+    return min(served, WEIGHT_FORMAT_BITS[facts.expert_weight_format] / 8)
+
+
 def served_weight_bytes(facts: TargetFacts, weight_dtype: str) -> float:
-    """Bytes the servers hold: decoder-layer weights at `weight_dtype`; embeddings, LM head and the
-    rest of the checkpoint (vision tower, MTP layer) stay 16-bit (32-bit for fp32), as the FP8
-    checkpoints ship them."""
+    """Bytes the servers hold: decoder-layer weights at `weight_dtype` (routed experts at
+    `expert_elem_bytes`); embeddings, LM head and the rest of the checkpoint (vision tower, MTP
+    layer) stay 16-bit (32-bit for fp32), as the FP8 checkpoints ship them."""
     decoder = facts.params_through_layer(facts.num_layers - 1)
     rest = max(facts.total_params - decoder, 0)
-    return decoder * PRECISION_BYTES[weight_dtype] + rest * (4 if weight_dtype == "fp32" else 2)
+    experts = facts.routed_expert_params
+    return ((decoder - experts) * PRECISION_BYTES[weight_dtype] + experts * expert_elem_bytes(facts, weight_dtype)
+            + rest * (4 if weight_dtype == "fp32" else 2))
 
 
 def one_sequence_bytes(facts: TargetFacts, kv_bytes: float, context: float) -> float:

@@ -45,14 +45,20 @@ def _added_tokens(folder: Path) -> dict[str, int]:
     return found
 
 
+# How a chat template shows a thinking/reasoning channel: Qwen3's `enable_thinking` switch, gpt-oss
+# harmony's `<|channel|>` (its `analysis` channel carries the reasoning).
+THINKING_MARKS = ("enable_thinking", "<|channel|>")
+
+
 def _with_template(facts: TargetFacts, target: TargetSpec) -> TargetFacts:
-    """From a local target's chat template: whether it has a thinking mode (`enable_thinking`) and
+    """From a local target's chat template: whether it has a thinking/reasoning channel and
     which special tokens it writes (a mask token must not be one of them)."""
     for folder in (Path(p) for p in (target.tokenizer, target.model) if p):
         template = _chat_template(folder)
         if template is not None:
             emitted = sorted(i for text, i in _added_tokens(folder).items() if text in template)
-            return facts.model_copy(update={"thinking": "enable_thinking" in template, "template_token_ids": emitted})
+            return facts.model_copy(update={"thinking": any(mark in template for mark in THINKING_MARKS),
+                                            "template_token_ids": emitted})
     return facts
 
 

@@ -1,142 +1,44 @@
 """Known target architectures: the facts the planner needs, without downloading anything.
 
-`TargetFacts` describes a decoder-only target: its layer stack (full, sliding or linear
-attention), head geometry, FFN and vocabulary sizes, and the per-sequence state a server keeps
-(KV cache for attention layers, a fixed recurrent state for Gated DeltaNet layers). Sources of
-every registered number are listed in docs/planner.md. Pure data: no torch, no I/O.
+Each entry copies its model's published config.json (the text stack); sources, mask-token picks
+and published parameter counts are listed in docs/planner.md. Pure data: no torch, no I/O.
 """
 
-# No `from __future__ import annotations` here: pydantic would evaluate every field's string
-# annotation when the class is created, which `dflashx plan`'s start-up pays (benchmarks/cli_latency.py).
+from dflashx.targets.target_facts import LayerType, TargetFacts
 
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-LayerType = Literal["full_attention", "sliding_attention", "linear_attention"]
-
-
-class TargetFacts(BaseModel):
-    """Architecture facts of one target model (text stack only)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(description="HF id or builtin name these facts describe.")
-    model_type: str = Field(description="transformers model_type of the text stack, e.g. qwen3, qwen3_5_text.")
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    num_attention_heads: int = Field(ge=1)
-    num_kv_heads: int = Field(ge=1)
-    head_dim: int = Field(ge=1)
-    intermediate_size: int = Field(ge=1)
-    vocab_size: int = Field(ge=1)
-    max_position_embeddings: int = Field(ge=1)
-    layer_types: list[LayerType] = Field(default_factory=list, description="Empty = all full attention.")
-    attn_output_gate: bool = Field(False, description="q_proj also produces a sigmoid output gate (qwen3_5).")
-    tie_word_embeddings: bool = False
-    sliding_window: int | None = None
-    mtp_layers: int = Field(0, ge=0, description="Multi-token-prediction layers shipped with the checkpoint.")
-    num_params: int | None = Field(None, ge=1, description="Published parameter count; default: computed.")
-    mask_token_id: int | None = Field(None, description="An unused embedding row DFlash can use as [MASK].")
-    thinking: bool = Field(True, description="The chat template has a thinking mode (`enable_thinking`).")
-    template_token_ids: list[int] = Field(
-        default_factory=list, description="Special tokens the chat template emits (a mask token must be none of them).")
-    # Gated DeltaNet (linear attention) geometry; zero when the model has no linear layers.
-    linear_num_key_heads: int = 0
-    linear_num_value_heads: int = 0
-    linear_key_head_dim: int = 0
-    linear_value_head_dim: int = 0
-    linear_conv_kernel_dim: int = 0
-    recurrent_state_bytes_per_elem: int = Field(4, description="SSM state dtype size (fp32 in SGLang/transformers).")
-
-    @model_validator(mode="after")
-    def _layer_types_match(self) -> "TargetFacts":
-        if self.layer_types and len(self.layer_types) != self.num_layers:
-            raise ValueError(
-                f"layer_types has {len(self.layer_types)} entries but num_layers is {self.num_layers}"
-            )
-        return self
-
-    # ------------------------------------------------------------------ layer stack
-
-    @property
-    def types(self) -> list[str]:
-        return list(self.layer_types) or ["full_attention"] * self.num_layers
-
-    @property
-    def num_kv_layers(self) -> int:
-        """Layers that keep a KV cache (full or sliding attention)."""
-        return sum(t != "linear_attention" for t in self.types)
-
-    @property
-    def num_linear_layers(self) -> int:
-        return sum(t == "linear_attention" for t in self.types)
-
-    # ------------------------------------------------------------------ per-sequence state
-
-    def kv_bytes_per_token(self, elem_bytes: float) -> float:
-        """K and V of every attention layer for one token."""
-        return 2 * self.num_kv_layers * self.num_kv_heads * self.head_dim * elem_bytes
-
-    @property
-    def recurrent_state_bytes(self) -> int:
-        """Fixed per-sequence state of the linear-attention layers: SSM state (fp32) + conv state (bf16)."""
-        ssm = self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
-        conv = self._linear_conv_dim * max(self.linear_conv_kernel_dim - 1, 0)
-        return self.num_linear_layers * (ssm * self.recurrent_state_bytes_per_elem + conv * 2)
-
-    @property
-    def _linear_conv_dim(self) -> int:
-        return (2 * self.linear_num_key_heads * self.linear_key_head_dim
-                + self.linear_num_value_heads * self.linear_value_head_dim)
-
-    # ------------------------------------------------------------------ parameters
-
-    @property
-    def attention_params(self) -> int:
-        """q/k/v/o projections of one full-attention layer."""
-        q_out = self.num_attention_heads * self.head_dim
-        q = self.hidden_size * q_out * (2 if self.attn_output_gate else 1)
-        kv = 2 * self.hidden_size * self.num_kv_heads * self.head_dim
-        return q + kv + q_out * self.hidden_size
-
-    @property
-    def linear_attention_params(self) -> int:
-        """Gated DeltaNet projections of one linear-attention layer (qkv, z, a, b, out, conv)."""
-        v_dim = self.linear_num_value_heads * self.linear_value_head_dim
-        in_proj = self.hidden_size * (self._linear_conv_dim + v_dim + 2 * self.linear_num_value_heads)
-        conv = self._linear_conv_dim * self.linear_conv_kernel_dim
-        return in_proj + conv + v_dim * self.hidden_size
-
-    @property
-    def mlp_params(self) -> int:
-        return 3 * self.hidden_size * self.intermediate_size
-
-    def layer_params(self, index: int) -> int:
-        mixer = self.linear_attention_params if self.types[index] == "linear_attention" else self.attention_params
-        return mixer + self.mlp_params
-
-    def params_through_layer(self, last_layer: int) -> int:
-        """Non-embedding parameters of layers 0..last_layer (inclusive)."""
-        return sum(self.layer_params(i) for i in range(min(last_layer + 1, self.num_layers)))
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
-
-    @property
-    def total_params(self) -> int:
-        """Published count when known (checkpoint incl. MTP/vision), else computed from the dims."""
-        if self.num_params is not None:
-            return self.num_params
-        return self.params_through_layer(self.num_layers - 1) + self.embedding_params
+__all__ = ["ALIASES", "BUILTIN", "REGISTRY", "LayerType", "TargetFacts", "lookup"]
 
 
 def _qwen3_5_types(num_layers: int, interval: int = 4) -> list[LayerType]:
     return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
 
 
-_QWEN3 = {"model_type": "qwen3", "vocab_size": 151_936, "max_position_embeddings": 40_960, "mask_token_id": 151_669}
+_QWEN3 = {"model_type": "qwen3", "vocab_size": 151_936, "max_position_embeddings": 40_960, "mask_token_id": 151_669,
+          "qk_norm": True}
+# Qwen3 MoE (config.json of Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B): 128 experts, top-8,
+# decoder_sparse_step 1 and no mlp_only_layers, so every layer is MoE; Qwen3's tokenizer.
+_QWEN3_MOE = {**_QWEN3, "model_type": "qwen3_moe", "head_dim": 128, "num_kv_heads": 4, "num_experts": 128,
+              "num_experts_per_tok": 8}
+# gpt-oss (config.json of openai/gpt-oss-120b / -20b): 64 heads of 64, 8 KV heads, alternating
+# sliding (128) / full attention from layer 0, biases, sinks, top-4 of the experts, MXFP4 experts
+# (`quantization_config.quant_method: mxfp4`). Mask: <|reserved_200000|> (id 200000), the first
+# reserved special token of the o200k_harmony encoding (openai/harmony
+# src/tiktoken_ext/public_encodings.rs), which the harmony chat template never writes.
+_GPT_OSS = {"model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 64, "num_kv_heads": 8,
+            "head_dim": 64, "intermediate_size": 2880, "moe_intermediate_size": 2880, "vocab_size": 201_088,
+            "max_position_embeddings": 131_072, "sliding_window": 128, "attention_bias": True,
+            "attention_sinks": True, "moe_bias": True, "num_experts_per_tok": 4, "expert_weight_format": "mxfp4",
+            "mask_token_id": 200_000}
+# Llama 3.1 / 3.3 (config.json of meta-llama/Llama-3.1-8B-Instruct, Llama-3.3-70B-Instruct):
+# 128,256 vocab, 131,072 context, no thinking mode. Mask: <|reserved_special_token_0|> (id 128002,
+# tokenizer_config.json `added_tokens_decoder`), a reserved row the chat template never writes.
+_LLAMA3 = {"model_type": "llama", "num_kv_heads": 8, "head_dim": 128, "vocab_size": 128_256,
+           "max_position_embeddings": 131_072, "thinking": False, "mask_token_id": 128_002}
+
+
+def _alternating(num_layers: int) -> list[LayerType]:
+    return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+
 
 REGISTRY: dict[str, TargetFacts] = {
     facts.name: facts
@@ -145,7 +47,7 @@ REGISTRY: dict[str, TargetFacts] = {
             name="Qwen/Qwen3.6-27B", model_type="qwen3_5_text", num_layers=64, hidden_size=5120,
             num_attention_heads=24, num_kv_heads=4, head_dim=256, intermediate_size=17_408,
             vocab_size=248_320, max_position_embeddings=262_144, layer_types=_qwen3_5_types(64),
-            attn_output_gate=True, mtp_layers=1, num_params=27_800_000_000, mask_token_id=248_070,
+            attn_output_gate=True, qk_norm=True, mtp_layers=1, num_params=27_800_000_000, mask_token_id=248_070,
             linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
             linear_value_head_dim=128, linear_conv_kernel_dim=4,
         ),
@@ -157,6 +59,27 @@ REGISTRY: dict[str, TargetFacts] = {
             name="Qwen/Qwen3-32B", num_layers=64, hidden_size=5120, num_attention_heads=64, num_kv_heads=8,
             head_dim=128, intermediate_size=25_600, num_params=32_800_000_000, **_QWEN3,
         ),
+        TargetFacts(
+            name="Qwen/Qwen3.6-35B-A3B", model_type="qwen3_5_moe_text", num_layers=40, hidden_size=2048,
+            num_attention_heads=16, num_kv_heads=2, head_dim=256, intermediate_size=0, vocab_size=248_320,
+            max_position_embeddings=262_144, layer_types=_qwen3_5_types(40), attn_output_gate=True, qk_norm=True,
+            mtp_layers=1, mask_token_id=248_070, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+            num_shared_experts=1, shared_expert_intermediate_size=512, shared_expert_gate=True,
+            linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+            linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        ),
+        TargetFacts(name="Qwen/Qwen3-30B-A3B", num_layers=48, hidden_size=2048, num_attention_heads=32,
+                    intermediate_size=6144, moe_intermediate_size=768, **_QWEN3_MOE),
+        TargetFacts(name="Qwen/Qwen3-235B-A22B", num_layers=94, hidden_size=4096, num_attention_heads=64,
+                    intermediate_size=12_288, moe_intermediate_size=1536, **_QWEN3_MOE),
+        TargetFacts(name="openai/gpt-oss-120b", num_layers=36, layer_types=_alternating(36), num_experts=128,
+                    **_GPT_OSS),
+        TargetFacts(name="openai/gpt-oss-20b", num_layers=24, layer_types=_alternating(24), num_experts=32,
+                    **_GPT_OSS),
+        TargetFacts(name="meta-llama/Llama-3.1-8B-Instruct", num_layers=32, hidden_size=4096,
+                    num_attention_heads=32, intermediate_size=14_336, **_LLAMA3),
+        TargetFacts(name="meta-llama/Llama-3.3-70B-Instruct", num_layers=80, hidden_size=8192,
+                    num_attention_heads=64, intermediate_size=28_672, **_LLAMA3),
     )
 }
 
@@ -168,6 +91,14 @@ ALIASES: dict[str, str] = {
     "Qwen/Qwen3.5-27B": "Qwen/Qwen3.6-27B",
     "qwen3-8b": "Qwen/Qwen3-8B",
     "qwen3-32b": "Qwen/Qwen3-32B",
+    "qwen3.6-35b-a3b": "Qwen/Qwen3.6-35B-A3B",
+    "Qwen/Qwen3.5-35B-A3B": "Qwen/Qwen3.6-35B-A3B",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+    "gpt-oss-120b": "openai/gpt-oss-120b",
+    "gpt-oss-20b": "openai/gpt-oss-20b",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama-3.3-70b": "meta-llama/Llama-3.3-70B-Instruct",
 }
 
 BUILTIN_PREFIX = "builtin:"
@@ -183,7 +114,8 @@ def _tiny(name: str, linear: bool) -> TargetFacts:
     return TargetFacts(**{
         "name": name, "model_type": "qwen3", "num_layers": 6, "hidden_size": 192, "num_attention_heads": 6,
         "num_kv_heads": 2, "head_dim": 32, "intermediate_size": 512, "vocab_size": 1024,
-        "max_position_embeddings": 1024, "layer_types": ["full_attention"] * 6, "mask_token_id": 5, **extra,
+        "max_position_embeddings": 1024, "layer_types": ["full_attention"] * 6, "mask_token_id": 5,
+        "qk_norm": True, **extra,
     })
 
 

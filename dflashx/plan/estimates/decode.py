@@ -3,9 +3,11 @@ overhead and the TP all-reduce (the primitives of `generation.py` and `speculati
 
 A forward of `tokens` tokens for each of `batch` running sequences (1 for plain decode; the verified
 tokens for a speculative verify) reads
-  bytes = decoder weights (served dtype) + LM head (16-bit)
+  bytes = decoder weights (served dtype; of an MoE layer, the experts the batch x tokens routed
+          tokens touch: E (1 - (1 - k/E)^n), `TargetFacts.expected_experts_touched`) + LM head (16-bit)
           + batch x (KV bytes/token x mean context + state passes x linear-attention state)
-and computes batch x tokens x (2 x matmul parameters + 4 x context x heads x head_dim x attention layers).
+and computes batch x tokens x (2 x active matmul parameters + 4 x context x heads x head_dim x attention
+layers). MoE targets use the same engine constants as dense ones.
   roofline(dtype) = max(bytes / (bandwidth x tp x copy share), FLOPs / (peak x tp x GEMM share))
   step            = roofline(served) + roofline(16-bit) x (1 / decode share - 1) + TP all-reduce
 The engine's decode share was measured with 16-bit weights: what it stands for beyond the roofline
@@ -24,12 +26,14 @@ from dflashx.plan.estimates.engine import (
 from dflashx.plan.estimates.serving import Batch
 from dflashx.resolve.flops import target_forward_flops
 from dflashx.resolve.model import ResolvedRecipe
+from dflashx.resolve.serving import expert_elem_bytes
 from dflashx.targets.registry import TargetFacts
 
 
 def matmul_params(facts: TargetFacts) -> int:
-    """Parameters multiplied per decoded token: every layer plus the LM head (embedding lookup is free)."""
-    return facts.params_through_layer(facts.num_layers - 1) + facts.vocab_size * facts.hidden_size
+    """Parameters multiplied per decoded token: every layer (of an MoE layer, the top-k experts) plus
+    the LM head (embedding lookup is free)."""
+    return facts.params_through_layer(facts.num_layers - 1, active=True) + facts.vocab_size * facts.hidden_size
 
 
 def flops_per_token(facts: TargetFacts, context: float) -> float:
@@ -42,10 +46,13 @@ def head_bytes(facts: TargetFacts, weight_dtype: str) -> float:
     return facts.vocab_size * facts.hidden_size * (4 if weight_dtype == "fp32" else 2)
 
 
-def decode_read_bytes(facts: TargetFacts, weight_dtype: str) -> float:
-    """Weights one decode step reads: decoder layers at the served dtype, the LM head at 16 bits."""
-    return facts.params_through_layer(facts.num_layers - 1) * PRECISION_BYTES[weight_dtype] + head_bytes(
-        facts, weight_dtype)
+def decode_read_bytes(facts: TargetFacts, weight_dtype: str, routed_tokens: float = 1.0) -> float:
+    """Weights one forward of `routed_tokens` tokens reads: decoder layers at the served dtype (an MoE
+    layer's touched experts only, at `expert_elem_bytes`), the LM head at 16 bits."""
+    read = facts.decoder_params_read(routed_tokens)
+    experts = facts.num_moe_layers * facts.expected_experts_touched(routed_tokens) * facts.expert_params
+    return ((read - experts) * PRECISION_BYTES[weight_dtype] + experts * expert_elem_bytes(facts, weight_dtype)
+            + head_bytes(facts, weight_dtype))
 
 
 def sixteen_bit(weight_dtype: str) -> str:
@@ -99,7 +106,7 @@ def target_roofline(recipe: ResolvedRecipe, dev: Device, b: Batch, dtype: str, t
     served); each sequence's linear-attention state is moved `state_passes` times (read + write: 2)."""
     batch, context, kv = max(b.value, 1), b.mean_context, b.kv_elem_bytes
     facts = recipe.target.facts
-    step_bytes = decode_read_bytes(facts, dtype) + batch * (
+    step_bytes = decode_read_bytes(facts, dtype, batch * tokens) + batch * (
         facts.kv_bytes_per_token(kv) * context + state_passes * facts.recurrent_state_bytes)
     return roofline(recipe, dev, step_bytes, batch * tokens * flops_per_token(facts, context), dtype)
 
@@ -153,7 +160,7 @@ def prefill(recipe: ResolvedRecipe, dev: Device, prompt: float, dtype: str, shar
     tp = recipe.stages.generate.serving.tp if recipe.hardware.gpu is not None else 1
     ref = sixteen_bit(dtype)
     rate_ref = dev.peak_flops(ref) * tp * gemm(recipe, ref)
-    weight_flops = 2.0 * facts.params_through_layer(facts.num_layers - 1) * prompt
+    weight_flops = 2.0 * facts.params_through_layer(facts.num_layers - 1, active=True) * prompt
     total_ref = (target_forward_flops(facts, facts.num_layers - 1, [prompt]) + extra_flops) / (rate_ref * share)
     other = total_ref - weight_flops / rate_ref + fixed_s
     return Prefill(weight_flops / (dev.peak_flops(dtype) * tp * gemm(recipe, dtype)), other)

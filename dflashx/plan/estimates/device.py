@@ -44,7 +44,3 @@ def factor(profile: HardwareProfile, key: str, default: float) -> tuple[float, b
         return profile.calibrated[key], True
     return default, False
 
-
-def activation_bytes(dtype: str) -> int:
-    """Bytes of one activation element: fp32 stays fp32, everything else computes in 16 bits."""
-    return 4 if dtype == "fp32" else 2

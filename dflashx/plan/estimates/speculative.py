@@ -6,8 +6,9 @@ block), then one target forward verifying `verify_tokens` tokens per sequence. P
   verify  = the target step (decode.py) over verify_tokens tokens per sequence; with linear-attention
             layers each sequence's state is read once and written per verified token (SGLang keeps one
             state per draft token to roll back to) and once more when the accepted one is kept
-  draft   = forwards x (roofline of the draft's weights (16-bit) + LM head + b x its KV at the context,
-            and its FLOPs) + the engine overhead at the same decode share as the target's
+  draft   = forwards x (roofline of the draft's weights (16-bit; of an MoE MTP layer, the experts the
+            batch's draft tokens touch, as decode.py) + LM head + b x its KV at the context, and its
+            FLOPs) + the engine overhead at the same decode share as the target's
   tau     = 1 + sum of the acceptance shares of the drafted positions (resolve.speculative)
   tokens/s per replica = O / (O x (verify + draft) / (b x tau) + prefill), prefill with the draft's own
             pass over the prompt, against O / (O x step / b + prefill) without it.
@@ -56,22 +57,28 @@ class Drafter:
     verify_tokens: int
     drafts: int
     memory: SpecMemory
+    moe_layers: int = 0  # draft layers with routed experts: their touched experts are read per forward
 
 
 def mtp_drafter(recipe: ResolvedRecipe) -> Drafter:
     """The target's MTP head as SGLang runs it (EAGLE worker): num_steps forwards of the MTP layers
-    (one full-attention decoder layer + `fc` over [embedding, hidden], 2 h^2) and the shared LM head."""
+    (one full-attention decoder layer, with the target's MoE feed-forward when it has one, + `fc` over
+    [embedding, hidden], 2 h^2) and the shared LM head. `params` counts a token's active weights
+    (FLOPs); the weights read leave the routed experts to `draft_step`."""
     facts, spec = recipe.target.facts, recipe.stages.generate.serving.speculative
-    layer = facts.attention_params + facts.mlp_params + 2 * facts.hidden_size**2
+    ffn = facts.moe_ffn_params(active=True) if facts.is_moe else facts.mlp_params
+    layer = facts.attention_params + ffn + 2 * facts.hidden_size**2
     params = facts.mtp_layers * layer
+    routed = facts.mtp_layers * facts.num_experts_per_tok * facts.expert_params
     head = facts.vocab_size * facts.hidden_size
     width = facts.num_attention_heads * facts.head_dim
     kv = kv_elem_bytes(recipe.stages.generate.serving.kv_cache_dtype, recipe.stages.generate.serving.weight_dtype)
     kv_per_token = 2 * facts.mtp_layers * facts.num_kv_heads * facts.head_dim * kv
     return Drafter("mtp", spec.num_steps, spec.eagle_topk, facts.mtp_layers,
-                   params * 2 + head_bytes(facts, "bf16"), 2.0 * (params + head), 4.0 * width * facts.mtp_layers,
-                   kv_per_token, None, 0.0, 2.0 * params, spec.num_draft_tokens, spec.num_steps,
-                   SpecMemory(0.0, kv_per_token, spec.num_draft_tokens))
+                   (params - routed) * 2 + head_bytes(facts, "bf16"), 2.0 * (params + head),
+                   4.0 * width * facts.mtp_layers, kv_per_token, None, 0.0, 2.0 * params, spec.num_draft_tokens,
+                   spec.num_steps, SpecMemory(0.0, kv_per_token, spec.num_draft_tokens),
+                   facts.mtp_layers if facts.is_moe else 0)
 
 
 def dflash_drafter(recipe: ResolvedRecipe, dims: DrafterDims, block_size: int, window: int | None,
@@ -94,7 +101,9 @@ def draft_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, d:
     """One draft forward for the batch, in 16 bits, with the engine overhead of its decode share."""
     batch = max(b.value, 1)
     context = min(b.mean_context, d.context_cap) if d.context_cap else b.mean_context
-    step_bytes = d.weight_bytes + batch * d.kv_bytes_per_context * context
+    facts = recipe.target.facts
+    experts = d.moe_layers * facts.expected_experts_touched(batch * d.tokens) * facts.expert_params * 2
+    step_bytes = d.weight_bytes + experts + batch * d.kv_bytes_per_context * context
     flops = batch * (d.tokens * (d.flops_per_token + d.attention_flops_per_context * context)
                      + d.cycle_flops / d.forwards)
     r = roofline(recipe, dev, step_bytes, flops, sixteen_bit(recipe.stages.generate.serving.weight_dtype))

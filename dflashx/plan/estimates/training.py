@@ -8,9 +8,10 @@ context tokens, n x (B - 1) supervised slots and the block attention pairs of an
 evenly over the completion. The trainer logs its MFU with the same functions on the real lengths;
 the planner averages them over `QUADRATURE` equal-probability lengths of the output distribution
 (so the attention terms see E[L^2], not the square of the mean).
-Time = FLOPs x sequences / (peak x GPUs x MFU) + optimizer steps x gradient sync (`gradsync.py`).
-MFU: `hardware.calibrated.training_mfu` (measured on this node, all-reduce included: the sync is
-then not added again), else the cited table row (`mfu.py`).
+Time = FLOPs x sequences / (peak x GPUs x MFU) + optimizer steps x gradient sync (`gradsync.py`)
++ micro steps x the sharded target's all-gather (`gather.py`; zero without sharding).
+MFU: `hardware.calibrated.training_mfu` (measured on this node, all-reduce and gathers included:
+they are then not added again), else the cited table row (`mfu.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 from dflashx.plan.estimates.device import CALIBRATED_MFU, device_of, factor
+from dflashx.plan.estimates.gather import target_gather
 from dflashx.plan.estimates.gradsync import grad_sync
 from dflashx.plan.estimates.lengths import Lengths
 from dflashx.plan.estimates.mfu import mfu_row
@@ -79,8 +81,10 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
     mfu, calibrated = factor(hw, CALIBRATED_MFU, row.mfu)
     sync = grad_sync(recipe, drafter.trainable)
     sync_s = 0.0 if calibrated else sync.seconds * steps
+    gather = target_gather(recipe)
+    gather_s = 0.0 if calibrated else gather.seconds_per_micro_step * steps * train.grad_accum
     compute_s = total / (train.peak_flops * dev.count * mfu)
-    seconds = compute_s + sync_s
+    seconds = compute_s + sync_s + gather_s
     mfu_source = (f"measured on this node: hardware.calibrated.training_mfu (includes the gradient sync)" if calibrated
                   else f"{row.generation}/{row.precision}/{row.kind}: {row.source}"
                   + (f" — borrowed: {row.borrowed}" if row.borrowed else ""))
@@ -101,9 +105,11 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
         term("train.steps", steps, "optimizer steps", "max_steps, else ceil(samples x epochs / global_batch)",
              samples=tokens.samples, epochs=train.epochs, global_batch=train.global_batch),
         sync.term,
+        gather.term,
         term("train.seconds", seconds, "s",
-             "FLOPs per sample x sequences / (peak x GPUs x MFU) + steps x gradient sync",
+             "FLOPs per sample x sequences / (peak x GPUs x MFU) + steps x gradient sync"
+             " + steps x grad_accum x target gather",
              sequences=sequences, peak_flops=train.peak_flops, gpus=dev.count, mfu=mfu, mfu_source=mfu_source,
-             compute_s=compute_s, grad_sync_s=sync_s, calibrated=calibrated),
+             compute_s=compute_s, grad_sync_s=sync_s, target_gather_s=gather_s, calibrated=calibrated),
     )
     return Training(drafter, steps, dtoks, total, seconds, terms)
