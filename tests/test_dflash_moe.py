@@ -53,6 +53,29 @@ def test_moe_capture_stops_after_the_deepest_tapped_layer(moe):
     assert calls == [1, 1, 0, 0]
 
 
+def test_mfu_counts_the_active_parameters_the_forward_runs(moe, tmp_path):
+    """The FLOPs the trainer's MFU divides (`step_flops` -> `resolve.flops.target_pass_flops`, with the
+    facts the trainer is given) count, per target token, 2 x the parameters a token passes through:
+    every non-expert weight of layers 0..deepest and top-k / E of the routed experts' weights, read
+    off the live model. The parameter term is linear in length and attention quadratic, so
+    F(1) = 2a + c and F(2) = 4a + 3c give a = (3 F(1) - F(2)) / 2."""
+    from dflashx.resolve.flops import target_pass_flops
+
+    folder, model = moe
+    job = train_job(tmp_path / "s", tmp_path / "d", folder, drafter={"target_layer_ids": [0, 2]})
+    layers = find_decoder_layers(model)[: max(job.drafter.target_layer_ids) + 1]
+    routed = sum(p.numel() for n, p in layers.named_parameters() if ".experts." in n)
+    rest = sum(p.numel() for n, p in layers.named_parameters() if ".experts." not in n)
+    experts = getattr(model.config, "num_experts", None) or model.config.num_local_experts
+    live_active = rest + routed * model.config.num_experts_per_tok / experts
+
+    def flops(length: int) -> float:
+        return target_pass_flops(job.target.facts, job.drafter.target_layer_ids, "data", [length], 0)
+
+    assert (3 * flops(1) - flops(2)) / 2 == pytest.approx(live_active, rel=1e-9)
+    assert live_active < rest + routed  # an MoE token does not run every expert
+
+
 @pytest.mark.slow
 def test_training_steps_run_on_an_moe_target(moe, tmp_path):
     folder, _ = moe
