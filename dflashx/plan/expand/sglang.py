@@ -13,6 +13,7 @@ from typing import Any
 
 from dflashx.plan.estimates.generation import Serving
 from dflashx.resolve.model import ResolvedRecipe
+from dflashx.targets.parsers import reasoning_parser
 from dflashx.targets.registry import TargetFacts
 
 HOST = "127.0.0.1"
@@ -60,8 +61,9 @@ def server_argv(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving, host: st
         argv += mtp_flags(recipe)
     if gen.hierarchical_cache:
         argv += ["--enable-hierarchical-cache"]
-    if recipe.target.chat_template.enable_thinking and facts.model_type.startswith("qwen3"):
-        argv += ["--reasoning-parser", "qwen3"]
+    parser = reasoning_parser(facts.model_type, "sglang")
+    if recipe.target.chat_template.enable_thinking and parser:
+        argv += ["--reasoning-parser", parser]
     return argv
 
 
