@@ -3,7 +3,7 @@ CLI, ingest -> export (backup off), every stage real: transformers generation th
 routed experts, the QC gate, tokenization, online DeepSpeed training capturing the MoE target's
 tapped layers, speculative-decoding evaluation and the export for SGLang and vLLM.
 
-Kept short with overrides: 48 prompts, 12 optimizer steps, 4 eval prompts per suite. The target is
+Kept short with overrides: 48 prompts (the source capped), 12 optimizer steps, 4 eval prompts per suite. The target is
 `builtin:tiny-qwen3_moe` (the shipped tiny Qwen3 upcycled in seconds, `dflashx.tiny.moe`)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("ingest", "generate", "qc", "tokenize", "train", "eval", "export")
-FAST = ["dataset.stats.samples=48", "dataset.eval_holdout=4", "stages.train.max_steps=12",
+FAST = ["dataset.sources.0.cap=48", "dataset.stats.samples=48", "dataset.eval_holdout=4", "stages.train.max_steps=12",
         "stages.eval.num_prompts=4", "stages.eval.max_new_tokens=48", "stages.eval.baselines=[]"]
 
 pytestmark = pytest.mark.slow
