@@ -50,4 +50,5 @@ def test_tiny_moe_recipe_runs_ingest_to_export(tmp_path: Path) -> None:
     assert exported["dflash_config"]["target_model_type"] == "qwen3_moe"
     assert exported["dflash_config"]["target_layer_ids"] == resolved["drafter"]["target_layer_ids"]
     vllm = json.loads((run_dir / "export" / "drafter-vllm" / "config.json").read_text())
-    assert vllm["speculators_config"]["verifier"]["model_type"] == "qwen3_moe"
+    assert vllm["speculators_config"]["verifier"]["architectures"] == ["Qwen3MoeForCausalLM"]
+    assert vllm["target_model_type"] == "qwen3_moe"
