@@ -149,3 +149,58 @@ def test_reserved_token_is_the_mask_when_no_mask_token_exists():
     assert mask_token_from_tokenizer(harmony, None) == 200_000 == lookup("gpt-oss-20b").mask_token_id
     with_mask = {"added_tokens": [*harmony["added_tokens"], {"id": 7, "content": "<|mask|>"}]}
     assert mask_token_from_tokenizer(with_mask, None) == 7
+
+
+def test_deepseek_style_keys_first_dense_layers_and_shared_experts():
+    """`n_routed_experts`, `n_shared_experts` (width = the routed experts') and `first_k_dense_replace`."""
+    cfg = {"model_type": "glm4_moe", "num_hidden_layers": 4, "hidden_size": 16, "num_attention_heads": 2,
+           "vocab_size": 50, "intermediate_size": 40, "moe_intermediate_size": 8, "n_routed_experts": 6,
+           "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 1}
+    facts = facts_from_config(cfg)
+    assert facts.dense_layer_ids == [0] and facts.num_moe_layers == 3
+    assert (facts.num_shared_experts, facts.shared_expert_intermediate_size) == (1, 8)
+    assert facts.ffn_params(0) == 3 * 16 * 40
+    assert facts.ffn_params(1) == 6 * 3 * 16 * 8 + 3 * 16 * 8 + 6 * 16
+    assert facts.ffn_params(1, active=True) == 2 * 3 * 16 * 8 + 3 * 16 * 8 + 6 * 16
+    assert facts.dense_ffn_width == 40  # the drafter takes the dense layers' width
+
+
+# The text-stack keys of each model's published config.json (docs/planner.md names the sources).
+PUBLISHED_CONFIGS = {
+    "Qwen/Qwen3.6-35B-A3B": {
+        "model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "text_config": {"model_type": "qwen3_5_moe_text", "num_hidden_layers": 40, "hidden_size": 2048,
+                        "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 248320,
+                        "max_position_embeddings": 262144, "full_attention_interval": 4, "attn_output_gate": True,
+                        "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+                        "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "num_experts": 256,
+                        "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+                        "shared_expert_intermediate_size": 512, "mtp_num_hidden_layers": 1,
+                        "tie_word_embeddings": False},
+        "vision_config": {"depth": 27}},
+    "Qwen/Qwen3-30B-A3B": {
+        "model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048, "num_attention_heads": 32,
+        "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
+        "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "vocab_size": 151936, "max_position_embeddings": 40960, "sliding_window": None,
+        "use_sliding_window": False, "tie_word_embeddings": False},
+    "openai/gpt-oss-120b": {
+        "model_type": "gpt_oss", "num_hidden_layers": 36, "hidden_size": 2880, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880, "num_local_experts": 128,
+        "num_experts_per_tok": 4, "vocab_size": 201088, "max_position_embeddings": 131072, "sliding_window": 128,
+        "layer_types": ["sliding_attention", "full_attention"] * 18, "attention_bias": True,
+        "tie_word_embeddings": False, "quantization_config": {"quant_method": "mxfp4"}},
+    "meta-llama/Llama-3.1-8B-Instruct": {
+        "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 14336, "vocab_size": 128256,
+        "max_position_embeddings": 131072, "attention_bias": False, "tie_word_embeddings": False},
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_CONFIGS))
+def test_registry_entries_read_like_their_published_config(name):
+    """What the registry holds is what `read_config` makes of the published config.json (the mask
+    token and thinking channel come from the tokenizer, not config.json)."""
+    facts = facts_from_config(PUBLISHED_CONFIGS[name], name=name)
+    skip = {"mask_token_id", "thinking"}
+    assert facts.model_dump(exclude=skip) == REGISTRY[name].model_dump(exclude=skip)

@@ -51,9 +51,9 @@ def sharded_micro_batch(recipe: Recipe, facts: TargetFacts, drafter: DrafterDims
     """The largest divisor of global_batch / world_size that fits one GPU with the target sharded; 1
     when none does (the plan's `train_memory` rule then says so)."""
     gpu = recipe.hardware.gpu
+    if gpu is None:
+        return 1
     per_rank = recipe.stages.train.global_batch // world
-    for micro in range(per_rank, 1, -1):
-        if per_rank % micro == 0 and gpu is not None and longest_sample_bytes(
-                recipe, facts, drafter, load_precision, "zero3", world, zero, micro) <= gpu.memory_gb * 1e9:
-            return micro
-    return 1
+    fits = (m for m in range(per_rank, 1, -1) if per_rank % m == 0 and longest_sample_bytes(
+        recipe, facts, drafter, load_precision, "zero3", world, zero, m) <= gpu.memory_gb * 1e9)
+    return next(fits, 1)
