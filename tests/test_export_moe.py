@@ -14,6 +14,7 @@ import pytest
 from dflashx.config.load import load_recipe
 from dflashx.config.schema import Recipe
 from dflashx.dflash.checkpoint import save_drafter, weight_shapes
+from dflashx.dflash.config import DFlashConfig
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.export import Serving, check_sglang, check_speculators, from_speculators, to_speculators
 from dflashx.export.serve import sglang_argv, vllm_argv
@@ -21,7 +22,6 @@ from dflashx.resolve import resolve
 from dflashx.targets.facts import facts_for
 from helpers_dflash import job_recipe, load_target
 from helpers_moe import FAMILIES, tiny_moe_target
-from dflashx.dflash.config import DFlashConfig
 
 REPO = Path(__file__).resolve().parents[1]
 ARCH = {"qwen3_moe": "Qwen3MoeForCausalLM", "qwen3_5_moe": "Qwen3_5MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
@@ -55,7 +55,7 @@ def test_the_export_of_an_moe_drafter_is_dense_and_names_the_target_family(expor
 
 
 def test_a_drafter_of_another_family_is_refused(exported):
-    family, facts, config, shapes = exported
+    _, facts, config, shapes = exported
     other = facts.model_copy(update={"model_type": "llama"})
     (v,) = check_sglang(config, other, shapes)
     assert v.key == "dflash_config.target_model_type" and facts.model_type in v.message

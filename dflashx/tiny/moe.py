@@ -24,8 +24,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from dflashx.tiny.build import MASK_TOKEN_ID, _build_atomically, _is_built, build_key, BuildSettings, cache_root
-from dflashx.tiny.build import ensure_tiny_target, model_config
+from dflashx.tiny.build import (MASK_TOKEN_ID, BuildSettings, _build_atomically, _is_built, build_key, cache_root,
+                                ensure_tiny_target, model_config)
 
 DENSE = "tiny-qwen3"
 NAME = "tiny-qwen3_moe"
