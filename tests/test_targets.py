@@ -86,6 +86,14 @@ def test_builtin_tiny_facts_equal_the_tiny_builder(variant):
     assert facts_from_config(cfg, name=f"builtin:{variant}") == BUILTIN[f"builtin:{variant}"]
 
 
+def test_builtin_tiny_moe_facts_equal_the_upcycled_config():
+    from dflashx.tiny import build, moe
+    cfg = {**moe.moe_config(), "mask_token_id": build.MASK_TOKEN_ID}
+    facts = BUILTIN["builtin:tiny-qwen3_moe"]
+    assert facts_from_config(cfg, name="builtin:tiny-qwen3_moe") == facts
+    assert facts.is_moe and facts.num_moe_layers == 6 and facts.dense_layer_ids == []
+
+
 def test_local_target_facts_read_mask_thinking_and_template_tokens(tmp_path):
     """A local folder's tokenizer gives the mask token, the thinking mode and the template's own
     special tokens; a mask id that is one of those is refused at plan time."""

@@ -21,11 +21,10 @@ def build_tiny(
     """Build (or find in the cache or the package) the tiny thinking target; prints its folder last."""
     import shutil
 
-    from dflashx.tiny import MODEL_NAMES
-    from dflashx.tiny.build import ensure_tiny_target, target_dir
+    from dflashx.tiny.build import VARIANTS, ensure_tiny_target, target_dir
 
-    if variant not in MODEL_NAMES:
-        typer.echo(f"--variant {variant!r} is unknown; choose one of {', '.join(MODEL_NAMES)}", err=True)
+    if variant not in VARIANTS:  # the trained builds (builtin:tiny-qwen3_moe is upcycled on first use)
+        typer.echo(f"--variant {variant!r} is unknown; choose one of {', '.join(VARIANTS)}", err=True)
         raise typer.Exit(2)
     if rebuild and out is None:
         shutil.rmtree(target_dir(variant, small), ignore_errors=True)

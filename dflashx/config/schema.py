@@ -164,7 +164,7 @@ class ChatTemplateSpec(Strict):
 
 
 class TargetSpec(Strict):
-    model: str = Field(description="HF id, local folder, or `builtin:tiny-qwen3` / `builtin:tiny-qwen3_5`.", json_schema_extra=PATH)
+    model: str = Field(description="HF id, local folder, or `builtin:tiny-qwen3` / `builtin:tiny-qwen3_5` / `builtin:tiny-qwen3_moe`.", json_schema_extra=PATH)
     arch: str | None = Field(None, description="Registry key when `model` is not a known id.", json_schema_extra=OPERATIONAL)
     tokenizer: str | None = Field(None, description="Tokenizer path/id when it differs from `model`.", json_schema_extra=PATH)
     precision: Precision = Field(

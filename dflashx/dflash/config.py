@@ -11,7 +11,8 @@ Public API (stable; used by training, speculative decoding, eval and export):
 - `DFlashConfig.to_hf_dict()` / `DFlashConfig.from_hf_dict(d)` — the exported config.json, in the
   layout the z-lab `dflash` package and SGLang `--speculative-algorithm DFLASH` read
   (`architectures: ["DFlashDraftModel"]`, `block_size`, `num_target_layers`,
-  `dflash_config: {mask_token_id, target_layer_ids}`, `layer_types`, Qwen3 fields).
+  `dflash_config: {mask_token_id, target_layer_ids, target_model_type, target_architectures}`,
+  `layer_types`, Qwen3 fields; the target's family is recorded, the drafter is dense for MoE targets too).
 - `DFlashConfig.to_qwen3_config()` — a transformers `Qwen3Config` for the building blocks.
 
 Per-layer causality: the reference makes a layer causal when config `is_causal` says so, otherwise
@@ -34,8 +35,12 @@ LayerType = Literal["full_attention", "sliding_attention"]
 ARCHITECTURE = "DFlashDraftModel"
 
 
+def _config_dict(target_config: Any) -> dict[str, Any]:
+    return target_config if isinstance(target_config, dict) else target_config.to_dict()
+
+
 def text_config(target_config: Any) -> dict[str, Any]:
-    cfg = target_config if isinstance(target_config, dict) else target_config.to_dict()
+    cfg = _config_dict(target_config)
     return dict(cfg.get("text_config") or cfg)
 
 
@@ -74,6 +79,9 @@ class DFlashConfig(BaseModel):
     causal_layers: list[bool]
     sliding_window: int | None = Field(None, ge=1)
     attention_bias: bool = False
+    target_model_type: str | None = Field(None, description="The target's family: transformers model_type of its "
+                                          "text stack (qwen3, qwen3_moe, gpt_oss ...); the drafter is dense either way.")
+    target_architectures: list[str] = Field(default_factory=list, description="The target config's architectures.")
 
     @model_validator(mode="after")
     def _coherent(self) -> "DFlashConfig":
@@ -141,6 +149,8 @@ class DFlashConfig(BaseModel):
             causal_layers=[x == "sliding_attention" for x in drafter.layer_types],
             sliding_window=drafter.sliding_window,
             attention_bias=bool(t.get("attention_bias", False)),
+            target_model_type=t.get("model_type"),
+            target_architectures=list(_config_dict(target_config).get("architectures") or []),
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
@@ -153,6 +163,10 @@ class DFlashConfig(BaseModel):
         }
         if self.mask_token is not None:
             dflash["mask_token"] = self.mask_token
+        if self.target_model_type is not None:
+            dflash["target_model_type"] = self.target_model_type
+        if self.target_architectures:
+            dflash["target_architectures"] = list(self.target_architectures)
         out: dict[str, Any] = {
             "architectures": [ARCHITECTURE],
             "model_type": "qwen3",
@@ -225,6 +239,8 @@ class DFlashConfig(BaseModel):
             causal_layers=causal,
             sliding_window=window if "sliding_attention" in types else None,
             attention_bias=bool(d.get("attention_bias", False)),
+            target_model_type=dflash.get("target_model_type"),
+            target_architectures=list(dflash.get("target_architectures") or []),
         )
 
     def to_qwen3_config(self):

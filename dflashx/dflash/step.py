@@ -19,7 +19,7 @@ Muon Newton-Schulz kernels included (their first inductor compile costs minutes 
 
 Public API: `TrainStep(job, target, drafter, total_steps, device)` — `step(batch, epoch) ->
 StepResult`, `.engine`, `.capture`, `.features_of` (replaceable: offline features), `.kernels`
-(which implementation of each switch runs).
+(which implementation of each switch runs, and whether the target is ZeRO-3 partitioned).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from dflashx.dflash.loss import dflash_loss, liger_available, target_label_ids
 from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.metrics import step_flops
 from dflashx.dflash.model import DFlashDrafter
+from dflashx.dflash.target_shard import frozen_io, is_sharded
 
 LM_HEAD_CHUNK = 4096  # supervised tokens per chunk of the torch fused LM-head cross-entropy
 CONTEXT_BUCKET = 256  # compiled drafter: context widths padded to a multiple of this
@@ -83,8 +84,7 @@ class TrainStep:
 
         train, self.job, self.device, self.cfg = job.train, job, device, drafter.config
         self.capture = FeatureCapture(target, self.cfg.target_layer_ids)
-        self.embed = target.get_input_embeddings()
-        self.lm_head_w = target.get_output_embeddings().weight
+        self.embed, self.lm_head_w = frozen_io(target)  # whole copies when the target is sharded
         loss_kernel = train.loss_kernel
         if loss_kernel == "liger" and not liger_available():
             log.warning("stages.train.loss_kernel is liger but liger-kernel or CUDA is missing: torch fused loss")
@@ -94,7 +94,8 @@ class TrainStep:
             compile_layers(drafter)
         self.buckets = (CONTEXT_BUCKET, BLOCK_BUCKET) if train.compile else (1, 1)
         self.kernels: dict[str, Any] = {"compile": train.compile, "fp8_linears": fp8, "loss_kernel": loss_kernel,
-                                        "linear_attention": linear_attention_kernel(target)}
+                                        "linear_attention": linear_attention_kernel(target),
+                                        "target_sharding": "zero3" if is_sharded(target) else "none"}
         self.engine, _, _, _ = deepspeed.initialize(
             model=TrainModule(drafter, LM_HEAD_CHUNK, loss_kernel, train.loss, train.dpace_alpha),
             config=train.deepspeed_config, model_parameters=parameter_groups(train, drafter),

@@ -1,6 +1,7 @@
 """Online (or offline) DFlash training on a DeepSpeed engine, in-process or one process per GPU.
 
-Every rank holds its own frozen target copy and its own shard of the data (DistributedSampler);
+Every rank holds its own frozen target copy (or, with `target_sharding: zero3`, its ZeRO-3 partition of
+it: `dflashx.dflash.target_shard`) and its own shard of the data (DistributedSampler);
 the drafter is the only module DeepSpeed manages (ZeRO 0/1/2, bf16 or fp32, gradient
 accumulation, AdamW + warm-up cosine, clipping), built with the resolved recipe's DeepSpeed config
 exactly as the plan prints it; the job (`TrainJob`, `dflashx.dflash.job`) is the resolved target,
@@ -40,6 +41,7 @@ from dflashx.dflash.distributed import setup_distributed, teardown_distributed
 from dflashx.dflash.job import JOB_FILE, TrainJob, check_world, torch_dtype
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.dflash.step import TrainStep
+from dflashx.dflash.target_shard import shard_target
 from dflashx.dflash.window import Window
 from dflashx.store.atomic import atomic_write_text
 
@@ -52,7 +54,8 @@ def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any, D
 
     `target.precision: fp8`: the linear layers the capture runs (decoder layers up to the deepest
     tapped one) are converted to FP8 while the weights are still in host memory, so the GPU never
-    holds the bf16 copies; layers past the deepest tapped one never run.
+    holds the bf16 copies; layers past the deepest tapped one never run. `stages.train.target_sharding:
+    zero3`: the target is partitioned over the ranks (`dflashx.dflash.target_shard`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -65,7 +68,17 @@ def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any, D
 
         swapped = target_to_fp8(target, device, depth=max(drafter.config.target_layer_ids) + 1)
         logging.getLogger(__name__).info("target in FP8: %d linear layers", swapped)
+    if job.train.target_sharding == "zero3":
+        return _sharded(job, target), tokenizer, drafter
     return target.to(device).eval().requires_grad_(False), tokenizer, drafter
+
+
+def _sharded(job: TrainJob, target: nn.Module) -> nn.Module:
+    """The target partitioned over the ranks (`stages.train.target_sharding: zero3`)."""
+    if job.target.load_precision == "fp8":
+        raise ValueError("stages.train.shard_target partitions parameters, and an FP8 target keeps its weights in "
+                         "buffers: set target.precision to bf16 or stages.train.shard_target to never")
+    return shard_target(target, job.train.target_deepspeed_config)
 
 
 def build_drafter(job: TrainJob, target_config: Any, tokenizer: Any = None) -> DFlashDrafter:

@@ -11,8 +11,16 @@ SGLang flags (sgl-project/sglang, `python/sglang/srt/arg_groups/fields/spec.py` 
 is its deprecated alias) and, for targets with Gated DeltaNet layers, `--mamba-radix-cache-strategy
 extra_buffer` (renamed from `--mamba-scheduler-strategy`, sglang issue 27418; the old name is kept as
 a deprecated alias). vLLM: `--speculative-config '{"method": "dflash", "model": ...,
-"num_speculative_tokens": B - 1}'` as in the z-lab README. Both: `--reasoning-parser qwen3` for a
-Qwen3-family target with a thinking template.
+"num_speculative_tokens": B - 1}'` as in the z-lab README. Both: the family's `--reasoning-parser` for a
+target with a thinking or reasoning channel (`dflashx.targets.parsers`: qwen3; gpt-oss / openai_gptoss).
+
+The target's parallel layout is the plan's (`stages.generate.serving.tp`): `--tp-size` (SGLang) /
+`--tensor-parallel-size` (vLLM) when it spans several GPUs, and for a mixture-of-experts target
+expert parallelism over the same GPUs, `--ep-size` (SGLang server arguments,
+https://docs.sglang.io/cookbook/base/reference/server_arguments; expert parallelism,
+https://docs.sglang.io/advanced_features/expert_parallelism.html) / `--enable-expert-parallel`
+(vLLM, https://docs.vllm.ai/en/latest/serving/expert_parallel_deployment.html). The drafter itself
+is dense whatever the target: it needs no MoE flag.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from dflashx.targets.parsers import reasoning_parser
 from dflashx.targets.registry import TargetFacts
 
 HYBRID_FLAG = ("--mamba-radix-cache-strategy", "extra_buffer")
@@ -38,20 +47,24 @@ class Serving:
     sliding_window: int | None  # the drafter's window, when one of its layers slides
     every_layer_slides: bool
     hybrid: bool  # the target has linear-attention (Gated DeltaNet) layers
-    reasoning_parser: str | None
+    sglang_reasoning_parser: str | None
+    vllm_reasoning_parser: str | None
+    tp: int = 1  # GPUs the target spans (the plan's serving layout)
+    moe: bool = False  # the target routes tokens to experts: expert parallelism over the tp GPUs
 
     @classmethod
     def of(cls, config: Mapping[str, Any], facts: TargetFacts, target: str, sglang_dir: str,
-           vllm_dir: str) -> "Serving":
+           vllm_dir: str, tp: int = 1) -> "Serving":
         types = list(config.get("layer_types") or [])
         slides = "sliding_attention" in types
-        qwen_thinking = facts.model_type.startswith("qwen3") and facts.thinking
+        family = facts.model_type if facts.thinking else ""
         block = config.get("block_size") or config["dflash_config"]["block_size"]
         return cls(target=target, sglang_dir=sglang_dir, vllm_dir=vllm_dir, block_size=int(block),
                    sliding_window=config.get("sliding_window") if slides else None,
                    every_layer_slides=slides and all(t == "sliding_attention" for t in types),
                    hybrid="linear_attention" in facts.layer_types,
-                   reasoning_parser="qwen3" if qwen_thinking else None)
+                   sglang_reasoning_parser=reasoning_parser(family, "sglang"),
+                   vllm_reasoning_parser=reasoning_parser(family, "vllm"), tp=tp, moe=facts.is_moe)
 
 
 def sglang_argv(s: Serving) -> list[str]:
@@ -62,16 +75,20 @@ def sglang_argv(s: Serving) -> list[str]:
         argv += ["--speculative-draft-window-size", str(s.sliding_window)]
     if s.hybrid:
         argv += list(HYBRID_FLAG)
-    if s.reasoning_parser:
-        argv += ["--reasoning-parser", s.reasoning_parser]
+    if s.tp > 1:
+        argv += ["--tp-size", str(s.tp)] + (["--ep-size", str(s.tp)] if s.moe else [])
+    if s.sglang_reasoning_parser:
+        argv += ["--reasoning-parser", s.sglang_reasoning_parser]
     return argv
 
 
 def vllm_argv(s: Serving) -> list[str]:
     spec = {"method": "dflash", "model": s.vllm_dir, "num_speculative_tokens": s.block_size - 1}
     argv = ["vllm", "serve", s.target, "--speculative-config", json.dumps(spec)]
-    if s.reasoning_parser:
-        argv += ["--reasoning-parser", s.reasoning_parser]
+    if s.tp > 1:
+        argv += ["--tensor-parallel-size", str(s.tp)] + (["--enable-expert-parallel"] if s.moe else [])
+    if s.vllm_reasoning_parser:
+        argv += ["--reasoning-parser", s.vllm_reasoning_parser]
     return argv
 
 
@@ -108,6 +125,10 @@ def _notes(s: Serving) -> list[str]:
                      f"`{' '.join(HYBRID_FLAG)}` as in the z-lab README's hybrid SGLang example (the radix cache "
                      "keeps extra Mamba-state buffers, so overlap scheduling stays on; SGLang's `auto` falls back "
                      "to `no_buffer` and turns overlap off where it cannot).")
+    if s.moe:
+        notes.append("The target is a mixture of experts; the drafter is dense (it reads the target's hidden states, "
+                     "not its experts)" + (f", and the experts are spread over the {s.tp} tensor-parallel GPUs "
+                                          "(expert parallelism)." if s.tp > 1 else "."))
     used = [flag for flag in sglang_argv(s) if flag in OLD_FLAG_NAMES]
     if used:
         notes.append("SGLang builds from before these flags were renamed spell them "

@@ -62,6 +62,17 @@ def _causality(config: Mapping[str, Any]) -> list[Violation]:
     return []
 
 
+def _family(config: Mapping[str, Any], facts: TargetFacts) -> list[Violation]:
+    """A recorded target family must be this target's (a drafter for qwen3_moe is not one for gpt_oss,
+    even at equal shapes). Public checkpoints without the record pass; the drafter is dense either way."""
+    family = get(config, "dflash_config.target_model_type")
+    if missing(family):
+        return []
+    return need_equal(family, facts.model_type, "dflash_config.target_model_type",
+                      "the drafter was trained on another target family's hidden states",
+                      "train the drafter against this target (target.model)")
+
+
 def check_sglang(config: Mapping[str, Any], facts: TargetFacts,
                  shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[Violation]:
     """Every rule of the SGLang / z-lab DFlash loader this config breaks for `facts`' target."""
@@ -89,7 +100,7 @@ def check_sglang(config: Mapping[str, Any], facts: TargetFacts,
         out.append(Violation("dflash_config.mask_token", f"{token!r}; SGLang needs a non-empty string",
                              "drop it or write the mask token's text"))
     out += need_layer_stack(config, "", facts.hidden_size)
-    out += _causality(config)
+    out += _causality(config) + _family(config, facts)
     k = len(ids) if isinstance(ids, list) else 0
     out += need_weights(shapes, config.get("num_hidden_layers"), facts.hidden_size, k,
                         "dflash_config.target_layer_ids")

@@ -56,8 +56,12 @@ def _sliding_non_causal(types: Any, causal: Any) -> bool:
 def to_speculators(config: Mapping[str, Any], verifier: str,
                    verifier_architectures: tuple[str, ...] = ()) -> dict[str, Any]:
     """The speculators config.json for a DFlash-layout `config` (as `DFlashConfig.to_hf_dict()`
-    writes it). Total: a broken input converts to a config the checker then names."""
+    writes it). The target's family travels as speculators records a verifier (`VerifierConfig.architectures`,
+    by default the ones the drafter was trained against, `dflash_config.target_architectures`) and as
+    a top-level `target_model_type` (`SpeculatorModelConfig` keeps extra keys: `extra="allow"`).
+    Total: a broken input converts to a config the checker then names."""
     dflash = dict(config.get("dflash_config") or {})
+    verifier_architectures = verifier_architectures or tuple(dflash.get("target_architectures") or ())
     block = dflash.get("block_size", config.get("block_size"))
     ids = dflash.get("target_layer_ids")
     aux = [i + 1 for i in ids] if isinstance(ids, list) and all(is_int(i) for i in ids) else ids
@@ -82,6 +86,7 @@ def to_speculators(config: Mapping[str, Any], verifier: str,
         "mask_token_id": dflash.get("mask_token_id"),
         "sliding_window_non_causal": _sliding_non_causal(types, causal),
         "sample_from_anchor": False,
+        "target_model_type": dflash.get("target_model_type"),
         "torch_dtype": config.get("torch_dtype"),
     }
 
@@ -100,6 +105,8 @@ def from_speculators(spec: Mapping[str, Any], num_target_layers: int) -> dict[st
             "mask_token_id": spec["mask_token_id"],
             "target_layer_ids": [i - 1 for i in spec["aux_hidden_state_layer_ids"]],
             "causal_layers": [t == "sliding_attention" and not bidirectional_sliding for t in types],
+            "target_model_type": spec.get("target_model_type"),
+            "target_architectures": list(spec["speculators_config"]["verifier"].get("architectures") or []),
         },
     }
 

@@ -47,6 +47,27 @@ def deepspeed_config(train: TrainStage, micro_batch: int, grad_accum: int, zero_
     }
 
 
+def target_shard_config(hw: HardwareProfile, world_size: int, micro_batch: int, load_precision: str) -> dict[str, Any]:
+    """The DeepSpeed config that partitions the frozen online target (`target_sharding: zero3`).
+
+    ZeRO-3 with no optimizer is DeepSpeed's ZeRO-Inference: each rank keeps 1/world of every weight
+    and gathers a layer's weights just before the layer runs, releasing them after
+    (https://www.deepspeed.ai/2022/09/09/zero-inference.html). On several nodes ZeRO++'s hierarchical
+    partitioning keeps a secondary copy per node, so those gathers stay on the node's links
+    (`zero_hpz_partition_size` = GPUs per node; Wang et al. 2023, arXiv:2306.10209, section 3.2;
+    https://www.deepspeed.ai/tutorials/zeropp/). The drafter keeps its own data-parallel engine
+    (`deepspeed_config`). `bf16` follows the target's load precision.
+    """
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "zero_optimization": {"stage": 3, "zero_hpz_partition_size": hw.gpus_per_node if hw.nodes > 1 else 1,
+                              "overlap_comm": world_size > 1},
+        "bf16": {"enabled": load_precision == "bf16"},
+        "steps_per_print": QUIET_STEPS,
+        "wall_clock_breakdown": False,
+    }
+
+
 def optimizer_config(train: TrainStage) -> dict[str, Any]:
     """AdamW (torch's implementation), or DeepSpeed's built-in Muon: Muon for the matrices DeepSpeed
     tags `use_muon` (2-D), its auxiliary AdamW for the rest. Under Muon `lr` is the AdamW half's; the

@@ -68,6 +68,9 @@ class ResolvedTrainStage(TrainStage):
         description="How the frozen online target is held: a whole copy per GPU (`none`) or partitioned over the "
                     "node's GPUs with DeepSpeed ZeRO-3 and gathered layer by layer (`zero3`).",
         json_schema_extra=OPERATIONAL)
+    target_deepspeed_config: dict[str, Any] | None = Field(
+        description="The DeepSpeed ZeRO-3 config that partitions the frozen target (`target_sharding: zero3`); "
+                    "null when every rank holds a whole copy.", json_schema_extra=OPERATIONAL)
     grad_accum: int = Field(ge=1, description="Micro steps per optimizer step.", json_schema_extra=OPERATIONAL)
     precision: Literal["bf16", "fp32"] = Field(
         description="Drafter compute and weight precision (bf16 on GPUs, fp32 on a CPU profile or an fp32 target).",

@@ -14,7 +14,8 @@ What it fills in, and from what:
                (tokenize.max_length unless given), precision (bf16 on GPUs unless the target is
                fp32), peak FLOP/s, compile and loss_kernel (`auto`: compiled and liger on GPUs,
                eager and torch on CPU; torch for D-PACE), muon_lr (lr x MUON_LR_FACTOR unless
-               given), the DeepSpeed config and the launch argv;
+               given), the DeepSpeed config and the launch argv, target_sharding (`shard_target`,
+               `auto`: when the target's weights exceed one GPU) and the ZeRO-3 config that shards it;
   target       facts, load_precision (fp32 on a CPU profile for a bf16/fp16 target);
   generate     context_length and the serving settings (tp, dp, dp_mode, weight dtype, checkpoint,
                online quantization, the MTP acceptance profile): `dflashx.resolve.serving`, one function each;
@@ -32,7 +33,7 @@ from __future__ import annotations
 import math
 
 from dflashx.config.schema import DrafterSpec, GenerateStage, HardwareProfile, Recipe, TargetSpec, TrainStage
-from dflashx.resolve.deepspeed import deepspeed_config, launch_argv
+from dflashx.resolve.deepspeed import deepspeed_config, launch_argv, target_shard_config
 from dflashx.resolve.formulas import loss_gamma, muon_lr, spread_layer_ids
 from dflashx.resolve.model import (
     ResolvedDeploy, ResolvedDrafter, ResolvedGenerateStage, ResolvedRecipe, ResolvedStages, ResolvedTarget, ResolvedTrainStage,
@@ -128,6 +129,7 @@ def _train(recipe: Recipe, facts: TargetFacts, drafter: ResolvedDrafter, load_pr
         "max_length": train.max_length or recipe.stages.tokenize.max_length,
         "world_size": world,
         "target_sharding": sharding,
+        "target_deepspeed_config": target_shard_config(hw, world, micro, load_precision) if sharding == "zero3" else None,
         "grad_accum": accum,
         "precision": "bf16" if bf16 else "fp32",
         "peak_flops": peak,

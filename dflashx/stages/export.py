@@ -90,7 +90,8 @@ def run(ctx: StageContext) -> StageResult:
     check_written(ctx, out, vllm_out)
 
     config = json.loads((out / CONFIG).read_text())
-    serving = Serving.of(config, ctx.recipe.target.facts, target, str(out), str(vllm_out))
+    serving = Serving.of(config, ctx.recipe.target.facts, target, str(out), str(vllm_out),
+                         tp=ctx.recipe.stages.generate.serving.tp)
     text = readme(serving, config, ctx.recipe.name, ctx.config.dtype)
     trained_for = chat_contract.read(ctx.inputs[CHECKPOINT])  # the template and thinking mode of training
     for folder in (out, vllm_out):

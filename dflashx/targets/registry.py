@@ -119,9 +119,17 @@ def _tiny(name: str, linear: bool) -> TargetFacts:
     })
 
 
+def _tiny_moe(name: str) -> TargetFacts:
+    """tiny-qwen3 upcycled (dflashx/tiny/moe.py `moe_config`; a test keeps them equal): every layer
+    4 experts of the dense MLP's width, top-2."""
+    moe = {"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 512}
+    return TargetFacts(**{**_tiny(name, linear=False).model_dump(), **moe})
+
+
 BUILTIN: dict[str, TargetFacts] = {
     "builtin:tiny-qwen3": _tiny("builtin:tiny-qwen3", linear=False),
     "builtin:tiny-qwen3_5": _tiny("builtin:tiny-qwen3_5", linear=True),
+    "builtin:tiny-qwen3_moe": _tiny_moe("builtin:tiny-qwen3_moe"),
 }
 
 

@@ -5,6 +5,7 @@ the build shipped in the package (`dflashx.tiny.shipped`) or, when the build cod
 building it:
 
 - `builtin:tiny-qwen3`, `builtin:tiny-qwen3_5` -> the built model folder (HF layout);
+- `builtin:tiny-qwen3_moe` -> tiny-qwen3 upcycled into a qwen3_moe target (`dflashx.tiny.moe`, seconds);
 - `builtin:tiny-prompts` -> JSONL of generation prompt records;
 - `builtin:tiny-eval-prompts` -> JSONL of held-out prompts with the reference `answer`.
 
@@ -22,7 +23,8 @@ import os
 from pathlib import Path
 
 BUILTIN_PREFIX = "builtin:"
-MODEL_NAMES = ("tiny-qwen3", "tiny-qwen3_5")
+MODEL_NAMES = ("tiny-qwen3", "tiny-qwen3_5", "tiny-qwen3_moe")
+UPCYCLED = {"tiny-qwen3_moe": "tiny-qwen3"}  # an upcycled builtin -> the dense build it is made from
 
 
 def _small() -> bool:
@@ -39,7 +41,7 @@ def resolve_builtin_tokenizer(value: str) -> Path:
     name = value.removeprefix(BUILTIN_PREFIX)
     if name not in MODEL_NAMES:
         raise ValueError(f"{value!r} has no tokenizer; use one of {', '.join(BUILTIN_PREFIX + n for n in MODEL_NAMES)}")
-    return ensure_tiny_tokenizer(name, small=_small())
+    return ensure_tiny_tokenizer(UPCYCLED.get(name, name), small=_small())
 
 
 def builtin_identity(value: str) -> str:
@@ -51,6 +53,10 @@ def builtin_identity(value: str) -> str:
     from dflashx.tiny.build import BuildSettings, build_key
 
     name = value.removeprefix(BUILTIN_PREFIX)
+    if name in UPCYCLED:
+        from dflashx.tiny.moe import moe_key
+
+        return f"{name}{'-small' if _small() else ''}-{moe_key(_small())}"
     if name in MODEL_NAMES:
         settings = BuildSettings.for_variant(name, _small())
         return f"{name}{'-small' if settings.small else ''}-{build_key(settings)}"
@@ -63,6 +69,10 @@ def resolve_builtin(value: str) -> Path:
     from dflashx.tiny.prompts import PROMPT_FILES, write_prompt_file
 
     name = value.removeprefix(BUILTIN_PREFIX)
+    if name in UPCYCLED:
+        from dflashx.tiny.moe import ensure_tiny_moe
+
+        return ensure_tiny_moe(small=_small(), log=logging.getLogger("dflashx.tiny").info)
     if name in MODEL_NAMES:
         from dflashx.tiny.build import ensure_tiny_target
 

@@ -23,6 +23,7 @@ from dflashx.plan.launch import (
     split_in_flight,
 )
 from dflashx.resolve.model import ResolvedRecipe
+from dflashx.targets.parsers import reasoning_parser
 from dflashx.targets.registry import TargetFacts
 
 BASE_PORT = 30000  # the router (or the single server); workers behind a router take the next ports
@@ -59,8 +60,9 @@ def server_argv(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving, host: st
         argv += mtp_flags(recipe)
     if gen.hierarchical_cache:
         argv += ["--enable-hierarchical-cache"]
-    if recipe.target.chat_template.enable_thinking and facts.model_type.startswith("qwen3"):
-        argv += ["--reasoning-parser", "qwen3"]
+    parser = reasoning_parser(facts.model_type, "sglang")
+    if recipe.target.chat_template.enable_thinking and parser:
+        argv += ["--reasoning-parser", parser]
     return argv
 
 
