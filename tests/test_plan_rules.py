@@ -78,6 +78,8 @@ def test_baseline_has_no_findings():
     ({"stages__train__labels": "target", "stages__train__mode": "offline", "budget__max_storage_bytes": "100TiB",
       "budget__max_days": None}, "labels_offline", "stages.train.labels", "error"),
     ({"stages__train__max_steps": 5}, "train_too_short", "stages.train.epochs", "warning"),
+    ({"stages__train__shard_target": "always", "target__precision": "fp8"}, "shard_fp8_target",
+     "stages.train.shard_target", "error"),
 ])
 def test_rule_fails_with_key_and_fix(overrides, code, key, severity):
     found = codes(b200(**overrides))
@@ -104,6 +106,7 @@ def test_rule_fails_with_key_and_fix(overrides, code, key, severity):
     {"drafter__precision": "fp8", "stages__train__master_weights": "bf16", "stages__train__compile": True},
     {"stages__train__loss": "dpace", "stages__train__optimizer": "muon", "stages__train__labels": "target"},
     {"stages__train__max_steps": 100},
+    {"stages__train__shard_target": "always"},
 ])
 def test_rule_passes(overrides):
     assert [f for f in codes(b200(**overrides)).values() if f["severity"] == "error"] == []

@@ -38,6 +38,15 @@ def target_labels_need_online(ctx: PlanContext) -> Iterable[Finding]:
                     "set stages.train.mode to online, or stages.train.labels to data")
 
 
+def sharded_target_not_fp8(ctx: PlanContext) -> Iterable[Finding]:
+    train, target = ctx.recipe.stages.train, ctx.recipe.target
+    if train.target_sharding == "zero3" and target.load_precision == "fp8":
+        yield error("shard_fp8_target", "stages.train.shard_target",
+                    "the target would be sharded with ZeRO-3, which partitions parameters, but an FP8 target keeps "
+                    "its weights in buffers (the trainer stops at load)",
+                    "set target.precision to bf16, or stages.train.shard_target to never on a GPU the FP8 target fits")
+
+
 def supervised_slots(ctx: PlanContext) -> float:
     """Supervised slots the planned run trains on: sequences x anchors x (block_size - 1)."""
     train, block = ctx.recipe.stages.train, ctx.recipe.drafter.block_size
@@ -64,4 +73,5 @@ def long_enough_to_learn(ctx: PlanContext) -> Iterable[Finding]:
                       "or add data")
 
 
-TRAINING_RULES: tuple[Rule, ...] = (loss_kernel_fits_objective, target_labels_need_online, long_enough_to_learn)
+TRAINING_RULES: tuple[Rule, ...] = (loss_kernel_fits_objective, target_labels_need_online, sharded_target_not_fp8,
+                                     long_enough_to_learn)

@@ -62,11 +62,15 @@ def largest_gather_bytes(facts: TargetFacts, load_precision: str) -> float:
 
 
 def target_weight_bytes(facts: TargetFacts, load_precision: str, sharding: str, ranks: int) -> float:
-    """The frozen target's weights per GPU: a whole copy, or (zero3) 1/N plus the gather working set."""
-    whole = facts.total_params * PRECISION_BYTES[load_precision]
+    """The frozen target's weights per GPU: a whole copy, or (zero3) 1/N plus the gather working set plus
+    the whole input embedding and LM head every rank keeps beside the partition: the drafter reads them
+    outside the target's forward (`dflashx.dflash.target_shard.frozen_io`)."""
+    width = PRECISION_BYTES[load_precision]
+    whole = facts.total_params * width
     if sharding != "zero3":
         return whole
-    return whole / max(ranks, 1) + GATHER_UNITS * largest_gather_bytes(facts, load_precision)
+    io_copies = facts.vocab_size * facts.hidden_size * (1 if facts.tie_word_embeddings else 2) * width
+    return whole / max(ranks, 1) + GATHER_UNITS * largest_gather_bytes(facts, load_precision) + io_copies
 
 
 def train_memory_parts(facts: TargetFacts, drafter: DrafterDims, *, online: bool, load_precision: str,
