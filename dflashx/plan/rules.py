@@ -30,9 +30,24 @@ def training_fits(ctx: PlanContext) -> Iterable[Finding]:
     if need > have:
         yield error("train_memory", "stages.train.micro_batch",
                     f"training needs about {human_bytes(need)} per GPU ({_parts(ctx.memory['train'].parts)}) "
-                    f"but {hw.gpu.name} has {human_bytes(have)}",
-                    "lower stages.train.micro_batch, raise stages.train.zero_stage, shorten "
-                    "stages.train.anchors_per_seq, or use a profile with more GPU memory")
+                    f"but {hw.gpu.name} has {human_bytes(have)}", train_memory_fix(ctx))
+
+
+def train_memory_fix(ctx: PlanContext) -> str:
+    """The knobs that lower this recipe's training memory, the ones that would change nothing left out."""
+    train = ctx.recipe.stages.train
+    knobs = []
+    if train.micro_batch > 1:
+        knobs.append("lower stages.train.micro_batch")
+    if train.master_weights == "fp32" and train.precision == "bf16":
+        knobs.append("set stages.train.master_weights: bf16" + (" with stages.train.zero_stage 1 or 2"
+                                                                 if train.zero_stage == 0 else ""))
+    if train.world_size > 1 and train.zero_stage < 2:
+        knobs.append("raise stages.train.zero_stage")
+    if train.world_size > 1 and train.mode == "online" and train.target_sharding == "none":
+        knobs.append("set stages.train.shard_target: always")
+    knobs.append("shorten stages.train.anchors_per_seq or stages.train.max_length")
+    return ", ".join(knobs) + ", or use a profile with more GPU memory"
 
 
 def _parts(parts: dict[str, float]) -> str:

@@ -1,14 +1,10 @@
 """Peak device memory per stage (per GPU).
 
-Training uses DeepSpeed's own ZeRO model-state estimates (`estimate_zero2_model_states_mem_needs`,
-`estimate_zero3_model_states_mem_needs`, no offload): with bf16 mixed precision every trainable
-parameter costs 2 (bf16 weights) + 18 bytes (2 bf16 + 4 fp32 gradients, 4 fp32 master weights,
-8 Adam moments), and stage s partitions them over the Nd data-parallel ranks
-(Rajbhandari et al. 2020, "ZeRO", sec. 5):
-  stage 0: 20 P     stage 1: 4 P + 16 P / Nd     stage 2: 2 P + 18 P / Nd
-  stage 3: 4 x largest layer + 18 P / Nd
-Activations follow Korthikanti et al. 2022 (34 x hidden bytes per token per layer with flash
-attention), plus the drafter logits in fp32 and the captured target hidden states.
+Training: the drafter's model states (`model_states.py`: what DeepSpeed allocates per parameter
+for the resolved precision, `master_weights`, optimizer and ZeRO stage, partitioned over the
+data-parallel ranks), the online target's weights, and activations after Korthikanti et al. 2022
+(34 x hidden bytes per token per layer with flash attention), plus the drafter logits in fp32 and
+the captured target hidden states.
 """
 
 from __future__ import annotations
@@ -19,23 +15,13 @@ from dflashx.config.fields import PRECISION_BYTES as BYTES
 from dflashx.config.schema import Recipe
 from dflashx.plan.estimates.device import activation_bytes
 from dflashx.plan.estimates.generation import Serving
+from dflashx.plan.estimates.model_states import state_bytes, zero_model_state_bytes
 from dflashx.plan.estimates.serving import mtp_memory
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.estimates.training import Training
 from dflashx.plan.explain import Term, term
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.targets.registry import TargetFacts
-
-
-def zero_model_state_bytes(params: float, stage: int, ranks: int, largest_layer: float = 0.0) -> float:
-    """DeepSpeed ZeRO model-state bytes per rank for `params` trainable parameters (no offload)."""
-    n = max(ranks, 1)
-    return {
-        0: 20 * params,
-        1: 4 * params + 16 * params / n,
-        2: 2 * params + 18 * params / n,
-        3: 4 * largest_layer + 18 * params / n,
-    }[stage]
 
 
 @dataclass(frozen=True)
@@ -70,7 +56,8 @@ def training_memory(recipe: ResolvedRecipe, tokens: Tokens, tr: Training) -> Sta
     facts, d = recipe.target.facts, recipe.stages.train
     online = recipe.stages.train.mode == "online"
     target = facts.total_params * BYTES[recipe.target.precision] if online else 0.0
-    states = zero_model_state_bytes(tr.drafter.trainable, d.zero_stage, d.world_size, tr.drafter.layer_params)
+    per_param = state_bytes(d.precision, d.master_weights, d.optimizer, d.zero_stage)
+    states = zero_model_state_bytes(tr.drafter.trainable, d.zero_stage, d.world_size, per_param)
     act_bytes = activation_bytes(recipe.target.precision)
     length = min(tokens.train_len_mean, d.max_length)
     drafter_act = 34 / 2 * act_bytes * facts.hidden_size * tr.drafter_tokens_per_sample * tr.drafter.num_layers
@@ -80,7 +67,8 @@ def training_memory(recipe: ResolvedRecipe, tokens: Tokens, tr: Training) -> Sta
     parts = {"target_weights": target, "drafter_model_states": states, "activations": activations}
     total = sum(parts.values())
     formula = (f"target weights (online) + ZeRO-{d.zero_stage} model states of {tr.drafter.trainable} drafter "
-               f"params over {d.world_size} ranks + micro_batch x (34 h bytes/token/layer x drafter tokens x "
+               f"params at {per_param.total:g} bytes each ({d.precision} weights, {d.master_weights} master, "
+               f"{d.optimizer}) over {d.world_size} ranks + micro_batch x (34 h bytes/token/layer x drafter tokens x "
                "layers + fp32 logits + captured states)")
     return StageMemory(total, parts, term("train.peak_memory", total, "bytes", formula,
                                           micro_batch=d.micro_batch, **parts))
