@@ -144,11 +144,16 @@ def _train(recipe: Recipe, facts: TargetFacts, block_size: int, load_precision: 
     })
 
 
+def load_precision(precision: str, on_gpu: bool) -> str:
+    """What every stage that runs the target in-process (transformers generation, training, evaluation)
+    loads it in: `target.precision`, but fp32 for a 16-bit target on a CPU profile."""
+    return "fp32" if not on_gpu and precision in ("bf16", "fp16") else precision
+
+
 def _target(recipe: Recipe, facts: TargetFacts) -> ResolvedTarget:
     t = recipe.target
-    on_cpu = recipe.hardware.gpu is None
-    load = "fp32" if on_cpu and t.precision in ("bf16", "fp16") else t.precision
-    return ResolvedTarget(**t.model_dump(include=set(TargetSpec.model_fields)), facts=facts, load_precision=load)
+    return ResolvedTarget(**t.model_dump(include=set(TargetSpec.model_fields)), facts=facts,
+                          load_precision=load_precision(t.precision, recipe.hardware.gpu is not None))
 
 
 def _generate(recipe: Recipe, facts: TargetFacts) -> ResolvedGenerateStage:
