@@ -56,7 +56,7 @@ def build_context(recipe: ResolvedRecipe) -> PlanContext:
     storage = estimate_storage(recipe, tokens, train)
     memory = {
         "generate": serving_memory(recipe, facts, tokens, gen.serving),
-        "train": training_memory(recipe, tokens, train),
+        "train": training_memory(recipe, train),
         "eval": eval_memory(recipe, facts, train),
     }
     time_terms = {

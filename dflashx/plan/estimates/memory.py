@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from dflashx.config.fields import PRECISION_BYTES as BYTES
 from dflashx.config.schema import Recipe
 from dflashx.plan.estimates.device import activation_bytes
+from dflashx.plan.estimates.activations import peak_sequence_activations
 from dflashx.plan.estimates.generation import Serving
 from dflashx.plan.estimates.model_states import state_bytes, zero_model_state_bytes
 from dflashx.plan.estimates.serving import mtp_memory
@@ -52,26 +53,23 @@ def serving_memory(recipe: ResolvedRecipe, facts: TargetFacts, tokens: Tokens, s
     return StageMemory(total, parts, term("generate.peak_memory", total, "bytes", formula, **parts))
 
 
-def training_memory(recipe: ResolvedRecipe, tokens: Tokens, tr: Training) -> StageMemory:
+def training_memory(recipe: ResolvedRecipe, tr: Training) -> StageMemory:
     facts, d = recipe.target.facts, recipe.stages.train
     online = recipe.stages.train.mode == "online"
     target = facts.total_params * BYTES[recipe.target.precision] if online else 0.0
     per_param = state_bytes(d.precision, d.master_weights, d.optimizer, d.zero_stage)
     states = zero_model_state_bytes(tr.drafter.trainable, d.zero_stage, d.world_size, per_param)
-    act_bytes = activation_bytes(recipe.target.precision)
-    length = min(tokens.train_len_mean, d.max_length)
-    drafter_act = 34 / 2 * act_bytes * facts.hidden_size * tr.drafter_tokens_per_sample * tr.drafter.num_layers
-    logits = 4 * facts.vocab_size * tr.drafter_tokens_per_sample
-    captured = len(recipe.drafter.target_layer_ids) * length * facts.hidden_size * act_bytes
-    activations = d.micro_batch * (drafter_act + logits + captured)
+    longest = peak_sequence_activations(recipe)
+    activations = d.micro_batch * longest.total
     parts = {"target_weights": target, "drafter_model_states": states, "activations": activations}
     total = sum(parts.values())
     formula = (f"target weights (online) + ZeRO-{d.zero_stage} model states of {tr.drafter.trainable} drafter "
                f"params at {per_param.total:g} bytes each ({d.precision} weights, {d.master_weights} master, "
-               f"{d.optimizer}) over {d.world_size} ranks + micro_batch x (34 h bytes/token/layer x drafter tokens x "
-               "layers + fp32 logits + captured states)")
+               f"{d.optimizer}) over {d.world_size} ranks + micro_batch x activations of the longest sample (34 h "
+               "bytes/token/layer x drafter tokens x layers + fp32 logits + captured states)")
     return StageMemory(total, parts, term("train.peak_memory", total, "bytes", formula,
-                                          micro_batch=d.micro_batch, **parts))
+                                          micro_batch=d.micro_batch, longest_sample=longest.length,
+                                          longest_drafter_tokens=longest.drafter_tokens, **parts))
 
 
 def eval_memory(recipe: Recipe, facts: TargetFacts, tr: Training) -> StageMemory:
