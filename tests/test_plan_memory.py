@@ -44,3 +44,24 @@ def test_the_longest_sample_is_what_tokenize_and_the_trainer_both_let_through():
 def test_micro_batch_multiplies_the_longest_sequence():
     one, four = activations(), activations(stages__train__micro_batch=4)
     assert four == pytest.approx(4 * one)
+
+
+def eval_parts(**overrides) -> dict[str, float]:
+    return build_context(resolved(**overrides)).memory["eval"].parts
+
+
+def test_eval_memory_holds_the_longest_prompt_plus_max_new_tokens():
+    """Was a fixed 4,096-token prompt: now the longest training sample plus the tokens evaluation generates."""
+    kv = QWEN36.kv_bytes_per_token(2)  # bf16 on the GPU profile
+    base = eval_parts()["one_sequence"]
+    assert base == pytest.approx(kv * (3072 + 256) + QWEN36.recurrent_state_bytes)
+    assert eval_parts(stages__eval__max_new_tokens=1256)["one_sequence"] - base == pytest.approx(kv * 1000)
+    assert eval_parts(stages__tokenize__max_length=8192)["one_sequence"] - base == pytest.approx(kv * 5120)
+
+
+def test_eval_memory_counts_what_evaluation_loads():
+    """On a CPU profile a bf16 target is loaded in fp32 (target.load_precision): twice the bytes."""
+    cpu = build_context(resolve(seeds_recipe("cpu"), QWEN36))
+    gpu = build_context(resolved())
+    assert cpu.recipe.target.load_precision == "fp32"
+    assert cpu.memory["eval"].parts["target_weights"] == 2 * gpu.memory["eval"].parts["target_weights"]

@@ -57,7 +57,7 @@ def build_context(recipe: ResolvedRecipe) -> PlanContext:
     memory = {
         "generate": serving_memory(recipe, facts, tokens, gen.serving),
         "train": training_memory(recipe, train),
-        "eval": eval_memory(recipe, facts, train),
+        "eval": eval_memory(recipe, train),
     }
     time_terms = {
         **host_seconds(recipe, tokens, storage.total, storage.by_artifact.get("export.drafter", 0.0)),

@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflashx.config.fields import PRECISION_BYTES as BYTES
-from dflashx.config.schema import Recipe
+from dflashx.plan.estimates.activations import longest_sample, peak_sequence_activations
 from dflashx.plan.estimates.device import activation_bytes
-from dflashx.plan.estimates.activations import peak_sequence_activations
 from dflashx.plan.estimates.generation import Serving
 from dflashx.plan.estimates.model_states import state_bytes, zero_model_state_bytes
 from dflashx.plan.estimates.serving import mtp_memory
@@ -72,14 +71,24 @@ def training_memory(recipe: ResolvedRecipe, tr: Training) -> StageMemory:
                                           longest_drafter_tokens=longest.drafter_tokens, **parts))
 
 
-def eval_memory(recipe: Recipe, facts: TargetFacts, tr: Training) -> StageMemory:
-    """Target + drafter weights and one sequence's KV/state (batch-1 speculative decoding)."""
-    ctx = recipe.stages.eval.max_new_tokens + 4096
+def eval_context(recipe: ResolvedRecipe) -> int:
+    """Tokens of the longest sequence evaluation decodes: a prompt as long as the longest training
+    sample (`activations.longest_sample`: tokenize keeps nothing longer, so neither are the held-out
+    prompts of the same data; a suite with longer prompts exceeds it) plus `stages.eval.max_new_tokens`."""
+    return longest_sample(recipe) + recipe.stages.eval.max_new_tokens
+
+
+def eval_memory(recipe: ResolvedRecipe, tr: Training) -> StageMemory:
+    """Target + drafter weights and one sequence's KV/state at `eval_context` (batch-1 speculative
+    decoding), everything in the precision evaluation loads (`target.load_precision`)."""
+    facts, load = recipe.target.facts, recipe.target.load_precision
+    context = eval_context(recipe)
     parts = {
-        "target_weights": facts.total_params * BYTES[recipe.target.precision],
-        "drafter_weights": tr.drafter.trainable * BYTES[recipe.target.precision],
-        "one_sequence": facts.kv_bytes_per_token(2) * ctx + facts.recurrent_state_bytes,
+        "target_weights": facts.total_params * BYTES[load],
+        "drafter_weights": tr.drafter.trainable * BYTES[load],
+        "one_sequence": facts.kv_bytes_per_token(activation_bytes(load)) * context + facts.recurrent_state_bytes,
     }
     total = sum(parts.values())
     return StageMemory(total, parts, term("eval.peak_memory", total, "bytes",
-                                          "target + drafter weights + KV/state of one sequence", **parts))
+                                          "target + drafter weights + KV/state of one sequence of the longest "
+                                          "training sample + max_new_tokens", context_tokens=context, **parts))
