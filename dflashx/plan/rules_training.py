@@ -65,14 +65,17 @@ def long_enough_to_learn(ctx: PlanContext) -> Iterable[Finding]:
 
 
 def rows_fill_a_batch(ctx: PlanContext) -> Iterable[Finding]:
-    """The trainer refuses a dataset whose rows cannot fill one optimizer step on every rank."""
-    train, rows = ctx.recipe.stages.train, ctx.tokens.train_rows
+    """The trainer refuses a dataset whose rows cannot fill one optimizer step on every rank. A warning:
+    the count is planned from `dataset.stats`, a guess until the ingest (or a pilot) counts them, and
+    tokenize may drop some more."""
+    train, rows = ctx.recipe.stages.train, ctx.tokens.samples
     if train.enabled and ctx.tokens.samples > 0 and steps_per_epoch(
             rows, train.micro_batch, train.grad_accum, train.world_size) < 1:
-        yield error("train_rows_short", "stages.train.global_batch",
-                    f"tokenize is expected to keep {rows} training rows (holdout and drops out), fewer than one "
-                    f"optimizer step of {train.micro_batch} x {train.grad_accum} x {train.world_size} sequences",
-                    "lower stages.train.global_batch, lower dataset.eval_holdout, or add data")
+        yield warning("train_rows_short", "stages.train.global_batch",
+                      f"the plan expects {rows} training samples (the eval holdout out), fewer than one "
+                      f"optimizer step of {train.micro_batch} x {train.grad_accum} x {train.world_size} sequences: "
+                      "the train stage would refuse them",
+                      "lower stages.train.global_batch, lower dataset.eval_holdout, or add data")
 
 
 TRAINING_RULES: tuple[Rule, ...] = (loss_kernel_fits_objective, target_labels_need_online, long_enough_to_learn,

@@ -69,7 +69,7 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
     target_f, drafter_f, dtoks = flops_per_sample(recipe, tokens.prompt_mean, sample_lengths(lengths, tokens.output_room))
     per_sample = target_f + drafter_f
     batch = effective_batch(train.micro_batch, train.grad_accum, train.world_size)
-    per_epoch = steps_per_epoch(tokens.train_rows, train.micro_batch, train.grad_accum, train.world_size)
+    per_epoch = steps_per_epoch(tokens.samples, train.micro_batch, train.grad_accum, train.world_size)
     steps = optimizer_steps(per_epoch, train.epochs, train.max_steps)
     sequences = steps * batch
     total = per_sample * sequences
@@ -98,8 +98,8 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
              last_target_layer=max(recipe.drafter.target_layer_ids), labels=train.labels,
              source="Kaplan et al. 2020 (2N forward / 6N training FLOPs per token), plus attention"),
         term("train.steps", steps, "optimizer steps", "max_steps, else ceil(epochs x steps per epoch), a step per "
-             "effective batch of the rows each rank's sampler keeps (dflashx.resolve.formulas, as the trainer counts)",
-             train_rows=tokens.train_rows, epochs=train.epochs, steps_per_epoch=per_epoch, effective_batch=batch,
+             "effective batch of the samples each rank's sampler keeps (dflashx.resolve.formulas, as the trainer counts)",
+             samples=tokens.samples, epochs=train.epochs, steps_per_epoch=per_epoch, effective_batch=batch,
              global_batch=train.global_batch),
         sync.term,
         term("train.seconds", seconds, "s",
