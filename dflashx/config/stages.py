@@ -24,7 +24,9 @@ class StageBase(Strict):
 
 
 class IngestStage(StageBase):
-    shard_size: int = Field(50_000, ge=1, description="Prompts per output JSONL shard.", json_schema_extra=OUTPUT)
+    shard_size: int = Field(50_000, ge=1, description="Prompts per output JSONL shard (how the prompts are cut into "
+                            "files, not what they are: a change applies when the ingest next runs and re-runs "
+                            "nothing by itself).", json_schema_extra=OPERATIONAL)
 
 
 class ServingSpec(Strict):
