@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers_dflash import DRAFTER, tiny_target
+from helpers_models import make_recipe, resolved, stage_context
 
 from dflashx.backends.transformers_local import TransformersBackend
 from dflashx.config.fields import TORCH_DTYPE
@@ -14,8 +16,6 @@ from dflashx.dflash.fp8 import FP8Linear
 from dflashx.dflash.trainer import TrainJob
 from dflashx.stages import eval as eval_stage
 from dflashx.stages.generate import make_backend
-from helpers_dflash import DRAFTER, tiny_target
-from helpers_models import make_recipe, resolved, stage_context
 
 
 @pytest.fixture(scope="module")

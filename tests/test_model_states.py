@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _plan_recipes import seeds_recipe
+from helpers_dflash import config_for
 from torch import nn
 
 from dflashx.config.stages import TrainStage
@@ -18,7 +19,6 @@ from dflashx.plan.estimates.model_states import state_bytes, zero_model_state_by
 from dflashx.plan.plan import make_plan
 from dflashx.resolve.deepspeed import deepspeed_config
 from dflashx.targets.registry import lookup
-from helpers_dflash import config_for
 
 pytestmark = pytest.mark.slow
 

@@ -5,12 +5,12 @@ against the plan's, whose rows are the sources' prompts less the eval holdout.""
 from __future__ import annotations
 
 import pytest
+from helpers_dflash import DRAFTER, tiny_dataset, tiny_target
+from helpers_models import make_recipe, resolved
 
 from dflashx.dflash.trainer import TrainJob, run_training
 from dflashx.plan.plan import make_plan
 from dflashx.resolve.formulas import effective_batch, optimizer_steps, steps_per_epoch
-from helpers_dflash import DRAFTER, tiny_dataset, tiny_target
-from helpers_models import make_recipe, resolved
 
 pytestmark = pytest.mark.slow
 

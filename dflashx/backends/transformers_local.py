@@ -22,6 +22,7 @@ from dflashx.config.fields import TORCH_DTYPE
 from dflashx.config.schema import ChatTemplateSpec, GenerateStage
 from dflashx.data.chat_mask import THINK_OPEN, render_prompt
 
+
 def _batched(items: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
     it = iter(items)
     while batch := list(islice(it, size)):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 
-from dflashx.config.fields import PRECISION_BYTES
+from dflashx.config.fields import PRECISION_BYTES, Precision
 from dflashx.config.schema import DrafterSpec, GenerateStage, HardwareProfile, Recipe, TargetSpec, TrainStage
 from dflashx.resolve.deepspeed import deepspeed_config, launch_argv
 from dflashx.resolve.formulas import loss_gamma, muon_lr, spread_layer_ids
@@ -144,7 +144,7 @@ def _train(recipe: Recipe, facts: TargetFacts, block_size: int, load_precision: 
     })
 
 
-def load_precision(precision: str, on_gpu: bool) -> str:
+def load_precision(precision: Precision, on_gpu: bool) -> Precision:
     """What every stage that runs the target in-process (transformers generation, training, evaluation)
     loads it in: `target.precision`, but fp32 for a 16-bit target on a CPU profile."""
     return "fp32" if not on_gpu and precision in ("bf16", "fp16") else precision
