@@ -252,9 +252,47 @@ def training_rows() -> list[Row]:
     return rows
 
 
+# Measured on one lent H200 on 2026-12-04 (issue 22): a full-depth Qwen3.6-27B-shaped target (64 layers,
+# 26.9B parameters, random bf16 weights; its text stack 53.8 GB) trained with the product's TrainStep at
+# the seeds' settings (seq 3072, 512 anchors x block 16, 5 drafter layers, ZeRO 0, GPU defaults).
+FULL_DEPTH = "issue 22: H200, 2026-12-04, full-depth Qwen3.6-27B shape, product TrainStep"
+FULL_DEPTH_PEAK_GB, FULL_DEPTH_STEP_S, FULL_DEPTH_SEQ = 97.8, 0.616, 3072
+
+
+def full_depth_rows() -> list[Row]:
+    """The seeds' recipe on h200_x1 planned as measured: the peak allocated memory (the plan's training
+    peak: target weights, the drafter's model states, activations at the longest sample) and one micro
+    step at seq 3072 (the one FLOP model over that length at the table's hybrid MFU, which was measured on
+    16 target layers, not these 64).
+
+    benchmarks/results/train_step.json's peak_memory_gb are not memory rows: its 8 timed micro steps never
+    reach an optimizer step (grad_accum 64 at the default global batch), so no optimizer state was
+    allocated, while the plan's peak is that of a run."""
+    from dflashx.plan.estimates.mfu import mfu_row
+    from dflashx.plan.estimates.training import flops_per_sample
+    from dflashx.resolve import resolve
+    from dflashx.targets.registry import lookup
+
+    recipe = _recipe("h200_x1")
+    plan, _ = _terms(recipe)
+    train = next(s for s in plan["stages"] if s["name"] == "train")["estimates"]
+    resolved = resolve(recipe, lookup(recipe.target.model))
+    prompt = recipe.dataset.stats.prompt_tokens_mean
+    target_f, drafter_f, _ = flops_per_sample(resolved, prompt, [FULL_DEPTH_SEQ - prompt])
+    mfu = mfu_row(resolved.hardware, resolved.target.load_precision, hybrid=True).mfu
+    step_s = (target_f + drafter_f) / (resolved.stages.train.peak_flops * mfu)
+    conditions = (f"seeds' recipe on h200_x1: seq {FULL_DEPTH_SEQ}, 512 anchors x 16, 5 drafter layers, ZeRO 0, "
+                  f"{resolved.stages.train.optimizer}, micro batch 1")
+    return [Row("DFlash training peak memory, full-depth Qwen3.6-27B", conditions, FULL_DEPTH, "validation", "GB",
+                FULL_DEPTH_PEAK_GB, train["peak_gpu_memory_bytes"] / 1e9),
+            Row("DFlash training micro step, full-depth Qwen3.6-27B", conditions + f", MFU {mfu:.3f}", FULL_DEPTH,
+                "validation", "s/step", FULL_DEPTH_STEP_S, step_s)]
+
+
 def main() -> None:
     sys.path.insert(0, str(REPO))
-    rows = serving_rows() + mtp_rows() + moe_rows() + drafter_rows() + seeds_rows() + training_rows()
+    rows = (serving_rows() + mtp_rows() + moe_rows() + drafter_rows() + seeds_rows() + training_rows()
+            + full_depth_rows())
     judged = [r for r in rows if r.role == "validation"]
     errors = [abs(r.error) for r in judged]
     median = statistics.median(errors) if errors else 0.0

@@ -8,7 +8,7 @@ from _plan_recipes import seeds_recipe, tiny_recipe
 from dflashx.plan.context import build_context
 from dflashx.resolve import resolve
 from dflashx.plan.estimates.device import CALIBRATED_SERVING
-from dflashx.resolve.memory import zero_model_state_bytes
+from dflashx.resolve.model_states import state_bytes, zero_model_state_bytes
 from dflashx.plan.estimates.training import sample_lengths
 from dflashx.plan.plan import make_plan
 from dflashx.resolve.flops import target_forward_flops
@@ -27,19 +27,16 @@ def term(terms, key):
 
 @pytest.mark.parametrize("gpus", [1, 4, 8])
 def test_zero_formulas_match_deepspeeds_estimators(gpus):
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import (
         estimate_zero2_model_states_mem_needs,
     )
 
-    params, largest = 1_835_008_000, 340_000_000
+    params = 1_835_008_000
+    mixed = state_bytes("bf16", "fp32", "adamw", 2)  # what DeepSpeed's estimators assume: bf16 + fp32 master, Adam
     _, ds2 = estimate_zero2_model_states_mem_needs(params, num_gpus_per_node=gpus, cpu_offload=False)
-    assert zero_model_state_bytes(params, 2, gpus) == pytest.approx(ds2, abs=1)
-    _, ds3, _ = estimate_zero3_model_states_mem_needs(params, largest, num_gpus_per_node=gpus, cpu_offload=False,
-                                                      cpu_offload_params=False, zero_init=True)
-    assert zero_model_state_bytes(params, 3, gpus, largest) == pytest.approx(ds3, abs=1)
+    assert zero_model_state_bytes(params, 2, gpus, mixed) == pytest.approx(ds2, abs=1)
     # more partitioning never needs more memory
-    per_stage = [zero_model_state_bytes(params, s, gpus, largest) for s in range(4)]
+    per_stage = [zero_model_state_bytes(params, s, gpus, mixed) for s in range(3)]
     assert per_stage == sorted(per_stage, reverse=True)
 
 

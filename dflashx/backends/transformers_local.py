@@ -5,19 +5,22 @@ the tokenizer's chat template (tools and `enable_thinking` passed through), left
 batches of `batch_size`, and decoded greedily when `temperature` is 0. The reasoning/answer split
 comes from the decoded `<think>...</think>`; usage counts are real token counts (the prompt's
 tokens, and the generated tokens up to and including end-of-turn).
+
+The target loads in the resolved `target.load_precision`, as training and evaluation load it
+(`dflashx.config.fields.TORCH_DTYPE`, the one table); `fp8` needs the converter the generate stage
+hands in (`dflashx.dflash.fp8.target_to_fp8`: every decoder layer's linears in FP8, as eval runs it).
 """
 
 from __future__ import annotations
 
 from itertools import islice
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from dflashx.backends.base import Backend, Emit, completion_record, split_think
+from dflashx.config.fields import TORCH_DTYPE
 from dflashx.config.schema import ChatTemplateSpec, GenerateStage
 from dflashx.data.chat_mask import THINK_OPEN, render_prompt
-
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _batched(items: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
@@ -35,15 +38,19 @@ class TransformersBackend(Backend):
         tokenizer_path: str | Path,
         cfg: GenerateStage,
         chat: ChatTemplateSpec,
-        precision: str = "fp32",
+        load_precision: str = "fp32",
         device: str | None = None,
+        to_fp8: Callable[[Any, Any], Any] | None = None,
     ):
         super().__init__()
         self.model_path = str(model_path)
         self.tokenizer_path = str(tokenizer_path)
         self.cfg = cfg
         self.chat = chat
-        self.precision = precision
+        if load_precision == "fp8" and to_fp8 is None:
+            raise ValueError("target.precision fp8: the transformers backend needs the FP8 converter to run it")
+        self.load_precision = load_precision
+        self.to_fp8 = to_fp8
         self.device = device
         self.model: Any = None
         self.tokenizer: Any = None
@@ -53,10 +60,12 @@ class TransformersBackend(Backend):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = getattr(torch, DTYPES.get(self.precision, "float32"))
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, padding_side="left")
         self.tokenizer.pad_token = self.tokenizer.pad_token or self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, TORCH_DTYPE[self.load_precision]))
+        if self.to_fp8 is not None and self.load_precision == "fp8":
+            self.to_fp8(model, torch.device(self.device))
+        self.model = model.to(self.device).eval()
         return self
 
     def __exit__(self, *exc: object) -> None:

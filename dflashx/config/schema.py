@@ -117,7 +117,7 @@ class OutputHistogram(Strict):
 class DatasetStats(Strict):
     """Planning figures for data not generated yet; measured values replace them after a run."""
 
-    samples: int | None = Field(None, ge=0, description="Samples after filtering and dedupe.")
+    samples: int | None = Field(None, ge=0, description="Samples after filtering, dedupe and the eval holdout: the prompts the ingest writes for generation (what a pilot measures); default: the sources' counts less dataset.eval_holdout.")
     prompt_tokens_mean: FiniteFloat = Field(250.0, gt=0, description="Template + system + user tokens.")
     output_tokens_mean: FiniteFloat = Field(1800.0, gt=0, description="Generated tokens (reasoning+answer).")
     output_tokens_p90: FiniteFloat | None = Field(

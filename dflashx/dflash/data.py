@@ -80,11 +80,6 @@ def collate(rows: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": attn, "index": torch.tensor([r["index"] for r in rows])}
 
 
-def micro_batches_per_epoch(n_rows: int, micro_batch: int, world: int) -> int:
-    """Micro batches each rank sees per epoch (the sampler drops the ragged tail)."""
-    return (n_rows // world) // micro_batch
-
-
 def make_loader(
     ds: Any, micro_batch: int, rank: int, world: int, seed: int, epoch: int, skip_batches: int, pad_id: int,
     max_length: int | None = None,

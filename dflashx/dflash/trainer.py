@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import random
 from pathlib import Path
 from typing import Any, Callable
@@ -36,13 +35,14 @@ from torch import nn
 from dflashx.dflash import checkpoint as ckpt
 from dflashx.dflash.capture import FeatureCapture
 from dflashx.dflash.config import DFlashConfig, text_config
-from dflashx.dflash.data import load_token_dataset, make_loader, micro_batches_per_epoch
+from dflashx.dflash.data import load_token_dataset, make_loader
 from dflashx.dflash.distributed import setup_distributed, teardown_distributed
 from dflashx.dflash.job import JOB_FILE, TrainJob, check_world, torch_dtype
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.dflash.step import TrainStep
 from dflashx.dflash.target_shard import shard_target
 from dflashx.dflash.window import Window
+from dflashx.resolve.formulas import optimizer_steps, steps_per_epoch
 from dflashx.store.atomic import atomic_write_text
 
 __all__ = ["TrainJob", "build_drafter", "main", "run_training"]
@@ -143,12 +143,11 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     ds = load_token_dataset(job.dataset)
-    per_epoch = micro_batches_per_epoch(len(ds), train.micro_batch, world)
     accum = train.grad_accum
-    if per_epoch < accum:
+    per_epoch = steps_per_epoch(len(ds), train.micro_batch, accum, world)
+    if per_epoch < 1:
         raise ValueError(f"{job.dataset}: {len(ds)} rows cannot fill one global batch of {train.global_batch}")
-    steps_per_epoch = per_epoch // accum
-    total = train.max_steps or max(1, math.ceil(train.epochs * steps_per_epoch))
+    total = optimizer_steps(per_epoch, train.epochs, train.max_steps)
     trainer = TrainStep(job, target, drafter, total, device)
     engine = trainer.engine
     if rank == 0:
@@ -167,7 +166,7 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
         _trim_metrics(metrics_file, step)
     last: dict[str, Any] = {}
 
-    epoch_micro = steps_per_epoch * accum
+    epoch_micro = per_epoch * accum
     if train.mode == "offline":
         trainer.features_of = _offline_features(job, trainer.capture, ds, rank, world, pad_id, device)
     while step < total:

@@ -56,8 +56,8 @@ def build_context(recipe: ResolvedRecipe) -> PlanContext:
     storage = estimate_storage(recipe, tokens, train)
     memory = {
         "generate": serving_memory(recipe, facts, tokens, gen.serving),
-        "train": training_memory(recipe, tokens, train),
-        "eval": eval_memory(recipe, facts, train),
+        "train": training_memory(recipe, train),
+        "eval": eval_memory(recipe, train),
     }
     time_terms = {
         **host_seconds(recipe, tokens, storage.total, storage.by_artifact.get("export.drafter", 0.0)),

@@ -33,7 +33,8 @@ from dflashx.plan.launch import LaunchPlan, StageRuntime
 from dflashx.plan.ranges import Ranges, plan_ranges
 from dflashx.plan.rules import check
 from dflashx.resolve import ResolvedRecipe, ResolveError, resolve
-from dflashx.targets.registry import REGISTRY, TargetFacts, lookup
+from dflashx.targets.facts import registry_facts
+from dflashx.targets.registry import REGISTRY, TargetFacts
 
 
 @dataclass
@@ -116,7 +117,8 @@ def _unknown_target(recipe: Recipe) -> Finding:
     return error("unknown_target", "target.model",
                  f"no facts for target {recipe.target.model!r}: not a registered model, builtin or local folder "
                  "with config.json", f"set target.arch to a known architecture ({known}) or point target.model "
-                 "at a folder with config.json")
+                 "at a folder with config.json (from Python, plan a local folder with "
+                 "make_plan(recipe, dflashx.targets.facts.facts_for(recipe.target)))")
 
 
 def range_findings(ranges: Ranges, recipe: Recipe) -> list[Finding]:
@@ -137,12 +139,15 @@ def range_findings(ranges: Ranges, recipe: Recipe) -> list[Finding]:
 
 def make_plan(recipe: Recipe, facts: TargetFacts | None = None,
               calibration: PilotCalibration | None = None) -> Plan:
-    """Plan a validated recipe. `facts` come from the caller (a local config.json); else the registry.
-    `calibration` (a pilot's measurements, read by the caller) replaces the figures it measured."""
+    """Plan a validated recipe. `facts`: `dflashx.targets.facts.facts_for(recipe.target)`, what the CLI
+    passes (a local folder's config.json and tokenizer, else the registry); without them the planner,
+    which reads no files, uses that function's registry rule (`registry_facts`) alone, so a local target
+    must be given its facts. `calibration` (a pilot's measurements, read by the caller) replaces the
+    figures it measured."""
     report = None
     if calibration is not None:
         recipe, report = apply_calibration(recipe, calibration)
-    facts = facts or lookup(recipe.target.model) or (lookup(recipe.target.arch) if recipe.target.arch else None)
+    facts = facts or registry_facts(recipe.target)
     if facts is None:
         return _unresolved(recipe, _unknown_target(recipe))
     try:

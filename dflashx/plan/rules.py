@@ -30,19 +30,35 @@ def training_fits(ctx: PlanContext) -> Iterable[Finding]:
     if need > have:
         yield error("train_memory", "stages.train.micro_batch",
                     f"training needs about {human_bytes(need)} per GPU ({_parts(ctx.memory['train'].parts)}) "
-                    f"but {hw.gpu.name} has {human_bytes(have)}",
-                    _sharding_fix(ctx) + "lower stages.train.micro_batch, raise stages.train.zero_stage, shorten "
-                    "stages.train.anchors_per_seq, or use a profile with more GPU memory")
+                    f"but {hw.gpu.name} has {human_bytes(have)}", train_memory_fix(ctx))
+
+
+def train_memory_fix(ctx: PlanContext) -> str:
+    """The knobs that lower this recipe's training memory, the ones that would change nothing left out."""
+    train = ctx.recipe.stages.train
+    knobs = [_sharding_fix(ctx)] if _sharding_fix(ctx) else []
+    if train.micro_batch > 1:
+        knobs.append("lower stages.train.micro_batch")
+    if train.master_weights == "fp32" and train.precision == "bf16":
+        knobs.append("set stages.train.master_weights: bf16" + (" with stages.train.zero_stage 1 or 2"
+                                                                 if train.zero_stage == 0 else ""))
+    if train.world_size > 1 and train.zero_stage < 2:
+        knobs.append("raise stages.train.zero_stage")
+    knobs.append("shorten stages.train.anchors_per_seq or stages.train.max_length")
+    return ", ".join(knobs) + ", or use a profile with more GPU memory"
 
 
 def _sharding_fix(ctx: PlanContext) -> str:
-    """The first fix when the target is held whole: shard it over the node (or get GPUs to shard over)."""
-    train = ctx.recipe.stages.train
-    if train.mode != "online" or train.target_sharding == "zero3":
+    """With the target held whole: shard it over the node, or, where one GPU cannot even hold it, get GPUs
+    to shard over ("" when sharding would not help)."""
+    train, gpu = ctx.recipe.stages.train, ctx.recipe.hardware.gpu
+    if train.mode != "online" or train.target_sharding == "zero3" or gpu is None:
         return ""
     if train.world_size > 1:
-        return "shard the target over the node's GPUs (stages.train.shard_target: always, or auto), "
-    return "shard the target over several GPUs (a profile with more GPUs, stages.train.shard_target: auto), "
+        return "shard the target over the node's GPUs (stages.train.shard_target: always, or auto)"
+    if ctx.memory["train"].parts["target_weights"] >= gpu.memory_gb * 1e9:
+        return "shard the target over several GPUs (a profile with more GPUs, stages.train.shard_target: auto)"
+    return ""
 
 
 def _parts(parts: dict[str, float]) -> str:

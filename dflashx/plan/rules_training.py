@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 
 from dflashx.plan.context import PlanContext
 from dflashx.plan.findings import Finding, error, warning
+from dflashx.resolve.formulas import steps_per_epoch
 
 Rule = Callable[[PlanContext], Iterable[Finding]]
 
@@ -49,9 +50,8 @@ def sharded_target_not_fp8(ctx: PlanContext) -> Iterable[Finding]:
 
 def supervised_slots(ctx: PlanContext) -> float:
     """Supervised slots the planned run trains on: sequences x anchors x (block_size - 1)."""
-    train, block = ctx.recipe.stages.train, ctx.recipe.drafter.block_size
-    sequences = ctx.training.steps * train.global_batch
-    return sequences * ctx.training.drafter_tokens_per_sample / block * (block - 1)
+    block = ctx.recipe.drafter.block_size
+    return ctx.training.sequences * ctx.training.drafter_tokens_per_sample / block * (block - 1)
 
 
 def long_enough_to_learn(ctx: PlanContext) -> Iterable[Finding]:
@@ -73,5 +73,19 @@ def long_enough_to_learn(ctx: PlanContext) -> Iterable[Finding]:
                       "or add data")
 
 
+def rows_fill_a_batch(ctx: PlanContext) -> Iterable[Finding]:
+    """The trainer refuses a dataset whose rows cannot fill one optimizer step on every rank. A warning:
+    the count is planned from `dataset.stats`, a guess until the ingest (or a pilot) counts them, and
+    tokenize may drop some more."""
+    train, rows = ctx.recipe.stages.train, ctx.tokens.samples
+    if train.enabled and ctx.tokens.samples > 0 and steps_per_epoch(
+            rows, train.micro_batch, train.grad_accum, train.world_size) < 1:
+        yield warning("train_rows_short", "stages.train.global_batch",
+                      f"the plan expects {rows} training samples (the eval holdout out), fewer than one "
+                      f"optimizer step of {train.micro_batch} x {train.grad_accum} x {train.world_size} sequences: "
+                      "the train stage would refuse them",
+                      "lower stages.train.global_batch, lower dataset.eval_holdout, or add data")
+
+
 TRAINING_RULES: tuple[Rule, ...] = (loss_kernel_fits_objective, target_labels_need_online, sharded_target_not_fp8,
-                                     long_enough_to_learn)
+                                     long_enough_to_learn, rows_fill_a_batch)

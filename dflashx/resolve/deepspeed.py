@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from dflashx.config.schema import HardwareProfile, TrainStage
+from dflashx.resolve.formulas import effective_batch
 
 TRAIN_MODULE = "dflashx.stages.train"  # `python -m dflashx.stages.train --run-dir DIR` runs one rank
 RUN_DIR = "{run_dir}"  # placeholder the train stage fills in
@@ -35,7 +36,7 @@ def deepspeed_config(train: TrainStage, micro_batch: int, grad_accum: int, zero_
     if bf16 and train.master_weights == "bf16":
         precision |= {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
     return {
-        "train_batch_size": micro_batch * grad_accum * world_size,
+        "train_batch_size": effective_batch(micro_batch, grad_accum, world_size),
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,
         "gradient_clipping": train.grad_clip if train.optimizer == "adamw" else 0.0,

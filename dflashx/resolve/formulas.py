@@ -8,6 +8,9 @@
 - `loss_gamma(B)`: the slot-decay constant, the paper's 7 / 5 / 4 for B = 16 / 10 / 8, linear
   between those points and along the end slopes beyond them, at least 1.
 - `lr_factor(schedule, step, total, warmup)`: the learning-rate factor of the trainer's schedule.
+- `effective_batch`, `steps_per_epoch`, `optimizer_steps`: the trainer's batch arithmetic, which the
+  planner's step count and time use on the rows it expects tokenize to keep.
+- `min_loss_tokens(blocks, block_size)`: the fewest loss tokens a sample keeps (tokenize's drop rule).
 """
 
 from __future__ import annotations
@@ -40,6 +43,28 @@ def loss_gamma(block_size: int) -> float:
     else:
         value = g1 + (block_size - b1) * (g2 - g1) / (b2 - b1)
     return round(max(value, 1.0), 4)
+
+
+def effective_batch(micro_batch: int, grad_accum: int, world_size: int) -> int:
+    """Sequences per optimizer step: micro_batch x grad_accum x ranks (DeepSpeed's train_batch_size;
+    above `global_batch` when global_batch is not a multiple of micro_batch x ranks)."""
+    return micro_batch * grad_accum * world_size
+
+
+def steps_per_epoch(rows: int, micro_batch: int, grad_accum: int, world_size: int) -> int:
+    """Optimizer steps in one pass over `rows` training rows: each rank's DistributedSampler keeps
+    rows // ranks (drop_last), its loader full micro batches, an epoch ends at its last full step."""
+    return (rows // world_size) // micro_batch // grad_accum
+
+
+def optimizer_steps(per_epoch: int, epochs: float, max_steps: int | None) -> int:
+    """Optimizer steps of a run: `max_steps` when given, else ceil(epochs x steps per epoch), at least 1."""
+    return max_steps if max_steps is not None else max(1, math.ceil(epochs * per_epoch))
+
+
+def min_loss_tokens(blocks: float, block_size: int) -> int:
+    """Fewest loss tokens a tokenized sample keeps: ceil(min_loss_tokens_blocks x block_size)."""
+    return math.ceil(blocks * block_size)
 
 
 def warmup_steps(total_steps: int, warmup_ratio: float) -> int:
@@ -82,3 +107,8 @@ def muon_engine_lr(matched_lr: float, rows: int, cols: int) -> float:
     Jordan's Muon); AdamW-matching scales it by 0.2 sqrt(max(rows, cols)) (Moonlight; torch.optim.Muon
     `adjust_lr_fn="match_rms_adamw"`), so the engine's rate is the ratio of the two times `matched_lr`."""
     return matched_lr * MUON_RMS * math.sqrt(max(rows, cols)) / math.sqrt(max(1.0, rows / cols))
+
+
+def train_precision(on_gpu: bool, target_precision: str) -> str:
+    """The drafter's compute and weight precision: bf16 on GPUs, fp32 on a CPU profile or beside an fp32 target."""
+    return "bf16" if on_gpu and target_precision != "fp32" else "fp32"

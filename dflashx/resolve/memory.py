@@ -2,15 +2,19 @@
 (shard the target? how many sequences per micro step?) and the planner reports
 (`dflashx.plan.estimates.memory.training_memory`).
 
-Drafter model states: DeepSpeed's own ZeRO estimates (`estimate_zero2_model_states_mem_needs`,
-`estimate_zero3_model_states_mem_needs`, no offload): with bf16 mixed precision every trainable
-parameter costs 2 (bf16 weights) + 18 bytes (2 bf16 + 4 fp32 gradients, 4 fp32 master weights,
-8 Adam moments), and stage s partitions them over the Nd data-parallel ranks
-(Rajbhandari et al. 2020, "ZeRO", sec. 5):
-  stage 0: 20 P     stage 1: 4 P + 16 P / Nd     stage 2: 2 P + 18 P / Nd
-  stage 3: 4 x largest layer + 18 P / Nd
-Activations follow Korthikanti et al. 2022 (34 x hidden bytes per token per layer with flash
-attention), plus the drafter logits in fp32 and the captured target hidden states.
+Drafter model states: bytes per trainable parameter from what DeepSpeed allocates for the resolved
+precision, `master_weights`, optimizer and ZeRO stage (`dflashx.resolve.model_states`), partitioned
+over the data-parallel ranks.
+Activations of one sequence at the longest sample the run can see (a micro batch is padded to its
+longest row, and the peak is reached by the longest): L = min(stages.train.max_length,
+stages.tokenize.max_length) tokens (tokenize truncates or drops longer ones, the trainer cuts at its
+max_length) with n = min(anchors_per_seq, L) anchors, so D = n x B drafter block tokens:
+  drafter layers   34 x h bytes per token per layer at 16 bits (Korthikanti et al. 2022, "Reducing
+                   Activation Recomputation in Large Transformer Models": s b h (34 + 5 a s / h) per
+                   layer, whose attention-score term flash attention never stores), scaled by the
+                   element size, x D x layers;
+  logits           fp32 D x V (the LM head's output over the block tokens);
+  captured states  the k tapped target layers' hidden states, k x L x h elements.
 Target weights (frozen, at its load precision): a whole copy per GPU (`target_sharding: none`), or
 partitioned with ZeRO-3 over the node's N ranks (`zero3`): 1/N of them per rank plus the gather
 working set, the unit being computed and the next one, prefetched (ZeRO-3 all-gathers a module's
@@ -21,8 +25,11 @@ layer (all its experts: transformers holds them in one fused tensor) or the embe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dflashx.config.fields import PRECISION_BYTES
 from dflashx.resolve.flops import DrafterDims
+from dflashx.resolve.model_states import state_bytes, zero_model_state_bytes
 from dflashx.targets.registry import TargetFacts
 
 GATHER_UNITS = 2  # gathered at once under ZeRO-3: the unit computing and the one prefetched
@@ -33,26 +40,36 @@ def activation_bytes(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
 
 
-def zero_model_state_bytes(params: float, stage: int, ranks: int, largest_layer: float = 0.0) -> float:
-    """DeepSpeed ZeRO model-state bytes per rank for `params` trainable parameters (no offload)."""
-    n = max(ranks, 1)
-    return {
-        0: 20 * params,
-        1: 4 * params + 16 * params / n,
-        2: 2 * params + 18 * params / n,
-        3: 4 * largest_layer + 18 * params / n,
-    }[stage]
+KORTHIKANTI_BYTES_PER_TOKEN_PER_H = 34  # per layer and hidden unit, 16-bit elements, flash attention
 
 
-def sample_activation_bytes(facts: TargetFacts, drafter: DrafterDims, precision: str, length: float,
-                            drafter_tokens: float) -> float:
-    """One training sample's activations: the drafter's layers over its block tokens, its fp32
-    logits, and the k captured target hidden states over the sample's `length` tokens."""
-    act = activation_bytes(precision)
-    drafter_act = 34 / 2 * act * facts.hidden_size * drafter_tokens * drafter.num_layers
-    logits = 4 * facts.vocab_size * drafter_tokens
-    captured = drafter.k * length * facts.hidden_size * act
-    return drafter_act + logits + captured
+def longest_sample(train_max_length: int, tokenize_max_length: int) -> int:
+    """Tokens of the longest training sample: what both tokenize and the trainer let through."""
+    return min(train_max_length, tokenize_max_length)
+
+
+@dataclass(frozen=True)
+class SequenceActivations:
+    length: int  # tokens of the sample
+    drafter_tokens: int  # its block tokens
+    drafter_layers: float
+    logits: float
+    captured: float
+
+    @property
+    def total(self) -> float:
+        return self.drafter_layers + self.logits + self.captured
+
+
+def sequence_activations(facts: TargetFacts, drafter: DrafterDims, precision: str, length: int,
+                         anchors_per_seq: int, block_size: int) -> SequenceActivations:
+    """Activation bytes of one training sequence of `length` tokens (module doc), elements in `precision`."""
+    tokens = min(anchors_per_seq, length) * block_size
+    element = activation_bytes(precision)
+    per_token_layer = KORTHIKANTI_BYTES_PER_TOKEN_PER_H / 2 * element * facts.hidden_size
+    return SequenceActivations(
+        length=length, drafter_tokens=tokens, drafter_layers=per_token_layer * tokens * drafter.num_layers,
+        logits=4.0 * facts.vocab_size * tokens, captured=float(drafter.k * length * facts.hidden_size * element))
 
 
 def largest_gather_bytes(facts: TargetFacts, load_precision: str) -> float:
@@ -74,11 +91,12 @@ def target_weight_bytes(facts: TargetFacts, load_precision: str, sharding: str, 
 
 
 def train_memory_parts(facts: TargetFacts, drafter: DrafterDims, *, online: bool, load_precision: str,
-                       precision: str, sharding: str, ranks: int, zero_stage: int, micro_batch: int,
-                       length: float, drafter_tokens: float) -> dict[str, float]:
+                       train_precision: str, master_weights: str, optimizer: str, sharding: str, ranks: int,
+                       zero_stage: int, micro_batch: int, sample: SequenceActivations) -> dict[str, float]:
     """Per-GPU training memory by part (the planner's `train.peak_memory` and resolve's decisions)."""
+    per_param = state_bytes(train_precision, master_weights, optimizer, zero_stage)
     return {
         "target_weights": target_weight_bytes(facts, load_precision, sharding, ranks) if online else 0.0,
-        "drafter_model_states": zero_model_state_bytes(drafter.trainable, zero_stage, ranks, drafter.layer_params),
-        "activations": micro_batch * sample_activation_bytes(facts, drafter, precision, length, drafter_tokens),
+        "drafter_model_states": zero_model_state_bytes(drafter.trainable, zero_stage, ranks, per_param),
+        "activations": micro_batch * sample.total,
     }

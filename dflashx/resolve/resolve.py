@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import math
 
+from dflashx.config.fields import Precision
 from dflashx.config.schema import DrafterSpec, GenerateStage, HardwareProfile, Recipe, TargetSpec, TrainStage
 from dflashx.resolve.deepspeed import deepspeed_config, launch_argv, target_shard_config
-from dflashx.resolve.formulas import loss_gamma, muon_lr, spread_layer_ids
+from dflashx.resolve.formulas import loss_gamma, muon_lr, spread_layer_ids, train_precision
 from dflashx.resolve.model import (
     ResolvedDeploy, ResolvedDrafter, ResolvedGenerateStage, ResolvedRecipe, ResolvedStages, ResolvedTarget, ResolvedTrainStage,
 )
@@ -119,7 +120,8 @@ def _train(recipe: Recipe, facts: TargetFacts, drafter: ResolvedDrafter, load_pr
         micro = sharded_micro_batch(recipe, facts, drafter.dims, load_precision, world, zero)
     accum = max(1, math.ceil(train.global_batch / (micro * world)))
     on_gpu = hw.gpu is not None
-    bf16 = on_gpu and recipe.target.precision != "fp32"
+    precision = train_precision(on_gpu, recipe.target.precision)
+    bf16 = precision == "bf16"
     peak = hw.gpu.bf16_tflops * 1e12 if hw.gpu is not None else hw.cpu_tflops * 1e12
     return ResolvedTrainStage(**{
         **train.model_dump(include=set(TrainStage.model_fields)),
@@ -131,7 +133,7 @@ def _train(recipe: Recipe, facts: TargetFacts, drafter: ResolvedDrafter, load_pr
         "target_sharding": sharding,
         "target_deepspeed_config": target_shard_config(hw, world, micro, load_precision) if sharding == "zero3" else None,
         "grad_accum": accum,
-        "precision": "bf16" if bf16 else "fp32",
+        "precision": precision,
         "peak_flops": peak,
         "compile": on_gpu if train.compile == "auto" else train.compile,
         "loss_kernel": loss_kernel(train, on_gpu),
@@ -141,11 +143,16 @@ def _train(recipe: Recipe, facts: TargetFacts, drafter: ResolvedDrafter, load_pr
     })
 
 
+def load_precision(precision: Precision, on_gpu: bool) -> Precision:
+    """What every stage that runs the target in-process (transformers generation, training, evaluation)
+    loads it in: `target.precision`, but fp32 for a 16-bit target on a CPU profile."""
+    return "fp32" if not on_gpu and precision in ("bf16", "fp16") else precision
+
+
 def _target(recipe: Recipe, facts: TargetFacts) -> ResolvedTarget:
     t = recipe.target
-    on_cpu = recipe.hardware.gpu is None
-    load = "fp32" if on_cpu and t.precision in ("bf16", "fp16") else t.precision
-    return ResolvedTarget(**t.model_dump(include=set(TargetSpec.model_fields)), facts=facts, load_precision=load)
+    return ResolvedTarget(**t.model_dump(include=set(TargetSpec.model_fields)), facts=facts,
+                          load_precision=load_precision(t.precision, recipe.hardware.gpu is not None))
 
 
 def _generate(recipe: Recipe, facts: TargetFacts) -> ResolvedGenerateStage:

@@ -16,21 +16,24 @@ from __future__ import annotations
 
 from dflashx.config.schema import Recipe
 from dflashx.resolve.flops import DrafterDims
-from dflashx.resolve.memory import train_memory_parts
+from dflashx.resolve.formulas import train_precision
+from dflashx.resolve.memory import longest_sample, sequence_activations, train_memory_parts
 from dflashx.targets.registry import TargetFacts
 
 
 def longest_sample_bytes(recipe: Recipe, facts: TargetFacts, drafter: DrafterDims, load_precision: str,
                          sharding: str, world: int, zero: int, micro: int) -> float:
-    """Per-GPU training memory with every sample at the run's longest (max_length tokens, all
-    anchors_per_seq blocks): what a micro step may reach."""
-    train = recipe.stages.train
-    length = train.max_length or recipe.stages.tokenize.max_length
-    anchors = min(train.anchors_per_seq, length)
+    """Per-GPU training memory with every sample at the run's longest (`memory.longest_sample` tokens,
+    all anchors_per_seq blocks): what a micro step may reach."""
+    train, tokenize_max = recipe.stages.train, recipe.stages.tokenize.max_length
+    length = longest_sample(train.max_length or tokenize_max, tokenize_max)
+    sample = sequence_activations(facts, drafter, load_precision, length, train.anchors_per_seq,
+                                  recipe.drafter.block_size)
     parts = train_memory_parts(
         facts, drafter, online=train.mode == "online", load_precision=load_precision,
-        precision=recipe.target.precision, sharding=sharding, ranks=world, zero_stage=zero, micro_batch=micro,
-        length=length, drafter_tokens=anchors * recipe.drafter.block_size)
+        train_precision=train_precision(recipe.hardware.gpu is not None, recipe.target.precision),
+        master_weights=train.master_weights, optimizer=train.optimizer, sharding=sharding, ranks=world,
+        zero_stage=zero, micro_batch=micro, sample=sample)
     return sum(parts.values())
 
 

@@ -37,9 +37,10 @@ def make_backend(ctx: StageContext) -> Backend:
         from dflashx.backends.transformers_local import TransformersBackend
         from dflashx.targets.resolve import resolve_target_path, resolve_tokenizer_path
 
-        return TransformersBackend(
-            resolve_target_path(target), resolve_tokenizer_path(target), cfg, target.chat_template, target.precision
-        )
+        from dflashx.dflash.fp8 import target_to_fp8
+
+        return TransformersBackend(resolve_target_path(target), resolve_tokenizer_path(target), cfg,
+                                   target.chat_template, target.load_precision, to_fp8=target_to_fp8)
     from dflashx.backends.sglang import SGLangBackend
 
     return SGLangBackend(cfg, target.chat_template, target.model, ctx.runtime.launch, ctx.out_dir)

@@ -37,6 +37,7 @@ import numpy as np
 
 from dflashx.data import chat_contract
 from dflashx.data.chat_mask import ChatMasker, completion_messages
+from dflashx.resolve.formulas import min_loss_tokens
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import input_name
 from dflashx.store.atomic import replace_dir
@@ -242,7 +243,7 @@ def run(ctx: StageContext) -> StageResult:
     policy = TokenizePolicy(
         max_length=cfg.max_length,
         overflow=cfg.overflow,
-        min_loss_tokens=math.ceil(cfg.min_loss_tokens_blocks * recipe.drafter.block_size),
+        min_loss_tokens=min_loss_tokens(cfg.min_loss_tokens_blocks, recipe.drafter.block_size),
     )
     try:
         metrics = tokenize_completions(

@@ -62,7 +62,9 @@ def _with_template(facts: TargetFacts, target: TargetSpec) -> TargetFacts:
     return facts
 
 
-def _registry(target: TargetSpec) -> TargetFacts | None:
+def registry_facts(target: TargetSpec) -> TargetFacts | None:
+    """The registry's facts for `target` (`target.model`, then `target.arch`): pure, no file read. The
+    one rule `facts_for` and the planner (`make_plan` without facts) fall back to."""
     return lookup(target.model) or (lookup(target.arch) if target.arch else None)
 
 
@@ -71,11 +73,11 @@ def facts_for(target: TargetSpec) -> TargetFacts | None:
     when a local config.json is unreadable and `target.arch` names no known architecture."""
     config = Path(target.model) / "config.json"
     if not config.is_file():
-        return _registry(target)
+        return registry_facts(target)
     try:
         facts = facts_from_config(json.loads(config.read_text(encoding="utf-8")), name=target.model)
     except (ConfigFactsError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        known = _registry(target) if target.arch else None
+        known = registry_facts(target) if target.arch else None
         if known is None:
             raise ConfigFactsError(f"{config}: {exc} (target.model)") from exc
         return known

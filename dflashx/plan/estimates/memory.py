@@ -1,8 +1,10 @@
 """Peak device memory per stage (per GPU).
 
-Training: the terms of `dflashx.resolve.memory` (drafter ZeRO model states, activations, the
-target's weights whole or ZeRO-3 sharded with its gather working set), over the mean training
-sample; serving: SGLang's preallocation or weights + batch; eval: one speculative decode.
+Training: the terms of `dflashx.resolve.memory` (the drafter's model states as DeepSpeed allocates
+them for the resolved precision, `master_weights`, optimizer and ZeRO stage; activations at the
+longest sample the run can see; the target's weights whole or ZeRO-3 sharded with its gather
+working set); serving: SGLang's preallocation or weights + batch; eval: one speculative decode at
+its real context.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflashx.config.fields import PRECISION_BYTES as BYTES
-from dflashx.config.schema import Recipe
 from dflashx.plan.estimates.generation import Serving
 from dflashx.plan.estimates.serving import mtp_memory
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.estimates.training import Training
 from dflashx.plan.explain import Term, term
-from dflashx.resolve.memory import activation_bytes, train_memory_parts
+from dflashx.resolve.memory import (
+    SequenceActivations, activation_bytes, longest_sample, sequence_activations, train_memory_parts,
+)
+from dflashx.resolve.model_states import state_bytes
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.targets.registry import TargetFacts
 
@@ -49,31 +53,55 @@ def serving_memory(recipe: ResolvedRecipe, facts: TargetFacts, tokens: Tokens, s
     return StageMemory(total, parts, term("generate.peak_memory", total, "bytes", formula, **parts))
 
 
-def training_memory(recipe: ResolvedRecipe, tokens: Tokens, tr: Training) -> StageMemory:
+def training_memory(recipe: ResolvedRecipe, tr: Training) -> StageMemory:
     facts, d = recipe.target.facts, recipe.stages.train
+    longest = longest_sample_activations(recipe)
+    per_param = state_bytes(d.precision, d.master_weights, d.optimizer, d.zero_stage)
     parts = train_memory_parts(
         facts, tr.drafter, online=d.mode == "online", load_precision=recipe.target.load_precision,
-        precision=recipe.target.precision, sharding=d.target_sharding, ranks=d.world_size, zero_stage=d.zero_stage,
-        micro_batch=d.micro_batch, length=min(tokens.train_len_mean, d.max_length),
-        drafter_tokens=tr.drafter_tokens_per_sample)
+        train_precision=d.precision, master_weights=d.master_weights, optimizer=d.optimizer,
+        sharding=d.target_sharding, ranks=d.world_size, zero_stage=d.zero_stage, micro_batch=d.micro_batch,
+        sample=longest)
     total = sum(parts.values())
-    target = ("1/N of the target weights + 2 gathered units (ZeRO-3 sharded)" if d.target_sharding == "zero3"
-              else "target weights")
+    target = ("1/N of the target weights + 2 gathered units + whole embedding/head (ZeRO-3 sharded)"
+              if d.target_sharding == "zero3" else "target weights")
     formula = (f"{target} (online) + ZeRO-{d.zero_stage} model states of {tr.drafter.trainable} drafter "
-               f"params over {d.world_size} ranks + micro_batch x (34 h bytes/token/layer x drafter tokens x "
-               "layers + fp32 logits + captured states)")
-    return StageMemory(total, parts, term("train.peak_memory", total, "bytes", formula, micro_batch=d.micro_batch,
-                                          target_sharding=d.target_sharding, **parts))
+               f"params at {per_param.total:g} bytes each ({d.precision} weights, {d.master_weights} master, "
+               f"{d.optimizer}) over {d.world_size} ranks + micro_batch x activations of the longest sample (34 h "
+               "bytes/token/layer x drafter tokens x layers + fp32 logits + captured states)")
+    return StageMemory(total, parts, term("train.peak_memory", total, "bytes", formula,
+                                          micro_batch=d.micro_batch, target_sharding=d.target_sharding,
+                                          longest_sample=longest.length, longest_drafter_tokens=longest.drafter_tokens,
+                                          **parts))
 
 
-def eval_memory(recipe: Recipe, facts: TargetFacts, tr: Training) -> StageMemory:
-    """Target + drafter weights and one sequence's KV/state (batch-1 speculative decoding)."""
-    ctx = recipe.stages.eval.max_new_tokens + 4096
+def longest_sample_activations(recipe: ResolvedRecipe) -> SequenceActivations:
+    """One training sequence's activations at the longest sample the run can see (`resolve.memory`)."""
+    train = recipe.stages.train
+    length = longest_sample(train.max_length, recipe.stages.tokenize.max_length)
+    return sequence_activations(recipe.target.facts, recipe.drafter.dims, recipe.target.load_precision, length,
+                                train.anchors_per_seq, recipe.drafter.block_size)
+
+
+def eval_context(recipe: ResolvedRecipe) -> int:
+    """Tokens of the longest sequence evaluation decodes: a prompt as long as the longest training
+    sample (`resolve.memory.longest_sample`: tokenize keeps nothing longer, so neither are the held-out
+    prompts of the same data; a suite with longer prompts exceeds it) plus `stages.eval.max_new_tokens`."""
+    return longest_sample(recipe.stages.train.max_length, recipe.stages.tokenize.max_length) \
+        + recipe.stages.eval.max_new_tokens
+
+
+def eval_memory(recipe: ResolvedRecipe, tr: Training) -> StageMemory:
+    """Target + drafter weights and one sequence's KV/state at `eval_context` (batch-1 speculative
+    decoding), everything in the precision evaluation loads (`target.load_precision`)."""
+    facts, load = recipe.target.facts, recipe.target.load_precision
+    context = eval_context(recipe)
     parts = {
-        "target_weights": facts.total_params * BYTES[recipe.target.precision],
-        "drafter_weights": tr.drafter.trainable * BYTES[recipe.target.precision],
-        "one_sequence": facts.kv_bytes_per_token(2) * ctx + facts.recurrent_state_bytes,
+        "target_weights": facts.total_params * BYTES[load],
+        "drafter_weights": tr.drafter.trainable * BYTES[load],
+        "one_sequence": facts.kv_bytes_per_token(activation_bytes(load)) * context + facts.recurrent_state_bytes,
     }
     total = sum(parts.values())
     return StageMemory(total, parts, term("eval.peak_memory", total, "bytes",
-                                          "target + drafter weights + KV/state of one sequence", **parts))
+                                          "target + drafter weights + KV/state of one sequence of the longest "
+                                          "training sample + max_new_tokens", context_tokens=context, **parts))

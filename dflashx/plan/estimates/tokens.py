@@ -2,7 +2,12 @@
 
 Output tokens are what the `max_tokens` cap lets through, E[min(O, max_tokens)], and a training
 sample's length what `max_length` keeps, P + E[min(O, max_tokens, max_length - P)], both from the
-one output-length distribution (`lengths.OutputLengths.of`), not the capped mean.
+one output-length distribution (`lengths.OutputLengths.of`), not the capped mean. The samples are
+the prompts the ingest writes for generation (`dataset.eval_holdout` out), and the rows the trainer
+reads. Tokenize's drops (fewer than `min_loss_tokens_blocks` x B loss tokens, `overflow: drop`) are not
+predicted: a sample's loss tokens include the chat template's tokens around the completion, which the
+completion-length distribution does not hold, so a prediction would drop short completions that
+tokenize keeps.
 """
 
 from __future__ import annotations
@@ -53,8 +58,9 @@ def raw_prompt_count(recipe: Recipe) -> int:
 def count_tokens(recipe: Recipe, max_length: int, lengths: Lengths) -> Tokens:
     stats, cap = recipe.dataset.stats, recipe.stages.generate.max_tokens
     counted = raw_prompt_count(recipe)
-    samples = stats.samples if stats.samples is not None else counted
-    raw = max(counted, samples)  # filtering only removes prompts
+    holdout = recipe.dataset.eval_holdout
+    samples = stats.samples if stats.samples is not None else max(counted - holdout, 0)
+    raw = max(counted, samples + holdout)  # filtering only removes prompts; the holdout is ingested too
     output_mean = lengths.clipped_moment(1, cap)
     room = max(min(max_length - stats.prompt_tokens_mean, cap), 0.0)
     train_len = stats.prompt_tokens_mean + lengths.clipped_moment(1, room)
@@ -62,10 +68,11 @@ def count_tokens(recipe: Recipe, max_length: int, lengths: Lengths) -> Tokens:
     total = samples * (stats.prompt_tokens_mean + output_mean)
     terms = (
         term("tokens.raw_prompts", raw, "prompts",
-             "max(sum over sources of min(expected_count, cap), samples)", counted=counted,
+             "max(sum over sources of min(expected_count, cap), samples + eval_holdout)", counted=counted,
              sources=len(recipe.dataset.sources)),
-        term("tokens.samples", samples, "samples", "dataset.stats.samples, else the counted raw prompts",
-             stats_samples=stats.samples, counted=counted),
+        term("tokens.samples", samples, "samples", "dataset.stats.samples, else the counted raw prompts less "
+             "dataset.eval_holdout (the ingest keeps those out of generation)",
+             stats_samples=stats.samples, counted=counted, eval_holdout=holdout),
         term("tokens.output_mean", output_mean, "tokens/sample", "E[min(O, generate.max_tokens)] of the output-length "
              "distribution", max_tokens=cap, uncapped_mean=lengths.mean, distribution=lengths.source),
         term("tokens.output", out, "tokens", "samples x E[min(O, generate.max_tokens)]",

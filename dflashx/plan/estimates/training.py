@@ -16,7 +16,6 @@ they are then not added again), else the cited table row (`mfu.py`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from dflashx.plan.estimates.device import CALIBRATED_MFU, device_of, factor
@@ -27,6 +26,7 @@ from dflashx.plan.estimates.mfu import mfu_row
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.explain import Term, term
 from dflashx.resolve.flops import DrafterDims, block_pairs, drafter_step_flops, target_pass_flops
+from dflashx.resolve.formulas import effective_batch, optimizer_steps, steps_per_epoch
 from dflashx.resolve.model import ResolvedRecipe
 
 
@@ -34,6 +34,7 @@ from dflashx.resolve.model import ResolvedRecipe
 class Training:
     drafter: DrafterDims
     steps: int
+    sequences: int  # sequences trained: steps x the effective batch
     drafter_tokens_per_sample: float
     flops: float
     seconds: float
@@ -69,12 +70,10 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
     drafter = recipe.drafter.dims
     target_f, drafter_f, dtoks = flops_per_sample(recipe, tokens.prompt_mean, sample_lengths(lengths, tokens.output_room))
     per_sample = target_f + drafter_f
-    if train.max_steps is not None:
-        steps = train.max_steps
-        sequences = steps * train.global_batch
-    else:
-        sequences = tokens.samples * train.epochs
-        steps = math.ceil(sequences / train.global_batch)
+    batch = effective_batch(train.micro_batch, train.grad_accum, train.world_size)
+    per_epoch = steps_per_epoch(tokens.samples, train.micro_batch, train.grad_accum, train.world_size)
+    steps = optimizer_steps(per_epoch, train.epochs, train.max_steps)
+    sequences = steps * batch
     total = per_sample * sequences
     dev = device_of(hw)
     row = mfu_row(hw, recipe.target.load_precision, facts.num_linear_layers > 0)
@@ -102,8 +101,10 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
              target=target_f, drafter_and_head=drafter_f, L_mean=tokens.train_len_mean,
              last_target_layer=max(recipe.drafter.target_layer_ids), labels=train.labels,
              source="Kaplan et al. 2020 (2N forward / 6N training FLOPs per token), plus attention"),
-        term("train.steps", steps, "optimizer steps", "max_steps, else ceil(samples x epochs / global_batch)",
-             samples=tokens.samples, epochs=train.epochs, global_batch=train.global_batch),
+        term("train.steps", steps, "optimizer steps", "max_steps, else ceil(epochs x steps per epoch), a step per "
+             "effective batch of the samples each rank's sampler keeps (dflashx.resolve.formulas, as the trainer counts)",
+             samples=tokens.samples, epochs=train.epochs, steps_per_epoch=per_epoch, effective_batch=batch,
+             global_batch=train.global_batch),
         sync.term,
         gather.term,
         term("train.seconds", seconds, "s",
@@ -112,4 +113,4 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
              sequences=sequences, peak_flops=train.peak_flops, gpus=dev.count, mfu=mfu, mfu_source=mfu_source,
              compute_s=compute_s, grad_sync_s=sync_s, target_gather_s=gather_s, calibrated=calibrated),
     )
-    return Training(drafter, steps, dtoks, total, seconds, terms)
+    return Training(drafter, steps, sequences, dtoks, total, seconds, terms)
