@@ -252,6 +252,35 @@ def training_rows() -> list[Row]:
     return rows
 
 
+TRAIN_STEP_MOE = REPO / "benchmarks" / "results" / "train_step_moe_h100.json"
+
+
+def moe_training_rows() -> list[Row]:
+    """The product trainer at the Qwen3-30B-A3B layer shape on one H100 (benchmarks/results/
+    train_step_moe_h100.json: full depth, and 36 layers where the naive step fits too) against the one
+    FLOP model (active parameters) at the dense shape's measured MFU: no MoE-specific constant. Step time
+    only, for the reason `full_depth_rows` gives (no optimizer step is reached, so the peak is not a run's)."""
+    from dflashx.config.schema import HardwareProfile
+    from dflashx.plan.estimates.mfu import mfu_row
+
+    if not TRAIN_STEP_MOE.is_file():
+        return []
+    hw = HardwareProfile.model_validate(_profile("h100_x8"))
+    dense = mfu_row(hw, "bf16", hybrid=False)
+    rows = []
+    for run in json.loads(TRAIN_STEP_MOE.read_text())["runs"].values():
+        for shape in run["results"]:
+            step = next(r for r in shape["rows"] if r["variant"] == "trainer")
+            predicted = shape["useful_tflop_per_step"] * 1e12 / (hw.gpu.bf16_tflops * 1e12 * dense.mfu)
+            rows.append(Row(f"DFlash training step, {shape['shape']}, {shape['target_layers']} layers",
+                            f"{shape['target_layers']} target layers (tapped {shape['tapped']}), seq {shape['seq']}, "
+                            f"{shape['anchors']} anchors, block {shape['block']}, 1x H100, GPU defaults; planned "
+                            f"with the dense shape's MFU ({dense.mfu:.3f})",
+                            "benchmarks/results/train_step_moe_h100.json (this project, 2026-12-05)", "validation",
+                            "s/step", step["step_s"], predicted))
+    return rows
+
+
 # Measured on one lent H200 on 2026-12-04 (issue 22): a full-depth Qwen3.6-27B-shaped target (64 layers,
 # 26.9B parameters, random bf16 weights; its text stack 53.8 GB) trained with the product's TrainStep at
 # the seeds' settings (seq 3072, 512 anchors x block 16, 5 drafter layers, ZeRO 0, GPU defaults).
@@ -292,7 +321,7 @@ def full_depth_rows() -> list[Row]:
 def main() -> None:
     sys.path.insert(0, str(REPO))
     rows = (serving_rows() + mtp_rows() + moe_rows() + drafter_rows() + seeds_rows() + training_rows()
-            + full_depth_rows())
+            + moe_training_rows() + full_depth_rows())
     judged = [r for r in rows if r.role == "validation"]
     errors = [abs(r.error) for r in judged]
     median = statistics.median(errors) if errors else 0.0
