@@ -23,7 +23,7 @@ from dflashx.config import suggest
 from dflashx.config.errors import (
     Loc,
     Origin,
-    Problem,
+    RecipeProblem,
     RecipeError,
     SourceMap,
     dotted,
@@ -123,16 +123,16 @@ def load_profile(name: str, recipe_dir: Path | None = None) -> HardwareProfile:
 # --------------------------------------------------------------------------- overrides
 
 
-def parse_overrides(items: Sequence[str]) -> tuple[list[Override], list[Problem]]:
+def parse_overrides(items: Sequence[str]) -> tuple[list[Override], list[RecipeProblem]]:
     """Parse `KEY=VALUE` strings; values are YAML (`1e-4`, `true`, `[1, 2]`, `{a: 1}`)."""
     out, problems = [], []
     for text in items:
         key, sep, raw = text.partition("=")
         parts = key.strip().split(".")
         if not sep or not all(parts):
-            problems.append(Problem(
+            problems.append(RecipeProblem(
                 "override must look like KEY=VALUE", _override_origin(text),
-                hint="e.g. train.lr=1e-4, stages.generate.max_tokens=4096 or hardware=b200_nvl8",
+                fix="e.g. train.lr=1e-4, stages.generate.max_tokens=4096 or hardware=b200_nvl8",
             ))
             continue
         loc: Loc = tuple(int(p) if p.isdigit() else p for p in parts)
@@ -141,7 +141,7 @@ def parse_overrides(items: Sequence[str]) -> tuple[list[Override], list[Problem]
         try:
             value = load_value(raw)
         except yaml.YAMLError as exc:
-            problems.append(Problem(f"cannot parse the value: {exc}", _override_origin(text), dotted(loc)))
+            problems.append(RecipeProblem(f"cannot parse the value: {exc}", _override_origin(text), dotted(loc)))
             continue
         out.append(Override(loc, value, text))
     return out, problems
@@ -182,10 +182,10 @@ class _Loader:
     def __init__(self, top: Path | str) -> None:
         self.top = top  # the recipe (or profile) being loaded, named in the error's title
         self.sources = SourceMap()
-        self.problems: list[Problem] = []
+        self.problems: list[RecipeProblem] = []
         self.unresolved: list[Loc] = []
 
-    def fail(self, problems: list[Problem]) -> NoReturn:
+    def fail(self, problems: list[RecipeProblem]) -> NoReturn:
         raise RecipeError(problems, self.top) from None
 
     def raise_if_any(self) -> None:
@@ -214,18 +214,18 @@ class _Loader:
             where = Origin(str(file), key_node.start_mark.line + 1)
             base_name = value_node.value
             if not isinstance(value_node, yaml.ScalarNode) or value_node.tag != "tag:yaml.org,2002:str":
-                self.fail([Problem("`extends` must be a path to a base recipe", where, "extends",
-                                   expected="a file name such as base.yaml")])
+                self.fail([RecipeProblem("`extends` must be a path to a base recipe", where, "extends",
+                                         expected="a file name such as base.yaml")])
             base = Path(os.path.normpath(file.parent / base_name))
             chain = stack + (file,)
             if base.resolve() in {p.resolve() for p in chain}:
                 cycle = " -> ".join(p.name for p in chain + (base,))
-                self.fail([Problem(f"extends cycle: {cycle}", where, "extends",
-                                   hint="remove `extends` from one of these files")])
+                self.fail([RecipeProblem(f"extends cycle: {cycle}", where, "extends",
+                                         fix="remove `extends` from one of these files")])
             if not base.is_file():
                 siblings = (f.name for f in base.parent.glob("*.yaml")) if base.parent.is_dir() else ()
                 hint = suggest.did_you_mean(base.name, siblings) or f"`extends` is relative to {file.parent}"
-                self.fail([Problem(f"base recipe not found: {base}", where, "extends", hint=hint)])
+                self.fail([RecipeProblem(f"base recipe not found: {base}", where, "extends", fix=hint)])
             base_cfg = self.compose(base, chain)
             cfg.pop("extends")
         self.sources.add_file(file, node)
@@ -236,15 +236,15 @@ class _Loader:
         for n in range(1, len(ov.loc)):
             above = select(cfg, ov.loc[:n])
             if above is not ABSENT and above is not None and not isinstance(above, (dict, list)):
-                self.problems.append(Problem(
+                self.problems.append(RecipeProblem(
                     f"cannot apply override: `{dotted(ov.loc[:n])}` is a value, not a section",
-                    ov.origin, dotted(ov.loc), hint=f"set `{dotted(ov.loc[:n])}=...` itself"))
+                    ov.origin, dotted(ov.loc), fix=f"set `{dotted(ov.loc[:n])}=...` itself"))
                 return
         try:
             update(cfg, ov.loc, ov.value)
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            self.problems.append(Problem(f"cannot apply override: {str(exc).splitlines()[0]}", ov.origin,
-                                         dotted(ov.loc)))
+            self.problems.append(RecipeProblem(f"cannot apply override: {str(exc).splitlines()[0]}", ov.origin,
+                                               dotted(ov.loc)))
             return
         self.sources.add_override(ov.loc, ov.origin)
 
@@ -272,8 +272,8 @@ class _Loader:
             hint = suggest.did_you_mean(name, known) or (
                 f"known profiles: {', '.join(sorted(known))}" if known else "no profiles found")
             dirs = ", ".join(str(d) for d in profile_dirs(recipe_dir))
-            self.problems.append(Problem(f"unknown hardware profile '{name}' (searched {dirs})", where,
-                                         "hardware", hint=hint))
+            self.problems.append(RecipeProblem(f"unknown hardware profile '{name}' (searched {dirs})", where,
+                                               "hardware", fix=hint))
             return None
         cfg = self.read(known[name], prefix)
         cfg.setdefault("name", name)
@@ -282,9 +282,10 @@ class _Loader:
             cal = self.read(calibration, prefix)
             extra = [k for k in cal if k != "calibrated"]
             if extra:
-                self.problems.append(Problem("a calibration file may only hold `calibrated:`",
-                                             self.sources.locate(prefix + (extra[0],)), dotted(prefix + (extra[0],)),
-                                             hint="written by `dflashx calibrate`; edit the profile itself instead"))
+                loc = prefix + (extra[0],)
+                self.problems.append(RecipeProblem(
+                    "a calibration file may only hold `calibrated:`", self.sources.locate(loc), dotted(loc),
+                    fix="written by `dflashx calibrate`; edit the profile itself instead"))
             else:
                 cfg = merge(cfg, cal)
         return cfg
@@ -303,8 +304,8 @@ class _Loader:
 
         walk(cfg, ())
         for loc in found:
-            self.problems.append(Problem("credentials do not belong in a recipe (value not shown)",
-                                         self.sources.locate(loc), dotted(loc), hint=SECRETS_HINT))
+            self.problems.append(RecipeProblem("credentials do not belong in a recipe (value not shown)",
+                                               self.sources.locate(loc), dotted(loc), fix=SECRETS_HINT))
         return found
 
     def resolve(self, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -337,7 +338,7 @@ class _Loader:
         else:
             message = f"cannot resolve interpolation: {exc}"
             hint = "set the variable or give a default: ${oc.env:NAME,default}" if exc.env else None
-        self.problems.append(Problem(message, self.sources.locate(loc), dotted(loc), hint=hint))
+        self.problems.append(RecipeProblem(message, self.sources.locate(loc), dotted(loc), fix=hint or ""))
 
 
 # --------------------------------------------------------------------------- relative paths

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 
 from dflashx.config.fields import PRECISION_BYTES
+from dflashx.config.problem import describe
 from dflashx.config.schema import DrafterSpec, GenerateStage, HardwareProfile, Recipe, TargetSpec, TrainStage
 from dflashx.resolve.deepspeed import deepspeed_config, launch_argv
 from dflashx.resolve.formulas import loss_gamma, muon_lr, spread_layer_ids
@@ -43,11 +44,12 @@ from dflashx.targets.registry import TargetFacts
 
 
 class ResolveError(ValueError):
-    """A derived value that cannot be decided; `key` is the recipe key to set."""
+    """A derived value that cannot be decided (a `dflashx.config.problem.Problem`); `key` is the
+    recipe key to set."""
 
     def __init__(self, code: str, key: str, message: str, fix: str):
-        super().__init__(f"{key}: {message}; {fix}")
         self.code, self.key, self.message, self.fix = code, key, message, fix
+        super().__init__(describe(self))
 
 
 def world_size(hw: HardwareProfile) -> int:
