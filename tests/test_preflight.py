@@ -165,7 +165,7 @@ def test_target_folder_without_config_fails(tmp_path):
 def test_builtin_target_is_not_built(monkeypatch):
     import dflashx.tiny
 
-    monkeypatch.setattr(dflashx.tiny, "resolve_builtin", lambda value: pytest.fail("the preflight built " + value))
+    monkeypatch.setattr(dflashx.tiny, "locate_builtin", lambda value: pytest.fail("the preflight built " + value))
     check = pf.check_target(TargetSpec(model="builtin:tiny-qwen3"), 5)
     assert check.status == "ok" and "built on first use" in check.message
 

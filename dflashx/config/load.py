@@ -5,7 +5,7 @@ override -> the hardware profile (by name, with its optional calibration file) -
 dotted overrides -> secrets check -> `${...}` interpolation -> relative paths -> validation.
 Every problem found on the way is collected and raised together as one `RecipeError`. Each file is
 read by `yaml_read.read_mapping` (UTF-8, bounded alias expansion, duplicate keys) into plain dicts
-and lists, composed with `tree` and resolved with `interpolate`.
+and lists, composed with `tree` and interpolated with `interpolate`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dflashx.config.errors import (
     dotted,
     validation_problems,
 )
-from dflashx.config.interpolate import InterpolationError, MissingValue, Resolver, needs_resolving
+from dflashx.config.interpolate import InterpolationError, MissingValue, Interpolator, needs_interpolation
 from dflashx.config.schema import STAGE_ORDER, HardwareProfile, Recipe
 from dflashx.config.tree import ABSENT, merge, select, update
 from dflashx.config.yaml_read import load_value, read_mapping
@@ -86,7 +86,7 @@ def profile_dirs(recipe_dir: Path | None = None) -> list[Path]:
     """Folders searched for `NAME.yaml`, first match wins (see docs/hardware.md): each folder of
     `$DFLASHX_PROFILES_DIR`, the recipe's `../hardware_profiles`, `./hardware_profiles`, then the
     built-in profiles inside the package. User folders come first, so a user's `NAME.yaml`
-    shadows the built-in profile of that name. Duplicates (after resolving) are listed once."""
+    shadows the built-in profile of that name. Duplicates (the same folder written two ways) are listed once."""
     dirs = [Path(p) for p in os.environ.get(PROFILES_ENV, "").split(os.pathsep) if p]
     if recipe_dir is not None:
         dirs.append(recipe_dir.parent / "hardware_profiles")
@@ -112,7 +112,7 @@ def load_profile(name: str, recipe_dir: Path | None = None) -> HardwareProfile:
     """One hardware profile by name, calibration merged, validated on its own."""
     loader = _Loader(name)
     cfg = loader.profile(name, recipe_dir, where=Origin(f"profile '{name}'"), prefix=())
-    data = loader.resolve(cfg) if cfg is not None else {}
+    data = loader.interpolate(cfg) if cfg is not None else {}
     loader.raise_if_any()
     try:
         return HardwareProfile.model_validate(data)
@@ -151,7 +151,7 @@ def parse_overrides(items: Sequence[str]) -> tuple[list[Override], list[RecipePr
 
 
 def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> LoadedRecipe:
-    """Compose, override, interpolate, resolve paths and validate one recipe file."""
+    """Compose, override, interpolate, anchor relative paths and validate one recipe file."""
     file = Path(os.path.abspath(path))
     loader = _Loader(file)
     cfg = loader.compose(file, stack=())
@@ -165,9 +165,9 @@ def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
         if ov.loc != ("hardware",):
             loader.apply(cfg, ov)
     skip = loader.check_secrets(cfg)
-    data = loader.resolve(cfg)
-    _resolve_paths(data, loader.sources)
-    skip += loader.unresolved
+    data = loader.interpolate(cfg)
+    _anchor_relative_paths(data, loader.sources)
+    skip += loader.uninterpolated
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:  # skipped keys already have their problem recorded
@@ -183,7 +183,7 @@ class _Loader:
         self.top = top  # the recipe (or profile) being loaded, named in the error's title
         self.sources = SourceMap()
         self.problems: list[RecipeProblem] = []
-        self.unresolved: list[Loc] = []
+        self.uninterpolated: list[Loc] = []
 
     def fail(self, problems: list[RecipeProblem]) -> NoReturn:
         raise RecipeError(problems, self.top) from None
@@ -254,7 +254,7 @@ class _Loader:
             return
         name = cfg["hardware"]
         try:
-            name = Resolver(cfg).value(name) if needs_resolving(name) else name
+            name = Interpolator(cfg).value(name) if needs_interpolation(name) else name
         except InterpolationError as exc:
             return self._interpolation_problem(("hardware",), exc)
         if isinstance(name, str):
@@ -263,7 +263,7 @@ class _Loader:
             if profile is not None:
                 cfg["hardware"] = profile
             else:
-                self.unresolved.append(("hardware",))
+                self.uninterpolated.append(("hardware",))
 
     def profile(self, name: str, recipe_dir: Path | None, where: Origin, prefix: Loc) -> dict[str, Any] | None:
         """The profile `name` (with `NAME.calibration.yaml` merged into `calibrated`), or None."""
@@ -308,23 +308,23 @@ class _Loader:
                                                self.sources.locate(loc), dotted(loc), fix=SECRETS_HINT))
         return found
 
-    def resolve(self, cfg: dict[str, Any]) -> dict[str, Any]:
-        """Plain containers with every `${...}` resolved; failures become problems, keys skipped."""
-        return self._resolved(Resolver(cfg), cfg, ())
+    def interpolate(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        """Plain containers with every `${...}` interpolated; failures become problems, keys skipped."""
+        return self._interpolated(Interpolator(cfg), cfg, ())
 
-    def _resolved(self, resolver: Resolver, node: Any, loc: Loc) -> Any:
+    def _interpolated(self, interpolator: Interpolator, node: Any, loc: Loc) -> Any:
         if not isinstance(node, (dict, list)):
             return node
         out: dict[Any, Any] | list[Any] = {} if isinstance(node, dict) else []
         for k, value in node.items() if isinstance(node, dict) else enumerate(node):
-            if needs_resolving(value):
+            if needs_interpolation(value):
                 try:
-                    value = resolver.value(value)
+                    value = interpolator.value(value)
                 except InterpolationError as exc:
                     self._interpolation_problem(loc + (k,), exc)
                     continue
             else:
-                value = self._resolved(resolver, value, loc + (k,))
+                value = self._interpolated(interpolator, value, loc + (k,))
             if isinstance(out, dict):
                 out[k] = value
             else:
@@ -332,11 +332,11 @@ class _Loader:
         return out
 
     def _interpolation_problem(self, loc: Loc, exc: InterpolationError) -> None:
-        self.unresolved.append(loc)
+        self.uninterpolated.append(loc)
         if isinstance(exc, MissingValue):
             message, hint = "value is required (`???`)", "set it in the recipe or with an override"
         else:
-            message = f"cannot resolve interpolation: {exc}"
+            message = f"cannot interpolate: {exc}"
             hint = "set the variable or give a default: ${oc.env:NAME,default}" if exc.env else None
         self.problems.append(RecipeProblem(message, self.sources.locate(loc), dotted(loc), fix=hint or ""))
 
@@ -362,7 +362,7 @@ def _parent(data: Any, loc: Loc) -> Any:
     return data
 
 
-def _resolve_paths(data: dict[str, Any], sources: SourceMap) -> None:
+def _anchor_relative_paths(data: dict[str, Any], sources: SourceMap) -> None:
     """Make relative paths absolute against the folder of the file that wrote them (see docs/recipes.md)."""
 
     def fix(loc: Loc, base: Path | None = None, only_if_local: bool = False) -> None:

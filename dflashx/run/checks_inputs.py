@@ -13,7 +13,7 @@ from dflashx.config.schema import SourceSpec, TargetSpec
 from dflashx.data.formats import FormatError, to_prompt
 from dflashx.data.sources import SourceError, iter_source, source_files
 from dflashx.run.check import Check
-from dflashx.targets.resolve import builtin_identity, is_builtin, resolve_tokenizer_path
+from dflashx.targets.locate import builtin_identity, is_builtin, locate_tokenizer
 
 SAMPLE_RECORDS = 5  # first records of each local source parsed in its declared format
 LOCAL, NOT_ON_HUB = "local folder", "not on the hub, or gated (set HF_TOKEN)"
@@ -151,7 +151,7 @@ def _vocabulary(tokenizer_json: Path | None, folder: Path) -> dict[int, str]:
 def check_tokenizer(target: TargetSpec, mask_id: int | None) -> Check:
     """The tokenizer loads and its vocabulary holds `mask_token_id` (a builtin's is made in seconds)."""
     key = "target.tokenizer" if target.tokenizer else "target.model"
-    label, folder = f"{key} {target.tokenizer or target.model}", resolve_tokenizer_path(target)
+    label, folder = f"{key} {target.tokenizer or target.model}", locate_tokenizer(target)
     path, where = _target_file(str(folder), "tokenizer.json")
     if path is None and not folder.is_dir():
         return Check("tokenizer", key, "fail" if where == NOT_ON_HUB else "warn",

@@ -35,10 +35,10 @@ def make_backend(ctx: StageContext) -> Backend:
     target = ctx.recipe.target
     if cfg.backend == "transformers":
         from dflashx.backends.transformers_local import TransformersBackend
-        from dflashx.targets.resolve import resolve_target_path, resolve_tokenizer_path
+        from dflashx.targets.locate import locate_target, locate_tokenizer
 
         return TransformersBackend(
-            resolve_target_path(target), resolve_tokenizer_path(target), cfg, target.chat_template, target.precision
+            locate_target(target), locate_tokenizer(target), cfg, target.chat_template, target.precision
         )
     from dflashx.backends.sglang import SGLangBackend
 
