@@ -164,8 +164,9 @@ def test_a_replan_with_other_errors_stops_even_over_budget(tmp_path):
     recipe = _recipe(tmp_path, **{"pilot.enabled": True})
     truncated = recipe.model_copy(update={"dataset": recipe.dataset.model_copy(update={
         "stats": recipe.dataset.stats.model_copy(update={"output_tokens_mean": 15, "output_tokens_p90": 100})})})
+    pilot = Pilot(make_plan(truncated, FACTS))
     with pytest.raises(Stopped) as stop:
-        run_recipe(_request(tmp_path, recipe, continue_over_budget=True), View(), pilot=Pilot(make_plan(truncated, FACTS)))
+        run_recipe(_request(tmp_path, recipe, continue_over_budget=True), View(), pilot=pilot)
     assert "the plan has errors" in stop.value.message
     assert [f.code for f in stop.value.findings] == ["generate_truncation"] and not fakes.CALLS
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -291,7 +291,7 @@ class RunConsole:
                 self.progress = None
             self.stopped.set()
 
-    def __enter__(self) -> RunConsole:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, kind: Any, *_: Any) -> None:

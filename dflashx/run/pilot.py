@@ -42,8 +42,8 @@ from dflashx.plan.calibration import (
 from dflashx.plan.context import build_context
 from dflashx.plan.plan import Plan, make_plan
 from dflashx.resolve.model import ResolvedRecipe
-from dflashx.run.graph import select
 from dflashx.run.executor import execute, stage_context
+from dflashx.run.graph import select
 from dflashx.run.keydiff import key_leaves
 from dflashx.run.keys import key_material, stage_key
 from dflashx.run.layout import PILOT_DIR, calibration_path

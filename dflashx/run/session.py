@@ -45,7 +45,7 @@ from dflashx.targets.registry import TargetFacts
 
 BUDGET_CODES = ("budget_usd", "budget_days", "budget_storage")
 PILOT_STAGES = ["ingest", "generate", "tokenize", "train"]
-PilotFn = Callable[[Recipe, "TargetFacts | None", Path, RunObserver, Iterable[str]], PilotOutcome]
+PilotFn = Callable[[Recipe, TargetFacts | None, Path, RunObserver, Iterable[str]], PilotOutcome]
 
 
 class SessionView(RunObserver, Protocol):
