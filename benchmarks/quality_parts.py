@@ -82,11 +82,11 @@ def _evaluate(recipe: Any, checkpoint: Path, prompts_file: Path) -> dict[str, An
     from dflashx.dflash.checkpoint import load_drafter
     from dflashx.dflash.spec_decode import SpecDecoder
     from dflashx.stages.eval import load_prompts, stop_ids
-    from dflashx.targets.resolve import resolve_target_path, resolve_tokenizer_path
+    from dflashx.targets.locate import locate_target, locate_tokenizer
 
     ev = recipe.stages.eval
-    target = AutoModelForCausalLM.from_pretrained(str(resolve_target_path(recipe.target)), dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_tokenizer_path(recipe.target)))
+    target = AutoModelForCausalLM.from_pretrained(str(locate_target(recipe.target)), dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(locate_tokenizer(recipe.target)))
     drafter = load_drafter(checkpoint, device="cpu")
     stops = stop_ids(tokenizer, target.generation_config)
     decoder = SpecDecoder(target, drafter)
@@ -102,11 +102,11 @@ def run_one(name: str, train: dict[str, Any], seed: int, data: dict[str, Path], 
     write `out` (JSON) atomically and return it."""
     from dflashx.dflash.job import TrainJob
     from dflashx.dflash.trainer import run_training
-    from dflashx.targets.resolve import resolve_target_path
+    from dflashx.targets.locate import locate_target
 
     recipe = _resolved(train, seed)
     stage = out.with_suffix("")
-    job = TrainJob.of(recipe, stage, data["dataset"], resolve_target_path(recipe.target))
+    job = TrainJob.of(recipe, stage, data["dataset"], locate_target(recipe.target))
     curve: list[dict[str, Any]] = []
     start = time.perf_counter()
     last = run_training(job, log=lambda metrics, step: curve.append(metrics))

@@ -119,7 +119,7 @@ def test_problem_fields_are_structured() -> None:
     assert problem.key == "stages.train.mode"
     assert problem.origin.file == str(BAD / "bad_literal.yaml") and problem.origin.line == 4
     assert problem.expected == "Input should be 'online' or 'offline'"
-    assert problem.hint == "did you mean 'online' or 'offline'?"
+    assert problem.fix == "did you mean 'online' or 'offline'?"
     assert RecipeError.exit_code == 2
 
 

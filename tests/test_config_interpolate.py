@@ -1,4 +1,4 @@
-"""Recipe trees without OmegaConf: `${...}` resolution, merging and dotted updates, YAML scalars as
+"""Recipe trees without OmegaConf: `${...}` interpolation, merging and dotted updates, YAML scalars as
 recipes read them, and the errors a user sees for what is not supported."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dflashx.config.errors import RecipeError
-from dflashx.config.interpolate import InterpolationError, MissingValue, Resolver
+from dflashx.config.interpolate import InterpolationError, MissingValue, Interpolator
 from dflashx.config.load import load_recipe
 from dflashx.config.tree import ABSENT, merge, select, update
 from dflashx.config.yaml_read import load_value, read_mapping
@@ -22,28 +22,28 @@ TREE = {
 }
 
 
-def resolve(value, tree=TREE):
-    return Resolver(tree).value(value)
+def interpolate(value, tree=TREE):
+    return Interpolator(tree).value(value)
 
 
 def test_a_lone_reference_keeps_its_type_and_text_around_one_makes_a_string():
-    assert resolve("${hardware.gpus_per_node}") == 4
-    assert resolve("${hardware}") == {"gpus_per_node": 4}
-    assert resolve("${name}-${hardware.gpus_per_node}x") == "r-4x"
-    assert resolve("${dataset.sources.1.name}") == resolve("${dataset.sources[1].name}") == "second"
-    assert resolve(r"cost \${not.a.key}") == "cost ${not.a.key}"
+    assert interpolate("${hardware.gpus_per_node}") == 4
+    assert interpolate("${hardware}") == {"gpus_per_node": 4}
+    assert interpolate("${name}-${hardware.gpus_per_node}x") == "r-4x"
+    assert interpolate("${dataset.sources.1.name}") == interpolate("${dataset.sources[1].name}") == "second"
+    assert interpolate(r"cost \${not.a.key}") == "cost ${not.a.key}"
 
 
 def test_environment_variables_and_their_defaults(monkeypatch):
     monkeypatch.setenv("DFLASHX_T_SET", "from-env")
     monkeypatch.delenv("DFLASHX_T_UNSET", raising=False)
-    assert resolve("${oc.env:DFLASHX_T_SET,ignored}") == "from-env"
-    assert resolve("${oc.env:DFLASHX_T_UNSET,https://s3.example.com:9000}") == "https://s3.example.com:9000"
-    assert resolve("${oc.env:DFLASHX_T_UNSET, 'quoted, with comma'}") == "quoted, with comma"
-    assert resolve("${oc.env:DFLASHX_T_UNSET,null}") is None
-    assert resolve("${oc.env:DFLASHX_T_UNSET,${target.model}}") == "Qwen/Qwen3-8B"
+    assert interpolate("${oc.env:DFLASHX_T_SET,ignored}") == "from-env"
+    assert interpolate("${oc.env:DFLASHX_T_UNSET,https://s3.example.com:9000}") == "https://s3.example.com:9000"
+    assert interpolate("${oc.env:DFLASHX_T_UNSET, 'quoted, with comma'}") == "quoted, with comma"
+    assert interpolate("${oc.env:DFLASHX_T_UNSET,null}") is None
+    assert interpolate("${oc.env:DFLASHX_T_UNSET,${target.model}}") == "Qwen/Qwen3-8B"
     with pytest.raises(InterpolationError, match="DFLASHX_T_UNSET") as info:
-        resolve("${oc.env:DFLASHX_T_UNSET}")
+        interpolate("${oc.env:DFLASHX_T_UNSET}")
     assert info.value.env
 
 
@@ -54,14 +54,14 @@ def test_environment_variables_and_their_defaults(monkeypatch):
     ("${name", "unclosed"),
     ("${dataset.sources.5.name}", "not found"),
 ])
-def test_what_cannot_be_resolved_says_why(value, message):
+def test_what_cannot_be_interpolated_says_why(value, message):
     with pytest.raises(InterpolationError, match=message):
-        resolve(value)
+        interpolate(value)
 
 
 def test_a_required_value_left_unset():
     with pytest.raises(MissingValue):
-        resolve("???")
+        interpolate("???")
 
 
 def test_merge_replaces_lists_and_values_and_merges_mappings():

@@ -156,10 +156,10 @@ def test_the_tiny_recipes_export_passes_both_checkers(tmp_path):
     from helpers_models import resolved
 
     from dflashx.config.load import load_recipe
-    from dflashx.targets.resolve import resolve_target_path
+    from dflashx.targets.locate import locate_target
 
     recipe = resolved(load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml").recipe)
-    target_dir = resolve_target_path(recipe.target)
+    target_dir = locate_target(recipe.target)
     config = DFlashConfig.from_target(recipe.drafter, json.loads((target_dir / "config.json").read_text()))
     torch.manual_seed(0)
     save_drafter(DFlashDrafter(config), tmp_path / "ckpt")

@@ -154,10 +154,10 @@ def test_the_gate_refuses_a_prompt_that_reaches_the_context_exactly(tmp_path):
 
     from dflashx.backends.context_gate import ContextGate, render_prompt
     from dflashx.config.schema import ChatTemplateSpec
-    from dflashx.targets.resolve import resolve_tokenizer_path
+    from dflashx.targets.locate import locate_tokenizer
 
     target = make_recipe(target={"model": "builtin:tiny-qwen3"}).target
-    tok = AutoTokenizer.from_pretrained(str(resolve_tokenizer_path(target)))
+    tok = AutoTokenizer.from_pretrained(str(locate_tokenizer(target)))
     chat = ChatTemplateSpec()
     prompt = {"id": "p", "messages": [{"role": "user", "content": " ".join(["word"] * 300)}]}
     n = len(tok(render_prompt(tok, prompt, chat), add_special_tokens=False)["input_ids"])

@@ -130,7 +130,7 @@ def test_deep_nesting_is_refused(tmp_path: Path) -> None:
     deep.write_text("name: x\nz: " + "[" * 5000 + "]" * 5000 + "\n")
     [p] = _problems(deep).problems  # whatever the installed PyYAML's own limit (test_yaml_releases.py)
     assert p.message == "the YAML is nested more than 64 levels deep" and p.origin is not None
-    assert (p.origin.file, p.origin.line) == (str(deep), 2) and "fewer nested" in (p.hint or "")
+    assert (p.origin.file, p.origin.line) == (str(deep), 2) and "fewer nested" in p.fix
     result = runner.invoke(app, ["validate", str(deep)])
     assert result.exit_code == 2 and not isinstance(result.exception, RecursionError)
 
@@ -157,7 +157,7 @@ def test_non_finite_float_in_a_file_names_key_and_line(tmp_path: Path, text: str
     recipe = _child(tmp_path, f"budget:\n  max_usd: 100\nstages:\n  train:\n    lr: {text}\n")
     [p] = _problems(recipe).problems
     assert p.key == "stages.train.lr" and p.origin is not None and (p.origin.file, p.origin.line) == (str(recipe), 6)
-    assert "finite" in (p.expected or "") and "finite" in (p.hint or "")
+    assert "finite" in (p.expected or "") and "finite" in p.fix
 
 
 @pytest.mark.parametrize("override", ["budget.max_usd=1e309", "hardware.usd_per_gpu_hour=.inf",

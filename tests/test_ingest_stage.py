@@ -142,8 +142,8 @@ def test_rerun_replaces_previous_shards(tmp_path):
 def test_builtin_tiny_prompts_source(tmp_path):
     import dflashx.tiny
 
-    if not hasattr(dflashx.tiny, "resolve_builtin"):
-        pytest.skip("dflashx.tiny.resolve_builtin is not written yet (the tiny-target engineer's)")
+    if not hasattr(dflashx.tiny, "locate_builtin"):
+        pytest.skip("dflashx.tiny.locate_builtin is not written yet (the tiny-target engineer's)")
     _, result, _ = run_ingest(tmp_path, [{"name": "tiny", "path": "builtin:tiny-prompts", "format": "messages"}],
                               eval_holdout=4)
     assert result.metrics["sources"]["tiny"]["malformed"] == 0 and result.metrics["prompts"] > 0

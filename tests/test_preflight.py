@@ -72,14 +72,14 @@ def test_json_is_one_object_with_every_check(monkeypatch, no_aws):
     assert result.exit_code == 1
     report = json.loads(result.stdout)
     assert report["ok"] is False and isinstance(report["checks"], list)
-    by_name = {c["name"]: c for c in report["checks"]}
-    assert all(set(c) == {"name", "status", "detail", "fix"} for c in report["checks"])
+    by_name = {c["code"]: c for c in report["checks"]}
+    assert all(set(c) == {"code", "key", "status", "message", "fix"} for c in report["checks"])
     assert by_name["gpus"]["status"] == by_name["source agentic_coding"]["status"] == "fail"
     assert by_name["s3"]["status"] == "fail" and "AWS_SECRET_ACCESS_KEY" in by_name["s3"]["fix"]
     # conftest sets HF_HUB_OFFLINE: hub ids are looked up in the local cache, and the check says so
     assert by_name["source openorca"] == {
-        "name": "source openorca", "status": "warn",
-        "detail": "dataset.sources[0].hf_id: Open-Orca/OpenOrca not in the local cache (offline)",
+        "code": "source openorca", "key": "dataset.sources[0].hf_id", "status": "warn",
+        "message": "dataset.sources[0].hf_id: Open-Orca/OpenOrca not in the local cache (offline)",
         "fix": "run where the hub is reachable, or download it and use `path:` with a local JSONL/Parquet file"}
 
 
@@ -87,9 +87,9 @@ def test_tiny_recipe_passes():
     result = _cli("preflight", str(REPO / "recipes" / "tiny.yaml"), "--json")
     assert result.exit_code == 0, result.output
     checks = json.loads(result.stdout)["checks"]
-    assert [c["name"] for c in checks] == ["plan", "source tiny_prompts", "target", "tokenizer", "disk", "gpus"]
+    assert [c["code"] for c in checks] == ["plan", "source tiny_prompts", "target", "tokenizer", "disk", "gpus"]
     assert all(c["status"] == "ok" for c in checks), checks
-    assert "built on first use" in checks[2]["detail"] and "'<|mask|>'" in checks[3]["detail"]
+    assert "built on first use" in checks[2]["message"] and "'<|mask|>'" in checks[3]["message"]
 
 
 # --------------------------------------------------------------------------- sources
@@ -103,17 +103,17 @@ def test_local_sources_parse_in_their_declared_format(tmp_path):
     good = fakes.write_prompts(tmp_path / "good.jsonl")
     assert pf.check_source(0, _source(good)).status == "ok"
     wrong = pf.check_source(1, _source(good, "alpaca"))
-    assert wrong.status == "fail" and "do not parse as alpaca" in wrong.detail
+    assert wrong.status == "fail" and "do not parse as alpaca" in wrong.message
     assert "set dataset.sources[1].format (now 'alpaca')" in wrong.fix
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text(fakes.write_prompts(tmp_path / "three.jsonl", n=3).read_text() + "{not json\n")
     partly = pf.check_source(0, _source(mixed))
-    assert partly.status == "warn" and "1 of the first 4 records" in partly.detail and "ingest skips them" in partly.detail
+    assert partly.status == "warn" and "1 of the first 4 records" in partly.message and "ingest skips them" in partly.message
     (tmp_path / "empty.jsonl").write_text("")
-    assert "holds no records" in pf.check_source(0, _source(tmp_path / "empty.jsonl")).detail
+    assert "holds no records" in pf.check_source(0, _source(tmp_path / "empty.jsonl")).message
     (tmp_path / "data.csv").write_text("a,b\n")
     csv = pf.check_source(0, _source(tmp_path / "data.csv"))
-    assert csv.status == "fail" and "is not one of .jsonl" in csv.detail
+    assert csv.status == "fail" and "is not one of .jsonl" in csv.message
 
 
 def test_hub_ids_offline_come_from_the_local_cache(monkeypatch, tmp_path):
@@ -123,10 +123,10 @@ def test_hub_ids_offline_come_from_the_local_cache(monkeypatch, tmp_path):
         monkeypatch.delenv(var, raising=False)
     spec = SourceSpec(name="orca", hf_id="Open-Orca/OpenOrca")
     missing = pf.check_source(0, spec)
-    assert missing.status == "warn" and missing.detail.endswith("not in the local cache (offline)")
+    assert missing.status == "warn" and missing.message.endswith("not in the local cache (offline)")
     (tmp_path / "datasets" / "open-orca___openorca").mkdir(parents=True)  # the datasets cache lowercases
-    assert pf.check_source(0, spec) == pf.Check(
-        "source orca", "ok", "dataset.sources[0].hf_id: Open-Orca/OpenOrca in the local cache (offline)")
+    expected = "dataset.sources[0].hf_id: Open-Orca/OpenOrca in the local cache (offline)"
+    assert pf.check_source(0, spec) == pf.Check("source orca", "dataset.sources[0].hf_id", "ok", expected)
 
 
 # --------------------------------------------------------------------------- target and tokenizer
@@ -150,24 +150,24 @@ def test_local_target_config_and_mask_token(local_target):
     target = TargetSpec(model=str(folder))
     assert pf.check_target(target, mask).status == "ok"
     tokenizer = pf.check_tokenizer(target, mask)
-    assert tokenizer.status == "ok" and f"mask_token_id {mask} is '<|mask|>'" in tokenizer.detail
+    assert tokenizer.status == "ok" and f"mask_token_id {mask} is '<|mask|>'" in tokenizer.message
     outside = pf.check_tokenizer(target, 10_000)
-    assert outside.status == "fail" and outside.detail.startswith("drafter.mask_token_id 10000 is not in the tokenizer")
+    assert outside.status == "fail" and outside.message.startswith("drafter.mask_token_id 10000 is not in the tokenizer")
     assert "set drafter.mask_token_id" in outside.fix
     assert pf.check_target(target, 10_000).status == "fail"
 
 
 def test_target_folder_without_config_fails(tmp_path):
     check = pf.check_target(TargetSpec(model=str(tmp_path)), None)
-    assert check.status == "fail" and "no config.json (local folder)" in check.detail
+    assert check.status == "fail" and "no config.json (local folder)" in check.message
 
 
 def test_builtin_target_is_not_built(monkeypatch):
     import dflashx.tiny
 
-    monkeypatch.setattr(dflashx.tiny, "resolve_builtin", lambda value: pytest.fail("the preflight built " + value))
+    monkeypatch.setattr(dflashx.tiny, "locate_builtin", lambda value: pytest.fail("the preflight built " + value))
     check = pf.check_target(TargetSpec(model="builtin:tiny-qwen3"), 5)
-    assert check.status == "ok" and "built on first use" in check.detail
+    assert check.status == "ok" and "built on first use" in check.message
 
 
 # --------------------------------------------------------------------------- disk
@@ -176,9 +176,9 @@ def test_builtin_target_is_not_built(monkeypatch):
 def test_disk_covers_the_planned_storage(tmp_path):
     root = tmp_path / "not" / "made" / "yet"
     ok = pf.check_disk(str(root), {"totals": {"storage_bytes": 1024}}, root / "run")
-    assert ok.status == "ok" and f"({tmp_path}:" in ok.detail
+    assert ok.status == "ok" and f"({tmp_path}:" in ok.message
     short = pf.check_disk(str(root), {"totals": {"storage_bytes": 2**70}}, root / "run")
-    assert short.status == "fail" and short.detail.startswith("storage.root:") and "bigger disk" in short.fix
+    assert short.status == "fail" and short.message.startswith("storage.root:") and "bigger disk" in short.fix
 
 
 # --------------------------------------------------------------------------- GPUs (simulated)
@@ -190,13 +190,13 @@ def test_gpus_against_the_profile(monkeypatch):
     assert pf.check_gpus(profile, plan).status == "ok"
     _simulate_gpus(monkeypatch, 2)
     two = pf.check_gpus(profile, plan)
-    assert two.status == "fail" and "wants 4 GPUs, found 2" in two.detail
+    assert two.status == "fail" and "wants 4 GPUs, found 2" in two.message
     _simulate_gpus(monkeypatch, 4, "NVIDIA H100 80GB HBM3", 80 * 10**9)
     small = pf.check_gpus(profile, plan)
-    assert small.status == "fail" and "less memory than the profile" in small.detail
+    assert small.status == "fail" and "less memory than the profile" in small.message
     _simulate_gpus(monkeypatch, 8, "NVIDIA H200", 143_155 * 2**20)  # what torch.cuda reports on a real H200
     other = pf.check_gpus(profile, plan)
-    assert other.status == "warn" and "another GPU model" in other.detail
+    assert other.status == "warn" and "another GPU model" in other.message
     assert "hardware=h200_x8" in other.fix and "hardware=h200_x1" in other.fix
     assert pf.check_gpus(load_profile("cpu"), plan).status == "ok"
 
@@ -213,13 +213,13 @@ def _free_port() -> int:
 def test_attached_servers_answer_health_and_models():
     with ScriptedOpenAIServer() as server:
         ok = pf.check_server(0, server.url + "/v1", "org/scripted-target")
-        assert ok.status == "ok" and ok.detail == f"stages.generate.urls[0]: {server.url} healthy, serves scripted-target"
+        assert ok.status == "ok" and ok.message == f"stages.generate.urls[0]: {server.url} healthy, serves scripted-target"
         other = pf.check_server(0, server.url, "Qwen/Qwen3-8B")
-        assert other.status == "warn" and "not target.model Qwen/Qwen3-8B" in other.detail
+        assert other.status == "warn" and "not target.model Qwen/Qwen3-8B" in other.message
     with ScriptedOpenAIServer(Script(health_failures=100)) as starting:
         assert pf.check_server(1, starting.url, "scripted-target").status == "warn"
     down = pf.check_server(2, f"http://127.0.0.1:{_free_port()}", "scripted-target")
-    assert down.status == "fail" and "stages.generate.urls[2]" in down.detail and "does not answer" in down.detail
+    assert down.status == "fail" and "stages.generate.urls[2]" in down.message and "does not answer" in down.message
 
 
 # --------------------------------------------------------------------------- deadline, crashes
@@ -232,8 +232,8 @@ def test_a_crashing_or_hanging_check_becomes_a_result():
     start = time.monotonic()
     crashed, hung = pf._bounded([("disk", boom, "fail"), ("s3", lambda: time.sleep(30), "warn")], timeout_s=0.5)
     assert time.monotonic() - start < 5
-    assert crashed.status == "fail" and crashed.detail == "disk: the check failed: RuntimeError: disk on fire"
-    assert hung == pf.Check("s3", "warn", "s3: no answer within 0.5 s", "check the network and the endpoint, then retry")
+    assert crashed.status == "fail" and crashed.message == "disk: the check failed: RuntimeError: disk on fire"
+    assert hung == pf.Check("s3", "", "warn", "s3: no answer within 0.5 s", "check the network and the endpoint, then retry")
 
 
 # --------------------------------------------------------------------------- `dflashx run`

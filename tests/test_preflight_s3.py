@@ -54,10 +54,10 @@ def test_cli_probes_s3_when_the_backup_stage_runs(s3_spec: S3Spec, monkeypatch) 
           "storage.s3.path_style=true", "storage.s3.region=us-east-1", "stages.backup.enabled=true"]
     result = CliRunner().invoke(app, ["preflight", str(REPO / "recipes" / "tiny.yaml"), *s3, "--json"])
     assert result.exit_code == 0, result.output
-    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    checks = {c["code"]: c for c in json.loads(result.stdout)["checks"]}
     assert checks["s3"]["status"] == "ok"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     wrong = CliRunner().invoke(app, ["preflight", str(REPO / "recipes" / "tiny.yaml"), *s3, "--json"])
     assert wrong.exit_code == 1
     failed = [c for c in json.loads(wrong.stdout)["checks"] if c["status"] == "fail"]
-    assert [c["name"] for c in failed] == ["s3"] and "AWS_SECRET_ACCESS_KEY" in failed[0]["fix"]
+    assert [c["code"] for c in failed] == ["s3"] and "AWS_SECRET_ACCESS_KEY" in failed[0]["fix"]

@@ -24,7 +24,8 @@ from dflashx.cli.main import app
 from dflashx.report import console as console_module
 from dflashx.report.console import PLAIN_EVERY_S, RunConsole
 from dflashx.run import orchestrator
-from dflashx.run.orchestrator import StageOutcome, changed_keys, key_leaves
+from dflashx.run.keydiff import changed_keys, key_leaves
+from dflashx.run.observer import StageOutcome
 from dflashx.stages.base import Artifact, StageResult
 
 TESTS = Path(__file__).resolve().parent

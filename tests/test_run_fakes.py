@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from dflashx.config.schema import Recipe
+from dflashx.report.lines import EchoObserver
 from dflashx.report.progress import write_progress
 from dflashx.resolve import ResolvedRecipe, resolve
 from dflashx.run.graph import select
@@ -192,7 +193,6 @@ def load_without(missing: str) -> Callable[[str], Callable[[StageContext], Stage
 
 
 def run(recipe: Recipe, run_dir: Path, lines: list[str] | None = None, **select_args: Any) -> RunResult:
-    echo = lines.append if lines is not None else (lambda _line: None)
+    observer = EchoObserver(lines.append) if lines is not None else None
     return run_pipeline(resolved(recipe), make_plan(recipe), run_dir, select(**select_args),
-                        argv=["dflashx", "run", "fake.yaml"], on_progress=write_progress,
-                        echo=echo)
+                        argv=["dflashx", "run", "fake.yaml"], on_progress=write_progress, observer=observer)

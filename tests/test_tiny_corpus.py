@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from dflashx.tiny import corpus, prompts, resolve_builtin
+from dflashx.tiny import corpus, prompts, locate_builtin
 
 
 def test_examples_are_seeded_and_cover_every_family_in_turn():
@@ -66,8 +66,8 @@ def test_thinking_off_turns_have_empty_reasoning():
 
 def test_builtin_prompt_files(tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASHX_CACHE", str(tmp_path))
-    gen = [json.loads(line) for line in resolve_builtin("builtin:tiny-prompts").read_text().splitlines()]
-    held = [json.loads(line) for line in resolve_builtin("builtin:tiny-eval-prompts").read_text().splitlines()]
+    gen = [json.loads(line) for line in locate_builtin("builtin:tiny-prompts").read_text().splitlines()]
+    held = [json.loads(line) for line in locate_builtin("builtin:tiny-eval-prompts").read_text().splitlines()]
     assert len(gen) == prompts.PROMPT_FILES["tiny-prompts"][1]
     assert len(held) == prompts.PROMPT_FILES["tiny-eval-prompts"][1]
     for row in gen + held:
@@ -77,11 +77,11 @@ def test_builtin_prompt_files(tmp_path, monkeypatch):
     assert not {r["messages"][-1]["content"] for r in gen} & {r["messages"][-1]["content"] for r in held}
     assert {r["family"] for r in held[:6]} == set(corpus.FAMILIES)
     # A second resolve returns the same file untouched.
-    path = resolve_builtin("builtin:tiny-prompts")
+    path = locate_builtin("builtin:tiny-prompts")
     mtime = path.stat().st_mtime_ns
-    assert resolve_builtin("builtin:tiny-prompts") == path and path.stat().st_mtime_ns == mtime
+    assert locate_builtin("builtin:tiny-prompts") == path and path.stat().st_mtime_ns == mtime
 
 
 def test_unknown_builtin_names_the_known_ones():
     with pytest.raises(ValueError, match="builtin:tiny-eval-prompts"):
-        resolve_builtin("builtin:tiny-nothing")
+        locate_builtin("builtin:tiny-nothing")

@@ -12,7 +12,7 @@ import torch
 
 from dflashx.targets.read_config import facts_from_config
 from dflashx.targets.registry import lookup
-from dflashx.tiny import builtin_identity, resolve_builtin, resolve_builtin_tokenizer
+from dflashx.tiny import builtin_identity, locate_builtin, locate_builtin_tokenizer
 from dflashx.tiny.build import ensure_tiny_target
 from dflashx.tiny.moe import moe_key
 
@@ -22,10 +22,10 @@ def test_the_upcycled_target_routes_and_matches_the_dense_one(tmp_path, monkeypa
 
     monkeypatch.setenv("DFLASHX_CACHE", str(tmp_path))
     t0 = time.perf_counter()
-    folder = resolve_builtin("builtin:tiny-qwen3_moe")
+    folder = locate_builtin("builtin:tiny-qwen3_moe")
     assert time.perf_counter() - t0 < 120  # a copy of the shipped dense build and a weight copy, no training
     assert folder.name == f"tiny-qwen3_moe-{moe_key()}" and builtin_identity("builtin:tiny-qwen3_moe") == folder.name
-    assert resolve_builtin("builtin:tiny-qwen3_moe") == folder  # cached
+    assert locate_builtin("builtin:tiny-qwen3_moe") == folder  # cached
     facts = facts_from_config(json.loads((folder / "config.json").read_text()), name="builtin:tiny-qwen3_moe")
     assert facts == lookup("builtin:tiny-qwen3_moe").model_copy(update={"mask_token_id": None})  # what the plan assumes
 
@@ -39,4 +39,4 @@ def test_the_upcycled_target_routes_and_matches_the_dense_one(tmp_path, monkeypa
     hook.remove()
     assert gap < 1e-3  # the dense model's function, through routed experts
     assert picked[0].shape[-1] == 2 and len(picked[0].unique()) == 4  # top-2, and every expert gets tokens
-    assert resolve_builtin_tokenizer("builtin:tiny-qwen3_moe") == resolve_builtin_tokenizer("builtin:tiny-qwen3")
+    assert locate_builtin_tokenizer("builtin:tiny-qwen3_moe") == locate_builtin_tokenizer("builtin:tiny-qwen3")

@@ -47,8 +47,7 @@ def test_no_planted_secret_reaches_the_run_dir(tmp_path, monkeypatch, leaky_stag
                                   "tracking.mode": "offline"})
     run_dir = tmp_path / "run"
     argv = ["dflashx", "run", "r.yaml", "--hf-token", HF, f"storage.s3.secret_key={AWS_SECRET}"]
-    result = run_pipeline(fakes.resolved(recipe), fakes.make_plan(recipe), run_dir, select(until="generate"), argv=argv,
-                          echo=lambda _line: None)
+    result = run_pipeline(fakes.resolved(recipe), fakes.make_plan(recipe), run_dir, select(until="generate"), argv=argv)
     assert [o.state for o in result.outcomes] == ["done", "failed"]
     assert all(s not in result.outcomes[-1].message for s in SECRETS)
 

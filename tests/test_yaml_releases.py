@@ -48,7 +48,7 @@ for name, file in json.loads(sys.argv[1]).items():
         out["files"][name] = None
     except RecipeError as exc:
         [p] = exc.problems
-        out["files"][name] = {"message": p.message, "file": p.origin.file, "line": p.origin.line, "hint": p.hint}
+        out["files"][name] = {"message": p.message, "file": p.origin.file, "line": p.origin.line, "hint": p.fix}
 _, problems = parse_overrides(["z=" + "[" * 5000 + "]" * 5000])
 out["override"] = [p.message for p in problems]
 print(json.dumps(out))

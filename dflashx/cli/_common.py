@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="Default: <storage.root>/<recipe name>.")]
 UncalibratedOpt = Annotated[bool, typer.Option(
     "--uncalibrated", help="Ignore the figures a pilot measured (<run dir>/pilot/calibration.json).")]
+ContinueOpt = Annotated[bool, typer.Option(
+    "--continue-over-budget", help="Go on when the pilot's re-plan breaks budget.* (the numbers are printed).")]
+SkipPreflightOpt = Annotated[bool, typer.Option("--skip-preflight", help="Start without the preflight checks.")]
 RecipeArg = Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)]
 OverridesArg = Annotated[
     list[str] | None,

@@ -27,7 +27,7 @@ from dflashx.cli._common import (
     pilot_calibration,
     target_facts,
 )
-from dflashx.config.errors import Problem, RecipeError
+from dflashx.config.errors import RecipeProblem, RecipeError
 from dflashx.config.load import LoadedRecipe, load_recipe
 from dflashx.plan.explain import human_bytes, human_count, human_seconds
 
@@ -134,7 +134,7 @@ def render(plan: dict[str, Any], title: str, explain: bool) -> None:
     sys.stdout.write("\n".join(lines) + "\n")
 
 
-def _json_failure(problems: list[Problem]) -> typer.Exit:
+def _json_failure(problems: list[RecipeProblem]) -> typer.Exit:
     """The one JSON object of a recipe that cannot be planned; returns the exit to raise (code 2)."""
     document = {"errors": [p.to_json() for p in problems], "warnings": [], "stages": [], "totals": None,
                 "ranges": None, "calibration": None, "resolved": None, "deploy": None}
@@ -153,8 +153,8 @@ def _load_or_json_failure(recipe: Path, overrides: list[str] | None) -> tuple[Lo
     except RecipeError as exc:
         raise _json_failure(exc.problems) from None
     except ConfigFactsError as exc:
-        raise _json_failure([Problem(str(exc), key="target.model",
-                                     hint="point target.model at a complete config.json or set target.arch")]) from None
+        fix = "point target.model at a complete config.json or set target.arch"
+        raise _json_failure([RecipeProblem(str(exc), key="target.model", fix=fix)]) from None
 
 
 def command(recipe: RecipeArg, overrides: OverridesArg = None, dry_run: DryRunOpt = False,

@@ -34,10 +34,10 @@ def render(checks: list[Check], title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title, show_lines=True)
-    for col in ("check", "status", "detail", "fix"):
+    for col in ("check", "status", "message", "fix"):
         table.add_column(col, overflow="fold")
     for c in checks:
-        table.add_row(escape(c.name), f"[{STYLE[c.status]}]{c.status}", escape(c.detail), escape(c.fix))
+        table.add_row(escape(c.code), f"[{STYLE[c.status]}]{c.status}", escape(c.message), escape(c.fix))
     console = make_console()
     console.print(table)
     console.print(f"[{'red' if failures(checks) else 'green'}]{verdict(checks)}")
@@ -52,7 +52,7 @@ def echo_problems(checks: list[Check], echo: Callable[..., None]) -> None:
     """One line per failed or warning check and its fix (what `dflashx run` prints), then the verdict."""
     for c in checks:
         if c.status != "ok":
-            echo(f"preflight {c.status} [{c.name}] {c.detail}" + (f"\n    fix: {c.fix}" if c.fix else ""), err=True)
+            echo(f"preflight {c.status} [{c.code}] {c.message}" + (f"\n    fix: {c.fix}" if c.fix else ""), err=True)
     echo(verdict(checks), err=bool(failures(checks)))
 
 

@@ -38,9 +38,9 @@ def command(
         cfg, kwargs = loaded.stages.qc, loaded.target.chat_template.kwargs
         enable_thinking = loaded.target.chat_template.enable_thinking if enable_thinking is None else enable_thinking
         if tokenizer is None:
-            from dflashx.targets.resolve import resolve_tokenizer_path
+            from dflashx.targets.locate import locate_tokenizer
 
-            tokenizer = resolve_tokenizer_path(loaded.target)
+            tokenizer = locate_tokenizer(loaded.target)
     try:
         result = run_qc(path, cfg.thresholds, tokenizer_path=tokenizer,
                         enable_thinking=True if enable_thinking is None else enable_thinking,

@@ -45,9 +45,9 @@ def info(path: Annotated[str, typer.Argument(help="Model folder or builtin:tiny-
 
     folder = Path(path)
     if path.startswith("builtin:"):
-        from dflashx.tiny import resolve_builtin
+        from dflashx.tiny import locate_builtin
 
-        folder = resolve_builtin(path)
+        folder = locate_builtin(path)
     config = folder / "config.json"
     if not config.is_file():
         typer.echo(f"{config} does not exist; give a Hugging Face model folder", err=True)

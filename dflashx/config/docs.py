@@ -76,7 +76,7 @@ in the file, with the override named as its origin.
 
 ### Interpolation
 
-`${...}` is resolved after composition and overrides, in OmegaConf's syntax (two of its forms):
+`${...}` is interpolated after composition and overrides, in OmegaConf's syntax (two of its forms):
 `${target.model}` refers to another key of the final recipe (`${dataset.sources.0.name}` or
 `[0]` for a list item; a value that is only `${...}` keeps the referenced value's type),
 `${oc.env:NAME}` reads an environment variable (an error when it is unset) and
@@ -86,7 +86,7 @@ names these forms.
 
 ### Paths
 
-Relative paths are resolved when the recipe is loaded, against the folder of the file that wrote
+Relative paths are anchored when the recipe is loaded to the folder of the file that wrote
 the key (a base recipe's paths are relative to the base recipe; an override's to the working
 directory):
 
@@ -96,7 +96,7 @@ directory):
   `/`, `./`, `../` or `~`, or name an existing folder; otherwise Hugging Face ids such as
   `Qwen/Qwen3.6-27B`.
 - `builtin:...` values and URLs are left as they are.
-- `storage.root` resolves against the working directory.
+- `storage.root` is anchored to the working directory.
 
 ### Secrets
 
@@ -120,7 +120,7 @@ recipes/my.yaml:9: hardware: unknown hardware profile 'b200_nvl' (searched ...)
 ```
 
 YAML syntax errors give the line and column; duplicate keys, missing files, `extends` cycles,
-unresolvable interpolations and malformed overrides are reported the same way.
+interpolations that fail and malformed overrides are reported the same way.
 
 ## Key reference
 

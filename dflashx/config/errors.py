@@ -50,19 +50,21 @@ def _display(file: str) -> str:
 
 
 @dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a recipe."""
+class RecipeProblem:
+    """One thing wrong with a recipe (a `dflashx.config.problem.Problem`, code `recipe`), with where
+    it was written and what was expected."""
 
     message: str
     origin: Origin | None = None
-    key: str | None = None
+    key: str = ""
     expected: str | None = None
-    hint: str | None = None
+    fix: str = ""
+    code: str = "recipe"
 
     def to_json(self) -> dict[str, Any]:
         """The problem as a plan finding (`code`, `severity`, `key`, `message`, `fix`) with its place."""
         return {
-            "code": "recipe", "severity": "error", "key": self.key or "", "message": self.message, "fix": self.hint,
+            "code": self.code, "severity": "error", "key": self.key, "message": self.message, "fix": self.fix,
             "expected": self.expected, "file": _display(self.origin.file) if self.origin else None,
             "line": self.origin.line if self.origin else None,
         }
@@ -72,8 +74,8 @@ class Problem:
         lines = [head]
         if self.expected:
             lines.append(f"    expected: {self.expected}")
-        if self.hint:
-            lines.append(f"    hint: {self.hint}")
+        if self.fix:
+            lines.append(f"    hint: {self.fix}")
         return "\n".join(lines)
 
 
@@ -82,7 +84,7 @@ class RecipeError(Exception):
 
     exit_code = 2
 
-    def __init__(self, problems: Sequence[Problem], recipe: Path | str | None = None):
+    def __init__(self, problems: Sequence[RecipeProblem], recipe: Path | str | None = None):
         self.problems = list(problems)
         self.recipe = recipe
         super().__init__(self.format())
@@ -94,15 +96,15 @@ class RecipeError(Exception):
         return f"{title} ({n} problem{'s' if n != 1 else ''}):\n{body}"
 
 
-def yaml_problem(exc: yaml.YAMLError, file: Path) -> Problem:
+def yaml_problem(exc: yaml.YAMLError, file: Path) -> RecipeProblem:
     """A YAML syntax error with its line and column (1-based)."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     origin = Origin(str(file), mark.line + 1, mark.column + 1) if mark else Origin(str(file))
     what = " ".join(p for p in (getattr(exc, "context", None), getattr(exc, "problem", None)) if p)
-    return Problem(
+    return RecipeProblem(
         f"YAML syntax error: {what or exc}",
         origin,
-        hint="check the indentation, quoting and colons on that line and the one before it",
+        fix="check the indentation, quoting and colons on that line and the one before it",
     )
 
 
@@ -154,14 +156,14 @@ def _children(node: yaml.Node) -> list[tuple[Any, yaml.Node, yaml.Node]]:
     return []
 
 
-def duplicate_keys(file: Path, node: yaml.Node, loc: Loc = ()) -> list[Problem]:
+def duplicate_keys(file: Path, node: yaml.Node, loc: Loc = ()) -> list[RecipeProblem]:
     """Keys written twice in one mapping (YAML would keep the last one silently)."""
     problems, seen = [], {}
     for key, key_node, value_node in _children(node):
         line = key_node.start_mark.line + 1
         if isinstance(node, yaml.MappingNode) and key in seen:
-            problems.append(Problem(f"duplicate key (first written on line {seen[key]})", Origin(str(file), line),
-                                    dotted(loc + (key,)), hint="keep one of the two"))
+            problems.append(RecipeProblem(f"duplicate key (first written on line {seen[key]})", Origin(str(file), line),
+                                          dotted(loc + (key,)), fix="keep one of the two"))
         seen[key] = line
         problems += duplicate_keys(file, value_node, loc + (key,))
     return problems
@@ -178,7 +180,7 @@ def validation_problems(
     fallback: Origin,
     skip: Iterable[Loc] = (),
     root: type[BaseModel] = Recipe,
-) -> list[Problem]:
+) -> list[RecipeProblem]:
     """Turn pydantic's errors into Problems with file/line, dotted key, expectation and hint."""
     skipped = {tuple(s) for s in skip}
     problems = []
@@ -204,5 +206,5 @@ def validation_problems(
             message, hint = f"invalid value{got}", "write a finite number (YAML reads `.inf`, `1e309` as infinity)"
         else:
             message = f"invalid value{got}"
-        problems.append(Problem(message, origin, dotted(loc), expected, hint))
+        problems.append(RecipeProblem(message, origin, dotted(loc), expected, hint or ""))
     return problems

@@ -1,4 +1,4 @@
-"""`${...}` in recipe values, resolved after composition and overrides (docs/recipes.md).
+"""`${...}` in recipe values, interpolated after composition and overrides (docs/recipes.md).
 
 Two forms, written as in OmegaConf (whose syntax recipes have always used):
   `${key.path}`              another key's value (`${dataset.sources.0.name}` or `[0]` for list items);
@@ -22,7 +22,7 @@ _PATH_PART = re.compile(r"[^.\[\]]+|\[\d+\]")
 
 
 class InterpolationError(ValueError):
-    """A `${...}` that cannot be resolved; `env` when an environment variable is missing."""
+    """A `${...}` that cannot be interpolated; `env` when an environment variable is missing."""
 
     def __init__(self, message: str, env: bool = False) -> None:
         super().__init__(message)
@@ -33,11 +33,11 @@ class MissingValue(InterpolationError):
     """A `???` left unset."""
 
 
-def needs_resolving(value: Any) -> bool:
+def needs_interpolation(value: Any) -> bool:
     return isinstance(value, str) and ("${" in value or value == MISSING)
 
 
-class Resolver:
+class Interpolator:
     """Resolves values against one composed tree (plain dicts and lists)."""
 
     def __init__(self, root: dict[str, Any]) -> None:
@@ -45,7 +45,7 @@ class Resolver:
         self._stack: list[str] = []
 
     def value(self, value: Any) -> Any:
-        """`value` with every `${...}` inside it (and inside its children) resolved."""
+        """`value` with every `${...}` inside it (and inside its children) interpolated."""
         if isinstance(value, dict):
             return {k: self.value(v) for k, v in value.items()}
         if isinstance(value, list):

@@ -5,7 +5,7 @@ override -> the hardware profile (by name, with its optional calibration file) -
 dotted overrides -> secrets check -> `${...}` interpolation -> relative paths -> validation.
 Every problem found on the way is collected and raised together as one `RecipeError`. Each file is
 read by `yaml_read.read_mapping` (UTF-8, bounded alias expansion, duplicate keys) into plain dicts
-and lists, composed with `tree` and resolved with `interpolate`.
+and lists, composed with `tree` and interpolated with `interpolate`.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from dflashx.config import suggest
 from dflashx.config.errors import (
     Loc,
     Origin,
-    Problem,
+    RecipeProblem,
     RecipeError,
     SourceMap,
     dotted,
     validation_problems,
 )
-from dflashx.config.interpolate import InterpolationError, MissingValue, Resolver, needs_resolving
+from dflashx.config.interpolate import InterpolationError, MissingValue, Interpolator, needs_interpolation
 from dflashx.config.schema import STAGE_ORDER, HardwareProfile, Recipe
 from dflashx.config.tree import ABSENT, merge, select, update
 from dflashx.config.yaml_read import load_value, read_mapping
@@ -86,7 +86,7 @@ def profile_dirs(recipe_dir: Path | None = None) -> list[Path]:
     """Folders searched for `NAME.yaml`, first match wins (see docs/hardware.md): each folder of
     `$DFLASHX_PROFILES_DIR`, the recipe's `../hardware_profiles`, `./hardware_profiles`, then the
     built-in profiles inside the package. User folders come first, so a user's `NAME.yaml`
-    shadows the built-in profile of that name. Duplicates (after resolving) are listed once."""
+    shadows the built-in profile of that name. Duplicates (the same folder written two ways) are listed once."""
     dirs = [Path(p) for p in os.environ.get(PROFILES_ENV, "").split(os.pathsep) if p]
     if recipe_dir is not None:
         dirs.append(recipe_dir.parent / "hardware_profiles")
@@ -112,7 +112,7 @@ def load_profile(name: str, recipe_dir: Path | None = None) -> HardwareProfile:
     """One hardware profile by name, calibration merged, validated on its own."""
     loader = _Loader(name)
     cfg = loader.profile(name, recipe_dir, where=Origin(f"profile '{name}'"), prefix=())
-    data = loader.resolve(cfg) if cfg is not None else {}
+    data = loader.interpolate(cfg) if cfg is not None else {}
     loader.raise_if_any()
     try:
         return HardwareProfile.model_validate(data)
@@ -123,16 +123,16 @@ def load_profile(name: str, recipe_dir: Path | None = None) -> HardwareProfile:
 # --------------------------------------------------------------------------- overrides
 
 
-def parse_overrides(items: Sequence[str]) -> tuple[list[Override], list[Problem]]:
+def parse_overrides(items: Sequence[str]) -> tuple[list[Override], list[RecipeProblem]]:
     """Parse `KEY=VALUE` strings; values are YAML (`1e-4`, `true`, `[1, 2]`, `{a: 1}`)."""
     out, problems = [], []
     for text in items:
         key, sep, raw = text.partition("=")
         parts = key.strip().split(".")
         if not sep or not all(parts):
-            problems.append(Problem(
+            problems.append(RecipeProblem(
                 "override must look like KEY=VALUE", _override_origin(text),
-                hint="e.g. train.lr=1e-4, stages.generate.max_tokens=4096 or hardware=b200_nvl8",
+                fix="e.g. train.lr=1e-4, stages.generate.max_tokens=4096 or hardware=b200_nvl8",
             ))
             continue
         loc: Loc = tuple(int(p) if p.isdigit() else p for p in parts)
@@ -141,7 +141,7 @@ def parse_overrides(items: Sequence[str]) -> tuple[list[Override], list[Problem]
         try:
             value = load_value(raw)
         except yaml.YAMLError as exc:
-            problems.append(Problem(f"cannot parse the value: {exc}", _override_origin(text), dotted(loc)))
+            problems.append(RecipeProblem(f"cannot parse the value: {exc}", _override_origin(text), dotted(loc)))
             continue
         out.append(Override(loc, value, text))
     return out, problems
@@ -151,7 +151,7 @@ def parse_overrides(items: Sequence[str]) -> tuple[list[Override], list[Problem]
 
 
 def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> LoadedRecipe:
-    """Compose, override, interpolate, resolve paths and validate one recipe file."""
+    """Compose, override, interpolate, anchor relative paths and validate one recipe file."""
     file = Path(os.path.abspath(path))
     loader = _Loader(file)
     cfg = loader.compose(file, stack=())
@@ -165,9 +165,9 @@ def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
         if ov.loc != ("hardware",):
             loader.apply(cfg, ov)
     skip = loader.check_secrets(cfg)
-    data = loader.resolve(cfg)
-    _resolve_paths(data, loader.sources)
-    skip += loader.unresolved
+    data = loader.interpolate(cfg)
+    _anchor_relative_paths(data, loader.sources)
+    skip += loader.uninterpolated
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:  # skipped keys already have their problem recorded
@@ -182,10 +182,10 @@ class _Loader:
     def __init__(self, top: Path | str) -> None:
         self.top = top  # the recipe (or profile) being loaded, named in the error's title
         self.sources = SourceMap()
-        self.problems: list[Problem] = []
-        self.unresolved: list[Loc] = []
+        self.problems: list[RecipeProblem] = []
+        self.uninterpolated: list[Loc] = []
 
-    def fail(self, problems: list[Problem]) -> NoReturn:
+    def fail(self, problems: list[RecipeProblem]) -> NoReturn:
         raise RecipeError(problems, self.top) from None
 
     def raise_if_any(self) -> None:
@@ -214,18 +214,18 @@ class _Loader:
             where = Origin(str(file), key_node.start_mark.line + 1)
             base_name = value_node.value
             if not isinstance(value_node, yaml.ScalarNode) or value_node.tag != "tag:yaml.org,2002:str":
-                self.fail([Problem("`extends` must be a path to a base recipe", where, "extends",
-                                   expected="a file name such as base.yaml")])
+                self.fail([RecipeProblem("`extends` must be a path to a base recipe", where, "extends",
+                                         expected="a file name such as base.yaml")])
             base = Path(os.path.normpath(file.parent / base_name))
             chain = stack + (file,)
             if base.resolve() in {p.resolve() for p in chain}:
                 cycle = " -> ".join(p.name for p in chain + (base,))
-                self.fail([Problem(f"extends cycle: {cycle}", where, "extends",
-                                   hint="remove `extends` from one of these files")])
+                self.fail([RecipeProblem(f"extends cycle: {cycle}", where, "extends",
+                                         fix="remove `extends` from one of these files")])
             if not base.is_file():
                 siblings = (f.name for f in base.parent.glob("*.yaml")) if base.parent.is_dir() else ()
                 hint = suggest.did_you_mean(base.name, siblings) or f"`extends` is relative to {file.parent}"
-                self.fail([Problem(f"base recipe not found: {base}", where, "extends", hint=hint)])
+                self.fail([RecipeProblem(f"base recipe not found: {base}", where, "extends", fix=hint)])
             base_cfg = self.compose(base, chain)
             cfg.pop("extends")
         self.sources.add_file(file, node)
@@ -236,15 +236,15 @@ class _Loader:
         for n in range(1, len(ov.loc)):
             above = select(cfg, ov.loc[:n])
             if above is not ABSENT and above is not None and not isinstance(above, (dict, list)):
-                self.problems.append(Problem(
+                self.problems.append(RecipeProblem(
                     f"cannot apply override: `{dotted(ov.loc[:n])}` is a value, not a section",
-                    ov.origin, dotted(ov.loc), hint=f"set `{dotted(ov.loc[:n])}=...` itself"))
+                    ov.origin, dotted(ov.loc), fix=f"set `{dotted(ov.loc[:n])}=...` itself"))
                 return
         try:
             update(cfg, ov.loc, ov.value)
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            self.problems.append(Problem(f"cannot apply override: {str(exc).splitlines()[0]}", ov.origin,
-                                         dotted(ov.loc)))
+            self.problems.append(RecipeProblem(f"cannot apply override: {str(exc).splitlines()[0]}", ov.origin,
+                                               dotted(ov.loc)))
             return
         self.sources.add_override(ov.loc, ov.origin)
 
@@ -254,7 +254,7 @@ class _Loader:
             return
         name = cfg["hardware"]
         try:
-            name = Resolver(cfg).value(name) if needs_resolving(name) else name
+            name = Interpolator(cfg).value(name) if needs_interpolation(name) else name
         except InterpolationError as exc:
             return self._interpolation_problem(("hardware",), exc)
         if isinstance(name, str):
@@ -263,7 +263,7 @@ class _Loader:
             if profile is not None:
                 cfg["hardware"] = profile
             else:
-                self.unresolved.append(("hardware",))
+                self.uninterpolated.append(("hardware",))
 
     def profile(self, name: str, recipe_dir: Path | None, where: Origin, prefix: Loc) -> dict[str, Any] | None:
         """The profile `name` (with `NAME.calibration.yaml` merged into `calibrated`), or None."""
@@ -272,8 +272,8 @@ class _Loader:
             hint = suggest.did_you_mean(name, known) or (
                 f"known profiles: {', '.join(sorted(known))}" if known else "no profiles found")
             dirs = ", ".join(str(d) for d in profile_dirs(recipe_dir))
-            self.problems.append(Problem(f"unknown hardware profile '{name}' (searched {dirs})", where,
-                                         "hardware", hint=hint))
+            self.problems.append(RecipeProblem(f"unknown hardware profile '{name}' (searched {dirs})", where,
+                                               "hardware", fix=hint))
             return None
         cfg = self.read(known[name], prefix)
         cfg.setdefault("name", name)
@@ -282,9 +282,10 @@ class _Loader:
             cal = self.read(calibration, prefix)
             extra = [k for k in cal if k != "calibrated"]
             if extra:
-                self.problems.append(Problem("a calibration file may only hold `calibrated:`",
-                                             self.sources.locate(prefix + (extra[0],)), dotted(prefix + (extra[0],)),
-                                             hint="written by `dflashx calibrate`; edit the profile itself instead"))
+                loc = prefix + (extra[0],)
+                self.problems.append(RecipeProblem(
+                    "a calibration file may only hold `calibrated:`", self.sources.locate(loc), dotted(loc),
+                    fix="written by `dflashx calibrate`; edit the profile itself instead"))
             else:
                 cfg = merge(cfg, cal)
         return cfg
@@ -303,27 +304,27 @@ class _Loader:
 
         walk(cfg, ())
         for loc in found:
-            self.problems.append(Problem("credentials do not belong in a recipe (value not shown)",
-                                         self.sources.locate(loc), dotted(loc), hint=SECRETS_HINT))
+            self.problems.append(RecipeProblem("credentials do not belong in a recipe (value not shown)",
+                                               self.sources.locate(loc), dotted(loc), fix=SECRETS_HINT))
         return found
 
-    def resolve(self, cfg: dict[str, Any]) -> dict[str, Any]:
-        """Plain containers with every `${...}` resolved; failures become problems, keys skipped."""
-        return self._resolved(Resolver(cfg), cfg, ())
+    def interpolate(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        """Plain containers with every `${...}` interpolated; failures become problems, keys skipped."""
+        return self._interpolated(Interpolator(cfg), cfg, ())
 
-    def _resolved(self, resolver: Resolver, node: Any, loc: Loc) -> Any:
+    def _interpolated(self, interpolator: Interpolator, node: Any, loc: Loc) -> Any:
         if not isinstance(node, (dict, list)):
             return node
         out: dict[Any, Any] | list[Any] = {} if isinstance(node, dict) else []
         for k, value in node.items() if isinstance(node, dict) else enumerate(node):
-            if needs_resolving(value):
+            if needs_interpolation(value):
                 try:
-                    value = resolver.value(value)
+                    value = interpolator.value(value)
                 except InterpolationError as exc:
                     self._interpolation_problem(loc + (k,), exc)
                     continue
             else:
-                value = self._resolved(resolver, value, loc + (k,))
+                value = self._interpolated(interpolator, value, loc + (k,))
             if isinstance(out, dict):
                 out[k] = value
             else:
@@ -331,13 +332,13 @@ class _Loader:
         return out
 
     def _interpolation_problem(self, loc: Loc, exc: InterpolationError) -> None:
-        self.unresolved.append(loc)
+        self.uninterpolated.append(loc)
         if isinstance(exc, MissingValue):
             message, hint = "value is required (`???`)", "set it in the recipe or with an override"
         else:
-            message = f"cannot resolve interpolation: {exc}"
+            message = f"cannot interpolate: {exc}"
             hint = "set the variable or give a default: ${oc.env:NAME,default}" if exc.env else None
-        self.problems.append(Problem(message, self.sources.locate(loc), dotted(loc), hint=hint))
+        self.problems.append(RecipeProblem(message, self.sources.locate(loc), dotted(loc), fix=hint or ""))
 
 
 # --------------------------------------------------------------------------- relative paths
@@ -361,7 +362,7 @@ def _parent(data: Any, loc: Loc) -> Any:
     return data
 
 
-def _resolve_paths(data: dict[str, Any], sources: SourceMap) -> None:
+def _anchor_relative_paths(data: dict[str, Any], sources: SourceMap) -> None:
     """Make relative paths absolute against the folder of the file that wrote them (see docs/recipes.md)."""
 
     def fix(loc: Loc, base: Path | None = None, only_if_local: bool = False) -> None:

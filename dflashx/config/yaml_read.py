@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from dflashx.config import suggest
-from dflashx.config.errors import Origin, Problem, RecipeError, duplicate_keys, yaml_problem
+from dflashx.config.errors import Origin, RecipeProblem, RecipeError, duplicate_keys, yaml_problem
 
 MAX_BYTES = 4 * 2**20  # a recipe is a few KiB
 MAX_NODES = 100_000  # YAML nodes once every alias is expanded; a recipe has a few hundred
@@ -58,14 +58,14 @@ def read_mapping(file: Path) -> tuple[dict[str, Any], yaml.MappingNode]:
     except yaml.YAMLError as exc:
         raise RecipeError([yaml_problem(exc, file)], file) from None
     except TypeError as exc:  # e.g. a list or a mapping used as a key
-        raise RecipeError([Problem(f"cannot read the YAML: {exc}", Origin(str(file)),
-                                   hint="keys must be plain names and values plain YAML")], file) from None
+        raise RecipeError([RecipeProblem(f"cannot read the YAML: {exc}", Origin(str(file)),
+                                         fix="keys must be plain names and values plain YAML")], file) from None
     finally:
         loader.dispose()
     if not isinstance(node, yaml.MappingNode) or not isinstance(data, dict):
-        raise RecipeError([Problem(
+        raise RecipeError([RecipeProblem(
             "the file must hold a YAML mapping of keys" + (" (it is empty)" if node is None else ""),
-            Origin(str(file), 1), hint="start with e.g. `name: my-run`",
+            Origin(str(file), 1), fix="start with e.g. `name: my-run`",
         )], file)
     return data, node
 
@@ -105,13 +105,13 @@ def _too_deep_line(text: str) -> int | None:
     return None
 
 
-def _depth_problem(where: Origin) -> Problem:
-    return Problem(f"the YAML is nested more than {MAX_DEPTH} levels deep", where,
-                   hint="a recipe is a few levels of sections: write this value with fewer nested lists "
+def _depth_problem(where: Origin) -> RecipeProblem:
+    return RecipeProblem(f"the YAML is nested more than {MAX_DEPTH} levels deep", where,
+                         fix="a recipe is a few levels of sections: write this value with fewer nested lists "
                         "`[...]` and mappings `{...}` (or indented levels)")
 
 
-def _fail(problems: list[Problem], file: Path) -> None:
+def _fail(problems: list[RecipeProblem], file: Path) -> None:
     if problems:
         raise RecipeError(problems, file)
 
@@ -124,18 +124,19 @@ def _read_text(file: Path) -> str:
     except OSError as exc:
         siblings = (f.name for f in file.parent.glob("*.yaml")) if file.parent.is_dir() else ()
         hint = suggest.did_you_mean(file.name, siblings)
-        raise RecipeError([Problem(f"cannot read file: {exc.strerror}", Origin(str(file)), hint=hint)], file) from None
+        problem = RecipeProblem(f"cannot read file: {exc.strerror}", Origin(str(file)), fix=hint or "")
+        raise RecipeError([problem], file) from None
     if len(data) > MAX_BYTES:
-        raise RecipeError([Problem(f"file is larger than {MAX_BYTES // 2**20} MiB: not a recipe",
-                                   Origin(str(file)))], file)
+        raise RecipeError([RecipeProblem(f"file is larger than {MAX_BYTES // 2**20} MiB: not a recipe",
+                                         Origin(str(file)))], file)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise RecipeError([Problem(
+        raise RecipeError([RecipeProblem(
             f"not UTF-8 text: byte 0x{data[exc.start]:02x} at byte offset {exc.start} ({exc.reason})",
-            Origin(str(file), line, column), hint="save the file as UTF-8",
+            Origin(str(file), line, column), fix="save the file as UTF-8",
         )], file) from None
 
 
@@ -145,7 +146,7 @@ def _node_children(node: yaml.Node) -> list[yaml.Node]:
     return list(node.value) if isinstance(node, yaml.SequenceNode) else []
 
 
-def _bounds_problems(root: yaml.Node, file: Path) -> list[Problem]:
+def _bounds_problems(root: yaml.Node, file: Path) -> list[RecipeProblem]:
     """The expanded tree's size and depth, and recursive aliases, without expanding it.
 
     Aliases make the composed tree a graph whose nodes are shared; one pass over the distinct
@@ -165,16 +166,16 @@ def _bounds_problems(root: yaml.Node, file: Path) -> list[Problem]:
             on_path.discard(key)
             where = Origin(str(file), node.start_mark.line + 1)
             if size[key] > MAX_NODES:
-                return [Problem(f"the YAML expands to more than {MAX_NODES:,} values (aliases copy what "
-                                "their anchor holds): refused as an alias bomb", where, hint=_ALIAS_HINT)]
+                return [RecipeProblem(f"the YAML expands to more than {MAX_NODES:,} values (aliases copy what "
+                                      "their anchor holds): refused as an alias bomb", where, fix=_ALIAS_HINT)]
             if height[key] > MAX_DEPTH:
                 return [_depth_problem(where)]
             continue
         if key in size:
             continue  # an alias of a node already counted
         if key in on_path:
-            return [Problem("recursive alias: an anchor is used inside itself",
-                            Origin(str(file), node.start_mark.line + 1), hint=_ALIAS_HINT)]
+            return [RecipeProblem("recursive alias: an anchor is used inside itself",
+                                  Origin(str(file), node.start_mark.line + 1), fix=_ALIAS_HINT)]
         on_path.add(key)
         stack.append((node, True))
         stack.extend((k, False) for k in _node_children(node))

@@ -83,8 +83,8 @@ def recipe_contract(target: TargetSpec) -> ChatContract:
     """The contract the recipe renders with: its target tokenizer's template and its flags."""
     from transformers import AutoTokenizer
 
-    from dflashx.targets.resolve import resolve_tokenizer_path
+    from dflashx.targets.locate import locate_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_tokenizer_path(target)))
+    tokenizer = AutoTokenizer.from_pretrained(str(locate_tokenizer(target)))
     chat = target.chat_template
     return ChatContract.for_tokenizer(tokenizer, chat.enable_thinking, chat.kwargs)

@@ -1,8 +1,8 @@
 """Read one recipe source as a stream of raw records, each with where it came from.
 
 Local files: `.jsonl` (one object per line), `.json` (a JSON array, or JSON lines), `.parquet`
-(read in record batches with pyarrow), or a folder of those. `builtin:` paths resolve through
-`dflashx.targets.resolve.builtin_file`. `hf_id` sources stream through `datasets.load_dataset` (needs a
+(read in record batches with pyarrow), or a folder of those. `builtin:` paths are located by
+`dflashx.targets.locate.builtin_file`. `hf_id` sources stream through `datasets.load_dataset` (needs a
 network or a warm `datasets` cache). A line that is not JSON is yielded as a `RawRecord` with
 `error` set, so the caller counts it as malformed with its line number instead of stopping.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from dflashx.config.schema import SourceSpec
-from dflashx.targets.resolve import builtin_file, is_builtin
+from dflashx.targets.locate import builtin_file, is_builtin
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
 

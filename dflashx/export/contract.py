@@ -2,8 +2,9 @@
 
 A check is a pure function of the written config.json (a dict), the target's facts and,
 optionally, the weight shapes (name -> shape, read from model.safetensors without loading it). It
-returns `Violation(key, message, fix)`s: `key` is the dotted config key the engine reads, `message`
-what it would do with the value, `fix` what to change (a recipe key where one decides it). An empty
+returns `Violation(key, message, fix)`s (a `dflashx.config.problem.Problem`, code `export_contract`):
+`key` is the dotted config key the engine reads, `message` what it would do with the value, `fix`
+what to change (a recipe key where one decides it). An empty
 list means the folder meets the contract. The rules themselves, with their sources, are listed in
 docs/export.md.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from dflashx.config.problem import Problem, describe
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 _MISSING = object()
@@ -22,12 +25,13 @@ class Violation:
     key: str
     message: str
     fix: str
+    code: str = "export_contract"
 
     def __str__(self) -> str:
-        return f"{self.key}: {self.message}; fix: {self.fix}"
+        return describe(self)
 
 
-def report(engine: str, violations: list[Violation]) -> str:
+def report(engine: str, violations: list[Problem]) -> str:
     """One plain-words paragraph per broken rule, for StageFailed."""
     lines = [f"the {engine} export breaks {len(violations)} rule(s) of that engine's loader:"]
     lines += [f"  - {v}" for v in violations]

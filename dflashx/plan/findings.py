@@ -1,4 +1,5 @@
-"""A planner finding: what is wrong (or risky), which recipe key, and how to fix it."""
+"""A planner finding: what is wrong (or risky), which recipe key, and how to fix it (a
+`dflashx.config.problem.Problem` with a severity)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""The terminal view of `dflashx run`: a `RunObserver` (`dflashx.run.orchestrator`) that shows what
+"""The terminal view of `dflashx run`: a `RunObserver` (`dflashx.run.observer`) that shows what
 runs and how far it is, then where everything is and what to try next.
 
 On a terminal: one live row per running step (rich): spinner, name, a bar, done/total and an ETA
 when the stage's metrics say how far it is (train: step/total_steps with loss, tokens/s and MFU;
 generate: completions/prompts, every 30 s; eval: prompts decoded over all suites and drafters), else the elapsed time against
 the plan's estimate; and the stage's latest `dflashx` log line as its phase. A finished step
-prints its line (`dflashx.run.orchestrator.outcome_line`) above the rows. Off a terminal (a pipe,
+prints its line (`dflashx.report.lines.outcome_line`) above the rows. Off a terminal (a pipe,
 a file, CI): the same lines stamped HH:MM:SS, no control characters, and a progress line at most
 every PLAIN_EVERY_S per step (and every HEARTBEAT_S when it says nothing). `summary` ends the run
 with a table of the stages (this run's state, time, headline figures, output files) and the next
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -31,7 +31,9 @@ from rich.text import Text
 
 from dflashx.config.schema import STAGE_ORDER
 from dflashx.report.fmt import human_seconds, human_value, suite_taus, wide_console
-from dflashx.run.orchestrator import RunResult, StageOutcome, outcome_line, start_line
+from dflashx.report.lines import outcome_line, start_line
+from dflashx.run.observer import StageOutcome
+from dflashx.run.orchestrator import RunResult
 from dflashx.store.manifest import Manifest
 from dflashx.track.records import read_records
 from dflashx.track.redact import RedactingFilter
@@ -289,7 +291,7 @@ class RunConsole:
                 self.progress = None
             self.stopped.set()
 
-    def __enter__(self) -> RunConsole:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, kind: Any, *_: Any) -> None:

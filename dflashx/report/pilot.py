@@ -1,8 +1,7 @@
 """What `dflashx pilot` prints: the plan's figures against the pilot's, and the plan before and after.
 
 `sections(outcome)` -> [estimate vs measured, the plan's P10/P50/P90 before and after, the pilot's
-own time]; `budget_breaks(plan)` -> the budget errors of the re-plan (the pilot stops on them unless
-told to continue).
+own time]. When the re-plan stops the run is `dflashx.run.session`'s policy.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ from dflashx.plan.context import build_context
 from dflashx.plan.plan import Plan
 from dflashx.report.fmt import Section, human_seconds
 from dflashx.run.pilot import PilotOutcome
-
-BUDGET_CODES = ("budget_usd", "budget_days", "budget_storage")
 
 
 def _term(plan: Plan, key: str) -> Any:
@@ -92,8 +89,3 @@ def timing(outcome: PilotOutcome) -> Section:
 
 def sections(outcome: PilotOutcome) -> list[Section]:
     return [comparison(outcome), replan(outcome), timing(outcome)]
-
-
-def budget_breaks(plan: Plan) -> list[str]:
-    """The re-plan's budget errors, as lines."""
-    return [f"[{f.code}] {f.key}: {f.message}" for f in plan.errors if f.code in BUDGET_CODES]

@@ -2,7 +2,7 @@
 
 BASE and HEAD are recipe files, or `path@gitref` (the file as it is at that commit). For a git
 ref, the recipe's folder and `hardware_profiles/` at that ref are extracted (`git archive`) into a
-temporary folder so `extends:` chains and profile names resolve as they did at that commit. Each
+temporary folder so `extends:` chains and profile names point where they did at that commit. Each
 side is loaded with `load_recipe` and planned with `make_plan`; the review shows the changed keys
 of the validated recipes (defaults included), the plan totals and per-stage estimates that
 changed, and the findings that appear or disappear. A BASE that does not exist (a new recipe) is

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 
 from dflashx.config.fields import Precision
+from dflashx.config.problem import describe
 from dflashx.config.schema import DrafterSpec, GenerateStage, HardwareProfile, Recipe, TargetSpec, TrainStage
 from dflashx.resolve.deepspeed import deepspeed_config, launch_argv, target_shard_config
 from dflashx.resolve.formulas import loss_gamma, muon_lr, spread_layer_ids, train_precision
@@ -47,11 +48,12 @@ from dflashx.targets.registry import TargetFacts
 
 
 class ResolveError(ValueError):
-    """A derived value that cannot be decided; `key` is the recipe key to set."""
+    """A derived value that cannot be decided (a `dflashx.config.problem.Problem`); `key` is the
+    recipe key to set."""
 
     def __init__(self, code: str, key: str, message: str, fix: str):
-        super().__init__(f"{key}: {message}; {fix}")
         self.code, self.key, self.message, self.fix = code, key, message, fix
+        super().__init__(describe(self))
 
 
 def world_size(hw: HardwareProfile) -> int:

@@ -1,4 +1,5 @@
-"""One preflight answer: `Check(name, status ok|warn|fail, detail, fix)` (docs/running.md#preflight)."""
+"""One preflight answer, a `dflashx.config.problem.Problem`: `Check(code, key, status ok|warn|fail,
+message, fix)` (docs/running.md#preflight)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ Status = Literal["ok", "warn", "fail"]
 
 @dataclass(frozen=True)
 class Check:
-    """One answer: `detail` names the recipe key it is about, `fix` what to do when not ok."""
+    """One answer: `code` names the check (`disk`, `source <name>`, `server 0` ...), `key` the recipe
+    key it is about ("" when it is about none), `message` what was found, `fix` what to do when not ok."""
 
-    name: str
+    code: str
+    key: str
     status: Status
-    detail: str
+    message: str
     fix: str = ""

@@ -28,9 +28,9 @@ def check_disk(root: str, plan: dict[str, Any], run_dir: Path) -> Check:
     detail = (f"storage.root: {root} ({probe}: {human_bytes(free)} free); the plan stores {human_bytes(planned)}"
               + (f", {human_bytes(held)} of it already in {run_dir}" if held else ""))
     if free < planned - held:
-        return Check("disk", "fail", detail, "free space there, point storage.root at a bigger disk, or plan "
-                     "less storage (`dflashx plan` shows it per stage)")
-    return Check("disk", "ok", detail)
+        return Check("disk", "storage.root", "fail", detail, "free space there, point storage.root at a bigger "
+                     "disk, or plan less storage (`dflashx plan` shows it per stage)")
+    return Check("disk", "storage.root", "ok", detail)
 
 
 def _s3_code(exc: BaseException) -> str:
@@ -42,7 +42,8 @@ def _s3_fail(exc: Exception, spec: S3Spec, endpoint: str) -> Check:
 
     cause = exc.__cause__ if exc.__cause__ is not None else exc
     if (code := _s3_code(cause)) in ("404", "NoSuchBucket"):
-        return Check("s3", "fail", f"storage.s3.bucket: bucket {spec.bucket!r} does not exist at {endpoint}",
+        return Check("s3", "storage.s3.bucket", "fail",
+                     f"storage.s3.bucket: bucket {spec.bucket!r} does not exist at {endpoint}",
                      "create the bucket, or fix storage.s3.bucket")
     if isinstance(cause, NoCredentialsError) or code in ("InvalidAccessKeyId", "SignatureDoesNotMatch"):
         fix = (f"set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) to keys valid for {endpoint}, "
@@ -51,7 +52,7 @@ def _s3_fail(exc: Exception, spec: S3Spec, endpoint: str) -> Check:
         fix = f"grant these credentials s3:ListBucket/PutObject/GetObject/DeleteObject on {spec.bucket}/{spec.prefix}"
     else:
         fix = "check storage.s3.endpoint_url, storage.s3.region and the network"
-    return Check("s3", "fail", f"storage.s3 (bucket {spec.bucket!r} at {endpoint}): {exc}", fix)
+    return Check("s3", "storage.s3", "fail", f"storage.s3 (bucket {spec.bucket!r} at {endpoint}): {exc}", fix)
 
 
 def check_s3(spec: S3Spec, run_name: str) -> Check:
@@ -77,7 +78,7 @@ def check_s3(spec: S3Spec, run_name: str) -> Check:
             store.delete(key)
         except (StoreError, ClientError, BotoCoreError) as exc:
             return _s3_fail(exc, spec, endpoint)
-    return Check("s3", "ok", f"storage.s3: put, read back and deleted {store.uri(key)}")
+    return Check("s3", "storage.s3", "ok", f"storage.s3: put, read back and deleted {store.uri(key)}")
 
 
 def _fits(gpu: GpuSpec, device: tuple[str, int]) -> tuple[bool, bool]:
@@ -104,7 +105,7 @@ def _profiles_for(found: list[tuple[str, int]]) -> str:
 def check_gpus(hw: HardwareProfile, plan: dict[str, Any]) -> Check:
     """This machine's GPUs (count, model, memory) against the hardware profile the plan assumed."""
     if hw.gpu is None:
-        return Check("gpus", "ok", f"hardware: profile {hw.name} runs on the CPU")
+        return Check("gpus", "hardware", "ok", f"hardware: profile {hw.name} runs on the CPU")
     import torch  # a dependency; asked only for a GPU profile (the import takes seconds)
 
     found = [(p.name, int(p.total_memory)) for p in map(torch.cuda.get_device_properties, range(torch.cuda.device_count()))]
@@ -114,12 +115,13 @@ def check_gpus(hw: HardwareProfile, plan: dict[str, Any]) -> Check:
              f"each (peak use {human_bytes(peak)}/GPU); this machine has {have}")
     fix = f"run on the profile's hardware, or plan for this machine: {_profiles_for(found)}"
     if len(found) < hw.gpus_per_node:
-        return Check("gpus", "fail", f"{needs}: profile {hw.name} wants {hw.gpus_per_node} GPUs, found {len(found)}", fix)
+        return Check("gpus", "hardware", "fail",
+                     f"{needs}: profile {hw.name} wants {hw.gpus_per_node} GPUs, found {len(found)}", fix)
     if small := [d for d in found if not _fits(gpu, d)[1]]:
-        return Check("gpus", "fail", f"{needs}: {len(small)} GPU(s) have less memory than the profile", fix)
+        return Check("gpus", "hardware", "fail", f"{needs}: {len(small)} GPU(s) have less memory than the profile", fix)
     if not all(_fits(gpu, d)[0] for d in found):
-        return Check("gpus", "warn", f"{needs}: another GPU model; speed estimates assume {gpu.name}", fix)
-    return Check("gpus", "ok", f"hardware: {have} match profile {hw.name}")
+        return Check("gpus", "hardware", "warn", f"{needs}: another GPU model; speed estimates assume {gpu.name}", fix)
+    return Check("gpus", "hardware", "ok", f"hardware: {have} match profile {hw.name}")
 
 
 def check_server(index: int, url: str, model: str) -> Check:
@@ -135,18 +137,18 @@ def check_server(index: int, url: str, model: str) -> Check:
             health, models = client.get(f"{base}/health"), client.get(f"{base}/v1/models")
             served = [str(m["id"]) for m in models.json()["data"]] if models.status_code == 200 else []
     except httpx.HTTPError as exc:
-        return Check(name, "fail", f"{key}: {base} does not answer: {type(exc).__name__}: {exc}", fix)
+        return Check(name, key, "fail", f"{key}: {base} does not answer: {type(exc).__name__}: {exc}", fix)
     except (ValueError, KeyError, TypeError):  # not JSON, or not the OpenAI model list
         served = []
     if health.status_code != 200:
-        return Check(name, "warn" if health.status_code == 503 else "fail",
+        return Check(name, key, "warn" if health.status_code == 503 else "fail",
                      f"{key}: {base}/health answers HTTP {health.status_code} (503: still starting; generate "
                      "waits stages.generate.server_startup_timeout_s)", fix)
     if not served:
-        return Check(name, "fail", f"{key}: {base}/v1/models answers HTTP {models.status_code} "
+        return Check(name, key, "fail", f"{key}: {base}/v1/models answers HTTP {models.status_code} "
                      "without a model list: not an OpenAI-compatible server?", fix)
     detail = f"{key}: {base} healthy, serves {', '.join(served)}"
     if not any(Path(model).name.lower() in m.lower() for m in served):
-        return Check(name, "warn", f"{detail}, not target.model {model}",
+        return Check(name, key, "warn", f"{detail}, not target.model {model}",
                      "check that it serves the target (the completions come from whatever it serves)")
-    return Check(name, "ok", detail)
+    return Check(name, key, "ok", detail)

@@ -27,7 +27,7 @@ from dflashx.resolve.model import ResolvedRecipe
 from dflashx.stages.graph import GRAPH
 from dflashx.store.hashing import fingerprint
 from dflashx.store.manifest import Manifest
-from dflashx.targets.resolve import builtin_identity, is_builtin
+from dflashx.targets.locate import builtin_identity, is_builtin
 
 KEY_VERSION = 2
 _DROP = object()

@@ -2,17 +2,16 @@
 
 For each selected stage in `STAGE_ORDER`: compute its key (`dflashx.run.keys`); skip it when its
 `_SUCCESS` holds that key (unless forced); move an outdated folder aside (its artifacts become
-garbage); run `load_stage(name)(ctx)` with a metric logger (records.jsonl + W&B); register the
-returned artifacts in the manifest; write `provenance.json`, then `_SUCCESS` last. A failing stage
-stops the run. Events go to records.jsonl (see `dflashx.track.records`), what a person watches to a
-`RunObserver` (the CLI's: `dflashx.report.console`), a stage's output to its `stage.log`
-(`dflashx.track.output.captured`). `_STARTED`/`_SUCCESS` keep `key_leaves`: a re-run says why.
+garbage); run `load_stage(name)(ctx)` through the one executor (`dflashx.run.executor`: its output
+to `stage.log`, its metrics to records.jsonl + W&B and the observer); register the returned
+artifacts in the manifest; write `provenance.json`, then `_SUCCESS` last. A failing stage stops the
+run. Events go to records.jsonl (see `dflashx.track.records`), what a person watches to the
+`RunObserver` the caller hands in (`dflashx.run.observer`; the CLI's is `dflashx.report.console`).
+`_STARTED`/`_SUCCESS` keep `key_leaves` (`dflashx.run.keydiff`): a re-run says why.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import socket
 import time
@@ -20,124 +19,22 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from dflashx.plan.launch import StageRuntime
-from dflashx.run.graph import Selection
-from dflashx.run.keys import StageKey, key_material, stage_key
 from dflashx.resolve.model import ResolvedRecipe
+from dflashx.run.executor import execute, plan_stage, stage_context
+from dflashx.run.graph import Selection
+from dflashx.run.keydiff import changed_keys, key_leaves, why_text
+from dflashx.run.keys import StageKey, key_material, stage_key
+from dflashx.run.observer import OK_STATES, RunObserver, SilentObserver, StageOutcome
 from dflashx.run.rundir import RunDir, moved_line, set_aside
 from dflashx.stages.base import StageContext, StageFailed, StageResult, load_stage
 from dflashx.stages.graph import GRAPH
 from dflashx.store.manifest import Manifest, atomic_write_json, atomic_write_text, utc_now
-from dflashx.track.output import captured
 from dflashx.track.provenance import stage_provenance
 from dflashx.track.records import RecordLog
 from dflashx.track.redact import redact, redact_argv, redact_text
 from dflashx.track.wandb_stage import stage_tracker
-
-Echo = Callable[[str], None]
-OK_STATES = ("done", "skipped", "disabled")
-
-
-@dataclass
-class StageOutcome:
-    name: str
-    state: str  # done | skipped | disabled | failed
-    stage_key: str | None = None
-    message: str | None = None
-    duration_s: float | None = None
-    metrics: dict[str, Any] = field(default_factory=dict)  # the stage's result (or failure) metrics
-
-
-class RunObserver(Protocol):
-    """What a run reports to the person watching it, in order: `run_started`, then per stage
-    `stage_started` (only when it runs), `stage_metrics` (each `ctx.log`), `stage_ended` (every
-    stage, skipped ones too); `message` for anything else (a folder moved aside)."""
-
-    def run_started(self, run_dir: Path, stages: Sequence[str]) -> None: ...
-    def stage_started(self, name: str, key: str, reason: str | None, estimate_s: float | None) -> None: ...
-    def stage_metrics(self, name: str, metrics: dict[str, Any], step: int | None) -> None: ...
-    def stage_ended(self, outcome: StageOutcome) -> None: ...
-    def message(self, text: str) -> None: ...
-
-
-def start_line(name: str, key: str, reason: str | None) -> str:
-    return f"> {name}: running (key {key[:12]}{'; ' + reason if reason else ''})"
-
-
-def outcome_line(o: StageOutcome) -> str:
-    """A stage's end as one line: `+` done, `=` skipped, `-` disabled, `x` failed."""
-    if o.state == "done":
-        return f"+ {o.name}: done in {o.duration_s or 0:.1f}s"
-    if o.state == "skipped":
-        return f"= {o.name}: done, key {(o.stage_key or '')[:12]} unchanged (skipped)"
-    if o.state == "disabled":
-        return f"- {o.name}: disabled (stages.{o.name}.enabled=false)"
-    return f"x {o.name}: {o.state}: {o.message}"
-
-
-class EchoObserver:
-    """A RunObserver printing the stage lines through `echo` (library use, tests)."""
-
-    def __init__(self, echo: Echo = print):
-        self.echo = echo
-
-    def run_started(self, run_dir: Path, stages: Sequence[str]) -> None: ...
-    def stage_metrics(self, name: str, metrics: dict[str, Any], step: int | None) -> None: ...
-
-    def stage_started(self, name: str, key: str, reason: str | None, estimate_s: float | None) -> None:
-        self.echo(start_line(name, key, reason))
-
-    def stage_ended(self, outcome: StageOutcome) -> None:
-        self.echo(outcome_line(outcome))
-
-    def message(self, text: str) -> None:
-        self.echo(text)
-
-
-def _leaves(node: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
-    """Dotted leaf keys of a key material section; a PATH field's identity counts as one leaf."""
-    if isinstance(node, dict) and node and not set(node) <= {"builtin", "fingerprint"}:
-        for k, v in node.items():
-            _leaves(v, f"{prefix}.{k}", out)
-    elif isinstance(node, list) and node and all(isinstance(v, dict) for v in node):
-        for i, v in enumerate(node):
-            _leaves(v, f"{prefix}[{i}]", out)
-    else:
-        out[prefix] = node
-    return out
-
-
-def key_leaves(material: dict[str, Any]) -> dict[str, Any]:
-    """A key material (`dflashx.run.keys.key_material`) as {dotted recipe key or `input <name>`:
-    digest of its value}: what `_STARTED`/`_SUCCESS` keep to say later which keys changed (digests,
-    so no recipe value, secret or not, is written)."""
-    leaves: dict[str, Any] = {}
-    for section, value in material["config"].items():
-        _leaves(value, section, leaves)
-    leaves |= {f"input {name}": sha for name, sha in material["inputs"].items()}
-    digest = {k: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:16]
-              for k, v in leaves.items()}
-    return {"version": material["version"], "leaves": digest}
-
-
-def changed_keys(old: Any, new: dict[str, Any]) -> list[str] | None:
-    """The keys whose digests differ between two `key_leaves`; None when `old` is not one."""
-    if not isinstance(old, dict) or not isinstance(old.get("leaves"), dict):
-        return None
-    if old.get("version") != new["version"]:
-        return ["the stage key version (dflashx changed what keys hash)"]
-    a, b = old["leaves"], new["leaves"]
-    return [k for k in dict.fromkeys([*b, *a]) if a.get(k) != b.get(k)]
-
-
-def why_text(verb: str, changed: list[str] | None) -> str:
-    """`re-runs: stages.train.lr changed`, `re-runs: input train.checkpoint changed`, ..."""
-    if not changed:
-        return f"{verb}: its key changed" + (" (the earlier attempt kept no key digests)" if changed is None else "")
-    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-    return f"{verb}: {', '.join(changed[:3])}{more} changed"
 
 
 @dataclass
@@ -166,30 +63,18 @@ class RunResult:
         return all(o.state in OK_STATES for o in self.outcomes)
 
 
-def plan_stage(plan: dict[str, Any], name: str) -> dict[str, Any]:
-    """The plan's entry for one stage ({} when the plan has none)."""
-    return next((s for s in plan.get("stages", []) if s.get("name") == name), {})
-
-
-def stage_runtime(plan: dict[str, Any], name: str) -> StageRuntime:
-    """What the stage gets from the plan (plan.json's entry read back into the typed `StageRuntime`)."""
-    return StageRuntime.from_json(plan_stage(plan, name))
-
-
 class Orchestrator:
     """One `dflashx run` invocation over one run directory (holds its lock while running)."""
 
     def __init__(self, recipe: ResolvedRecipe, plan: dict[str, Any], run_dir: Path, argv: Sequence[str],
-                 echo: Echo = print, on_progress: Callable[[Path], object] | None = None,
-                 observer: RunObserver | None = None):
+                 on_progress: Callable[[Path], object] | None = None, observer: RunObserver | None = None):
         self.recipe = recipe
         self.on_progress = on_progress  # rewrites PROGRESS.md (the CLI passes dflashx.report.progress)
         self.plan = plan
         self.resolved: dict[str, Any] = recipe.model_dump(mode="json")  # for provenance and W&B
         self.rundir = RunDir(Path(run_dir).resolve())
         self.argv = list(argv)
-        self.observer = observer or EchoObserver(echo)
-        self._quiet: set[str] = set()  # stages whose metrics the observer failed on
+        self.observer = observer or SilentObserver()
 
     def run(self, selection: Selection) -> RunResult:
         run_id = self.rundir.ensure(self.recipe.name)
@@ -275,53 +160,37 @@ class Orchestrator:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.rundir.mark_started(name, key.key, leaves)
         manifest = Manifest.load(self.rundir.path)
-        inputs = {n: self.rundir.path / manifest.entries[n].path for n in key.inputs}
-        stage_plan = plan_stage(self.plan, name)
-        ctx = StageContext(name=name, recipe=self.recipe, runtime=StageRuntime.from_json(stage_plan),
-                           run_dir=self.rundir.path, out_dir=out_dir, inputs=inputs)
+        ctx = stage_context(name, self.recipe, self.plan, self.rundir.path, out_dir,
+                            {n: self.rundir.path / manifest.entries[n].path for n in key.inputs})
         self.records.append("stage_start", stage=name, stage_key=key.key, pid=os.getpid(), host=socket.gethostname(),
                             reason=reason)
         self._write_progress()
-        attempt = _Attempt(name, key, stage_plan.get("estimates") or {})
-        self.observer.stage_started(name, key.key, reason, attempt.estimates.get("seconds"))
-        config = {"recipe": self.resolved, "plan": stage_plan.get("estimates", {}), "stage_key": key.key}
+        estimates = plan_stage(self.plan, name).get("estimates") or {}
+        attempt = _Attempt(name, key, estimates)
+        tracker = stage_tracker(records=self.records, tracking=self.recipe.tracking, run_id=self.records.run_id,
+                                stage=name, run_dir=self.rundir.path,
+                                config={"recipe": self.resolved, "plan": estimates, "stage_key": key.key})
         try:
-            with captured(out_dir / "stage.log"), stage_tracker(
-                records=self.records, tracking=self.recipe.tracking, run_id=self.records.run_id, stage=name,
-                run_dir=self.rundir.path, config=config,
-            ) as tracker:
-                ctx.log = self._metric_logger(name, tracker)
-                result = fn(ctx)
-                outputs = self._register(name, key, result, out_dir)
-                tracker.summary(result.metrics)
-        except StageFailed as e:
-            return self._failed(attempt, str(e), "StageFailed", e.metrics)
+            ran = execute(fn, ctx, label=name, key=key.key, reason=reason, estimate_s=estimates.get("seconds"),
+                          log=out_dir / "stage.log", observer=self.observer, tracker=tracker,
+                          finish=lambda result: self._register(name, key, result, out_dir),
+                          warn=lambda message: self.records.append("warning", stage=name, message=message))
         except KeyboardInterrupt:
             self._write_provenance(attempt, "interrupted", {}, "interrupted by the user")
             self.records.append("stage_interrupted", stage=name, stage_key=key.key, duration_s=attempt.elapsed)
             raise
-        except Exception as e:  # noqa: BLE001 - any crash stops the run with a saved traceback
-            return self._failed(attempt, self._save_traceback(name, e), type(e).__name__, {})
+        if isinstance(ran.error, StageFailed):
+            return self._failed(attempt, str(ran.error), "StageFailed", ran.error.metrics)
+        if ran.error is not None:  # any crash stops the run with a saved traceback
+            return self._failed(attempt, self._save_traceback(name, ran.error), type(ran.error).__name__, {})
+        assert ran.result is not None
+        outputs, metrics = ran.finished, redact(ran.result.metrics)
         duration = attempt.elapsed
         self._write_provenance(attempt, "done", {n: o["sha256"] for n, o in outputs.items()})
         self.rundir.mark_success(name, key.key, duration, leaves)
         self.records.append("stage_end", stage=name, stage_key=key.key, duration_s=duration,
-                            metrics=redact(result.metrics), outputs=outputs)
-        return StageOutcome(name, "done", key.key, duration_s=duration, metrics=redact(result.metrics))
-
-    def _metric_logger(self, name: str, tracker: Any) -> Callable[..., None]:
-        """`ctx.log`: the tracker (records.jsonl, W&B), then the observer (a failure there: one warning)."""
-        def log(metrics: dict[str, Any], step: int | None = None) -> None:
-            tracker.log(metrics, step)
-            if name in self._quiet:
-                return
-            try:
-                self.observer.stage_metrics(name, metrics, step)
-            except Exception as e:  # noqa: BLE001 - the view never stops a stage
-                self._quiet.add(name)
-                self.records.append("warning", stage=name, message=f"progress display failed: {type(e).__name__}: {e}")
-
-        return log
+                            metrics=metrics, outputs=outputs)
+        return StageOutcome(name, "done", key.key, duration_s=duration, metrics=metrics)
 
     def _register(self, name: str, key: StageKey, result: StageResult, out_dir: Path) -> dict[str, dict[str, Any]]:
         """Register the stage's artifacts (tiers from the recipe's overrides) and save the manifest."""
@@ -375,10 +244,9 @@ class Orchestrator:
 
 
 def run_pipeline(recipe: ResolvedRecipe, plan: dict[str, Any], run_dir: Path, selection: Selection,
-                 argv: Sequence[str] = (), echo: Echo = print,
-                 on_progress: Callable[[Path], object] | None = None,
+                 argv: Sequence[str] = (), on_progress: Callable[[Path], object] | None = None,
                  observer: RunObserver | None = None) -> RunResult:
     """Run the selected stages of `recipe` in `run_dir` (see the module docstring); `on_progress`
     is called with the run folder as each stage starts and when the run ends (PROGRESS.md);
-    `observer` (default: lines through `echo`) sees the run as it goes."""
-    return Orchestrator(recipe, plan, run_dir, argv, echo, on_progress, observer).run(selection)
+    `observer` (default: none) sees the run as it goes."""
+    return Orchestrator(recipe, plan, run_dir, argv, on_progress, observer).run(selection)

@@ -9,6 +9,8 @@ One entry point, `run_pilot`, reusing the real stages:
               generation key moves the folder aside, as for any interrupted attempt);
   3. tokenize and train  the real stages on those completions in `pilot/` (not artifacts of the
               run), `pilot.train_steps` optimizer steps; the DeepSpeed states are deleted after;
+  Steps 2 and 3 run through the run's own stage executor (`dflashx.run.executor`), their output in
+  `pilot/<stage>.log`, with no `_SUCCESS`, records or manifest entries;
   4. measure  lengths of every completion present (a histogram, truncation, the standard error of
               the mean by source), generation tokens/s against the planner's prediction for the
               pilot's own conditions (`serving_ratio`; with the MTP head, predicted at the accepted length
@@ -40,16 +42,18 @@ from dflashx.plan.calibration import (
 from dflashx.plan.context import build_context
 from dflashx.plan.plan import Plan, make_plan
 from dflashx.resolve.model import ResolvedRecipe
+from dflashx.run.executor import execute, stage_context
 from dflashx.run.graph import select
+from dflashx.run.keydiff import key_leaves
 from dflashx.run.keys import key_material, stage_key
 from dflashx.run.layout import PILOT_DIR, calibration_path
-from dflashx.run.orchestrator import RunObserver, StageOutcome, key_leaves, run_pipeline, stage_runtime
+from dflashx.run.observer import RunObserver, StageOutcome
+from dflashx.run.orchestrator import run_pipeline
 from dflashx.run.pilot_measure import length_stats, slim, source_weights, training_stats
 from dflashx.run.rundir import RunDir, moved_line, set_aside
 from dflashx.stages.base import StageContext, StageResult, load_stage
 from dflashx.store.manifest import Manifest, atomic_write_json, utc_now
 from dflashx.targets.registry import TargetFacts
-from dflashx.track.output import captured
 
 
 class PilotFailed(RuntimeError):
@@ -152,20 +156,18 @@ class Pilot:
             training_mfu_rse=trained.get("mfu_rse") if trained else None, measured=measured)
 
     def _stage(self, name: str, ctx: StageContext, call: Any, key: str, what: str) -> StageResult:
-        """Run one real stage's function with the observer's lines and its output in pilot/<name>.log."""
+        """Run one real stage's function through the executor, its output in pilot/<name>.log; any
+        failure stops the pilot with where to look."""
         label, log = f"pilot {name}", self.dir / f"{name}.log"
-        self.observer.stage_started(label, key, what, None)
-        ctx.log = lambda metrics, step=None: self.observer.stage_metrics(label, metrics, step)
-        t0 = time.monotonic()
-        try:
-            with captured(log):
-                result = call(ctx)
-        except Exception as e:  # noqa: BLE001 - any failure stops the pilot with where to look
+        ran = execute(call, ctx, label=label, key=key, reason=what, estimate_s=None, log=log, observer=self.observer)
+        if ran.error is not None:
+            e = ran.error
             self.observer.stage_ended(StageOutcome(label, "failed", message=f"{type(e).__name__}: {e}"))
             raise PilotFailed(f"pilot {name} failed: {e} (log: {log})") from e
-        self.seconds[name] = time.monotonic() - t0
-        self.observer.stage_ended(StageOutcome(label, "done", duration_s=self.seconds[name]))
-        return result
+        assert ran.result is not None
+        self.seconds[name] = ran.seconds
+        self.observer.stage_ended(StageOutcome(label, "done", duration_s=ran.seconds))
+        return ran.result
 
     def _generate(self, manifest: Manifest, prompts: Path) -> dict[str, Any] | None:
         """Complete the first `pilot.prompts` prompts not done yet into the run's generate/ (see above)."""
@@ -185,8 +187,8 @@ class Pilot:
         write_jsonl_atomic(self.dir / "prompts" / "shard-00000.jsonl", todo)
         out.mkdir(parents=True, exist_ok=True)
         self.rundir.mark_started("generate", key.key, key_leaves(key_material("generate", self.resolved, key.inputs)))
-        ctx = StageContext("generate", self.resolved, stage_runtime(self.plan, "generate"), self.rundir.path, out,
-                           {"ingest.prompts": self.dir / "prompts"})
+        ctx = stage_context("generate", self.resolved, self.plan, self.rundir.path, out,
+                            {"ingest.prompts": self.dir / "prompts"})
         from dflashx.stages.generate import generate
 
         minutes = self.recipe.pilot.max_minutes
@@ -201,8 +203,8 @@ class Pilot:
         wanted = set(ids)
         write_jsonl_atomic(self.dir / "completions" / "shard-00000.jsonl",
                            (r for r in iter_shards(completions) if r["id"] in wanted))
-        tok = StageContext("tokenize", self.resolved, stage_runtime(self.plan, "tokenize"), self.rundir.path,
-                           self.dir / "tokenize", {"generate.completions": self.dir / "completions"})
+        tok = stage_context("tokenize", self.resolved, self.plan, self.rundir.path, self.dir / "tokenize",
+                            {"generate.completions": self.dir / "completions"})
         tokenized = self._stage("tokenize", tok, load_stage("tokenize"), "-", f"{len(ids)} completions into {PILOT_DIR}/")
         train = self.resolved.stages.train
         steps = self.recipe.pilot.train_steps
@@ -211,8 +213,8 @@ class Pilot:
             "max_steps": steps, "epochs": max(train.epochs, math.ceil(steps * train.global_batch / rows) + 1),
             "log_every": max(1, steps // 20), "checkpoint_every": steps, "keep_checkpoints": 1})
         recipe = self.resolved.model_copy(update={"stages": self.resolved.stages.model_copy(update={"train": short})})
-        ctx = StageContext("train", recipe, stage_runtime(self.plan, "train"), self.rundir.path, self.dir / "train",
-                           {"tokenize.dataset": self.dir / "tokenize" / "dataset"})
+        ctx = stage_context("train", recipe, self.plan, self.rundir.path, self.dir / "train",
+                            {"tokenize.dataset": self.dir / "tokenize" / "dataset"})
         self._stage("train", ctx, load_stage("train"), "-", f"{steps} steps to measure MFU and tokens/s")
         metrics = self.dir / "train" / "logs" / "metrics.jsonl"
         windows = list(iter_jsonl(metrics)) if metrics.is_file() else []

@@ -1,6 +1,6 @@
 """Preflight: check the world a recipe's run needs before its first stage (docs/running.md#preflight).
 
-One `Check(name, status ok|warn|fail, detail, fix)` per question: sources, datasets ids, target config
+One `Check(code, key, status ok|warn|fail, message, fix)` per question: sources, datasets ids, target config
 and tokenizer (`checks_inputs`), disk, S3, GPUs, attached servers (`checks_node`). Each check runs in
 a thread under one deadline; an exception becomes a `fail` naming the check.
 """
@@ -35,9 +35,9 @@ def check_plan(plan: dict[str, Any]) -> Check:
     """The plan's own findings, as `dflashx plan` lists them (the first one here)."""
     findings = plan["errors"] or plan["warnings"]
     if not findings:
-        return Check("plan", "ok", "no plan errors or warnings")
+        return Check("plan", "", "ok", "no plan errors or warnings")
     first, kind = findings[0], "error" if plan["errors"] else "warning"
-    return Check("plan", "fail" if plan["errors"] else "warn", f"{len(findings)} plan {kind}(s); first: "
+    return Check("plan", first["key"], "fail" if plan["errors"] else "warn", f"{len(findings)} plan {kind}(s); first: "
                  f"{first['key']}: {first['message']}", first.get("fix") or "see `dflashx plan RECIPE`")
 
 
@@ -61,7 +61,7 @@ def _bounded(jobs: list[tuple[str, Callable[[], Check], Status]], timeout_s: flo
         try:
             results[i] = fn()
         except Exception as exc:
-            results[i] = Check(name, "fail", f"{name}: the check failed: {type(exc).__name__}: {exc}",
+            results[i] = Check(name, "", "fail", f"{name}: the check failed: {type(exc).__name__}: {exc}",
                                "fix the cause above; `dflashx run --skip-preflight` runs without the preflight")
 
     threads = [threading.Thread(target=work, args=(i, name, fn), daemon=True) for i, (name, fn, _) in enumerate(jobs)]
@@ -70,7 +70,7 @@ def _bounded(jobs: list[tuple[str, Callable[[], Check], Status]], timeout_s: flo
         t.start()
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
-    return [r if r is not None else Check(name, slow, f"{name}: no answer within {timeout_s:g} s",
+    return [r if r is not None else Check(name, "", slow, f"{name}: no answer within {timeout_s:g} s",
                                           "check the network and the endpoint, then retry")
             for r, (name, _, slow) in zip(list(results), jobs)]
 

@@ -7,7 +7,7 @@
     <run_dir>/<stage>/_STARTED    JSON {stage_key, started_at, key_leaves}: the attempt writing here
     <run_dir>/<stage>/_SUCCESS    JSON {stage_key, finished_at, duration_s, key_leaves}: written last
 `key_leaves` ({version, leaves: {dotted key or "input <artifact>": digest}}, from
-`dflashx.run.orchestrator.key_leaves`) lets the next run say which keys changed.
+`dflashx.run.keydiff.key_leaves`) lets the next run say which keys changed.
 A stage folder persists across killed runs; only `_SUCCESS` says it is complete. A folder whose
 `_STARTED` or `_SUCCESS` key differs from the current key is moved to `<stage>.superseded-<key8>`.
 """

@@ -57,18 +57,18 @@ def _load_target(ctx: StageContext):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflashx.targets.resolve import resolve_target_path, resolve_tokenizer_path
+    from dflashx.targets.locate import locate_target, locate_tokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     precision = ctx.recipe.target.load_precision
-    target = AutoModelForCausalLM.from_pretrained(str(resolve_target_path(ctx.recipe.target)),
+    target = AutoModelForCausalLM.from_pretrained(str(locate_target(ctx.recipe.target)),
                                                   dtype=getattr(torch, TORCH_DTYPE[precision]))
     if precision == "fp8":  # as served: every decoder layer's linears in FP8
         from dflashx.dflash.fp8 import target_to_fp8
 
         target_to_fp8(target, torch.device(device))
     target = target.to(device).eval().requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_tokenizer_path(ctx.recipe.target)))
+    tokenizer = AutoTokenizer.from_pretrained(str(locate_tokenizer(ctx.recipe.target)))
     return target, tokenizer
 
 

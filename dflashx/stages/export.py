@@ -29,7 +29,7 @@ from dflashx.data import chat_contract
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import input_name
 from dflashx.store.atomic import atomic_dir, atomic_write_text
-from dflashx.targets.resolve import resolve_target_path
+from dflashx.targets.locate import locate_target
 
 CHECKPOINT = input_name("export")
 OUT = "drafter"  # artifact and folder: the SGLang / z-lab layout
@@ -47,7 +47,7 @@ def _read(folder: Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
 
 def served_target(ctx: StageContext) -> str:
     """What an engine loads the target from: the hub id or folder (a built-in's cached build)."""
-    return str(resolve_target_path(ctx.recipe.target))
+    return str(locate_target(ctx.recipe.target))
 
 
 def write_speculators(drafter_dir: Path, out: Path, target: str) -> None:

@@ -35,11 +35,11 @@ def make_backend(ctx: StageContext) -> Backend:
     target = ctx.recipe.target
     if cfg.backend == "transformers":
         from dflashx.backends.transformers_local import TransformersBackend
-        from dflashx.targets.resolve import resolve_target_path, resolve_tokenizer_path
+        from dflashx.targets.locate import locate_target, locate_tokenizer
 
         from dflashx.dflash.fp8 import target_to_fp8
 
-        return TransformersBackend(resolve_target_path(target), resolve_tokenizer_path(target), cfg,
+        return TransformersBackend(locate_target(target), locate_tokenizer(target), cfg,
                                    target.chat_template, target.load_precision, to_fp8=target_to_fp8)
     from dflashx.backends.sglang import SGLangBackend
 

@@ -27,12 +27,12 @@ def _input_label(ctx: StageContext, name: str) -> str:
 
 
 def run(ctx: StageContext) -> StageResult:
-    from dflashx.targets.resolve import resolve_tokenizer_path
+    from dflashx.targets.locate import locate_tokenizer
 
     cfg = ctx.config
     target = ctx.recipe.target
     result = run_qc(
-        ctx.inputs[INPUT], cfg.thresholds, tokenizer_path=resolve_tokenizer_path(target),
+        ctx.inputs[INPUT], cfg.thresholds, tokenizer_path=locate_tokenizer(target),
         enable_thinking=target.chat_template.enable_thinking, template_kwargs=target.chat_template.kwargs,
         mask_sample=cfg.mask_sample,
     )

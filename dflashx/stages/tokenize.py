@@ -236,7 +236,7 @@ def tokenize_completions(completions: str | Path, out_dir: str | Path, tokenizer
 
 
 def run(ctx: StageContext) -> StageResult:
-    from dflashx.targets.resolve import resolve_tokenizer_path
+    from dflashx.targets.locate import locate_tokenizer
 
     cfg = ctx.config
     recipe = ctx.recipe
@@ -247,7 +247,7 @@ def run(ctx: StageContext) -> StageResult:
     )
     try:
         metrics = tokenize_completions(
-            ctx.inputs[input_name("tokenize")], ctx.out_dir, resolve_tokenizer_path(recipe.target), policy,
+            ctx.inputs[input_name("tokenize")], ctx.out_dir, locate_tokenizer(recipe.target), policy,
             enable_thinking=recipe.target.chat_template.enable_thinking,
             template_kwargs=recipe.target.chat_template.kwargs, num_proc=cfg.num_proc, shard_size=cfg.shard_size,
             dataset_bytes=ctx.runtime.storage_bytes,

@@ -40,7 +40,7 @@ def _absolute(path: str) -> str:
 def build_job(ctx: StageContext) -> "TrainJob":
     """The `TrainJob` of this stage: the resolved recipe's sections and where the inputs are."""
     from dflashx.dflash.job import TrainJob
-    from dflashx.targets.resolve import resolve_target_path
+    from dflashx.targets.locate import locate_target
 
     if INPUT not in ctx.inputs:
         raise ValueError(f"train stage needs input `{INPUT}` (the tokenize stage's dataset); enable stages.tokenize")
@@ -49,7 +49,7 @@ def build_job(ctx: StageContext) -> "TrainJob":
     if init_from:
         recipe = recipe.model_copy(update={"drafter": recipe.drafter.model_copy(update={"init_from": _absolute(init_from)})})
     return TrainJob.of(recipe, ctx.out_dir.resolve(), Path(ctx.inputs[INPUT]).resolve(),
-                       _absolute(str(resolve_target_path(recipe.target))))
+                       _absolute(str(locate_target(recipe.target))))
 
 
 def launch_command(ctx: StageContext) -> tuple[list[str], int]:

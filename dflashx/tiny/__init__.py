@@ -1,6 +1,6 @@
 """The embedded default's target: a tiny thinking chat model built from a synthetic corpus.
 
-`resolve_builtin` turns the `builtin:` values recipes use into local paths, on first use copying
+`locate_builtin` turns the `builtin:` values recipes use into local paths, on first use copying
 the build shipped in the package (`dflashx.tiny.shipped`) or, when the build code changed since,
 building it:
 
@@ -9,10 +9,10 @@ building it:
 - `builtin:tiny-prompts` -> JSONL of generation prompt records;
 - `builtin:tiny-eval-prompts` -> JSONL of held-out prompts with the reference `answer`.
 
-`resolve_builtin_tokenizer` gives a model builtin's tokenizer folder in seconds (no model build).
+`locate_builtin_tokenizer` gives a model builtin's tokenizer folder in seconds (no model build).
 
-Building imports torch and transformers; resolving a prompt file does not. `DFLASHX_TINY_SIZE=small`
-makes the model builtins resolve to the small CI size (same depth and layer types, narrower), for
+Building imports torch and transformers; locating a prompt file does not. `DFLASHX_TINY_SIZE=small`
+makes the model builtins stand for the small CI size (same depth and layer types, narrower), for
 end-to-end tests that cannot spend minutes on the full build.
 """
 
@@ -34,7 +34,7 @@ def _small() -> bool:
     return size == "small"
 
 
-def resolve_builtin_tokenizer(value: str) -> Path:
+def locate_builtin_tokenizer(value: str) -> Path:
     """Tokenizer folder of `builtin:tiny-qwen3` / `builtin:tiny-qwen3_5` without building the model."""
     from dflashx.tiny.build import ensure_tiny_tokenizer
 
@@ -63,7 +63,7 @@ def builtin_identity(value: str) -> str:
     return f"{name}-{build_key(BuildSettings())}"
 
 
-def resolve_builtin(value: str) -> Path:
+def locate_builtin(value: str) -> Path:
     """Local path for a `builtin:` value (model folder or prompt JSONL), built/written on first use."""
     from dflashx.tiny.build import cache_root
     from dflashx.tiny.prompts import PROMPT_FILES, write_prompt_file

@@ -10,41 +10,41 @@ from pathlib import Path
 import pytest
 
 from dflashx.config.schema import TargetSpec
-from dflashx.targets.resolve import TargetPathError, resolve_target_path, resolve_tokenizer_path
-from dflashx.tiny import build, resolve_builtin
+from dflashx.targets.locate import TargetPathError, locate_target, locate_tokenizer
+from dflashx.tiny import build, locate_builtin
 
 
 def test_local_folder_resolves_to_itself(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
-    assert resolve_target_path(TargetSpec(model=str(tmp_path))) == tmp_path
-    assert resolve_tokenizer_path(TargetSpec(model=str(tmp_path))) == tmp_path
+    assert locate_target(TargetSpec(model=str(tmp_path))) == tmp_path
+    assert locate_tokenizer(TargetSpec(model=str(tmp_path))) == tmp_path
 
 
 def test_separate_tokenizer_folder(tmp_path):
     model, tok = tmp_path / "m", tmp_path / "t"
     model.mkdir(), tok.mkdir()
     (model / "config.json").write_text("{}")
-    assert resolve_tokenizer_path(TargetSpec(model=str(model), tokenizer=str(tok))) == tok
+    assert locate_tokenizer(TargetSpec(model=str(model), tokenizer=str(tok))) == tok
 
 
 def test_hub_id_is_passed_through_for_from_pretrained():
-    assert str(resolve_target_path(TargetSpec(model="Qwen/Qwen3-8B"))) == "Qwen/Qwen3-8B"
+    assert str(locate_target(TargetSpec(model="Qwen/Qwen3-8B"))) == "Qwen/Qwen3-8B"
 
 
 @pytest.mark.parametrize("value", ["./missing/model", "/no/such/folder", "a/b/c"])
 def test_missing_local_paths_name_the_key_and_the_fix(value):
     with pytest.raises(TargetPathError, match=r"target.model: .*fix the path"):
-        resolve_target_path(TargetSpec(model=value))
+        locate_target(TargetSpec(model=value))
 
 
 def test_folder_without_config_is_refused(tmp_path):
     with pytest.raises(TargetPathError, match="has no config.json"):
-        resolve_target_path(TargetSpec(model=str(tmp_path)))
+        locate_target(TargetSpec(model=str(tmp_path)))
 
 
 def test_builtin_prompt_file_is_not_a_target():
     with pytest.raises(TargetPathError, match="not a built-in target"):
-        resolve_target_path(TargetSpec(model="builtin:tiny-prompts"))
+        locate_target(TargetSpec(model="builtin:tiny-prompts"))
 
 
 def test_builtin_target_resolves_to_its_cache_folder_without_rebuilding(tmp_path, monkeypatch):
@@ -56,14 +56,14 @@ def test_builtin_target_resolves_to_its_cache_folder_without_rebuilding(tmp_path
     folder = tmp_path / "tiny" / f"tiny-qwen3_5-small-{key}"
     folder.mkdir(parents=True)
     (folder / "build_report.json").write_text(json.dumps({"key": key}))
-    assert resolve_target_path(TargetSpec(model="builtin:tiny-qwen3_5")) == folder
-    assert resolve_builtin("builtin:tiny-qwen3_5") == folder
+    assert locate_target(TargetSpec(model="builtin:tiny-qwen3_5")) == folder
+    assert locate_builtin("builtin:tiny-qwen3_5") == folder
 
 
 def test_unknown_tiny_size_is_an_error(monkeypatch):
     monkeypatch.setenv("DFLASHX_TINY_SIZE", "huge")
     with pytest.raises(ValueError, match="DFLASHX_TINY_SIZE"):
-        resolve_builtin("builtin:tiny-qwen3")
+        locate_builtin("builtin:tiny-qwen3")
 
 
 def test_build_key_changes_with_settings():
@@ -78,11 +78,11 @@ def test_builtin_tokenizer_resolves_without_building_the_model(tmp_path, monkeyp
 
     monkeypatch.setenv("DFLASHX_CACHE", str(tmp_path))
     monkeypatch.setenv("DFLASHX_TINY_SIZE", "small")
-    folder = resolve_tokenizer_path(TargetSpec(model="builtin:tiny-qwen3"))
+    folder = locate_tokenizer(TargetSpec(model="builtin:tiny-qwen3"))
     assert (folder / "tokenizer.json").is_file() and not (folder / "model.safetensors").exists()
     assert AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids("<|mask|>") == build.MASK_TOKEN_ID
     assert not list((tmp_path / "tiny").glob("tiny-qwen3*")), "the model must not be built"
-    assert resolve_tokenizer_path(TargetSpec(model="builtin:tiny-qwen3")) == folder
+    assert locate_tokenizer(TargetSpec(model="builtin:tiny-qwen3")) == folder
 
 
 def test_concurrent_builds_of_one_folder_build_once(tmp_path):

@@ -1,7 +1,7 @@
 """Where a recipe's target model and tokenizer are loaded from.
 
 - `builtin:tiny-*` -> the built tiny target's folder (built and cached on first use); its tokenizer
-  alone resolves to the build's tokenizer folder, which takes seconds;
+  alone is located at the build's tokenizer folder, which takes seconds;
 - a local folder -> that folder (it must hold a `config.json`);
 - anything else is a Hugging Face hub id, returned as a path-like string that `from_pretrained`
   accepts as it is (`Path("Qwen/Qwen3-8B")` prints back as `Qwen/Qwen3-8B`); downloading is left to
@@ -21,14 +21,14 @@ class TargetPathError(ValueError):
     """`target.model` / `target.tokenizer` names something that cannot be loaded."""
 
 
-def _resolve(value: str, key: str, tokenizer_only: bool = False) -> Path:
+def _locate(value: str, key: str, tokenizer_only: bool = False) -> Path:
     if value.startswith(BUILTIN_PREFIX):
-        from dflashx.tiny import MODEL_NAMES, resolve_builtin, resolve_builtin_tokenizer
+        from dflashx.tiny import MODEL_NAMES, locate_builtin, locate_builtin_tokenizer
 
         if value.removeprefix(BUILTIN_PREFIX) not in MODEL_NAMES:
             names = ", ".join(BUILTIN_PREFIX + n for n in MODEL_NAMES)
             raise TargetPathError(f"{key}: {value!r} is not a built-in target; use one of {names}")
-        return resolve_builtin_tokenizer(value) if tokenizer_only else resolve_builtin(value)
+        return locate_builtin_tokenizer(value) if tokenizer_only else locate_builtin(value)
     path = Path(value).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file() and key == "target.model":
@@ -42,19 +42,19 @@ def _resolve(value: str, key: str, tokenizer_only: bool = False) -> Path:
     return Path(value)  # hub id: from_pretrained takes str(path) unchanged
 
 
-def resolve_target_path(target: TargetSpec) -> Path:
+def locate_target(target: TargetSpec) -> Path:
     """The folder (or hub id) the target model loads from; builds `builtin:tiny-*` on first use."""
-    return _resolve(target.model, "target.model")
+    return _locate(target.model, "target.model")
 
 
-def resolve_tokenizer_path(target: TargetSpec) -> Path:
+def locate_tokenizer(target: TargetSpec) -> Path:
     """The tokenizer's folder (or hub id): `target.tokenizer` when set, else the model's.
 
     For `builtin:tiny-*` this is the build's tokenizer folder, made in seconds without the model.
     """
     if target.tokenizer:
-        return _resolve(target.tokenizer, "target.tokenizer", tokenizer_only=True)
-    return _resolve(target.model, "target.model", tokenizer_only=True)
+        return _locate(target.tokenizer, "target.tokenizer", tokenizer_only=True)
+    return _locate(target.model, "target.model", tokenizer_only=True)
 
 
 def is_builtin(value: str) -> bool:
@@ -70,6 +70,6 @@ def builtin_identity(value: str) -> str:
 
 def builtin_file(value: str) -> Path:
     """A `builtin:` data file (e.g. `builtin:tiny-prompts`), written on first use."""
-    from dflashx.tiny import resolve_builtin
+    from dflashx.tiny import locate_builtin
 
-    return resolve_builtin(value)
+    return locate_builtin(value)

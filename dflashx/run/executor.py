@@ -1,0 +1,98 @@
+"""The one stage executor: how the run's stages and the pilot's scratch stages are run.
+
+`stage_context(...)` builds a stage's `StageContext` (the only place one is built). `execute(...)`
+tells the observer the stage started, sends everything the stage prints to its log file
+(`dflashx.track.output.captured`: `<stage>/stage.log` in a run, `pilot/<name>.log` in the pilot),
+sends each `ctx.log` to the tracker (records.jsonl and W&B in a run; none for the pilot's scratch
+stages) and then to the observer, runs the stage, then `finish(result)` inside the same capture
+(the orchestrator registers the artifacts there), and returns what happened: the result, or the
+exception that stopped it. KeyboardInterrupt is not caught: the caller records the interruption
+and lets it go on. The orchestrator (`dflashx.run.orchestrator`) adds what a run keeps around an
+attempt: markers, records, provenance, the manifest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from dflashx.plan.launch import StageRuntime
+from dflashx.resolve.model import ResolvedRecipe
+from dflashx.run.observer import RunObserver
+from dflashx.stages.base import StageContext, StageResult
+from dflashx.track.output import captured
+
+
+class Tracker(Protocol):
+    """Where a run's stage metrics go besides the observer (`dflashx.track.wandb_stage.StageTracker`)."""
+
+    def log(self, metrics: dict[str, Any], step: int | None = None) -> None: ...
+    def summary(self, metrics: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class Executed:
+    """One stage attempt's end: `result` (and what `finish` returned) or the `error` that stopped it."""
+
+    seconds: float
+    result: StageResult | None = None
+    finished: Any = None
+    error: Exception | None = None
+
+
+def plan_stage(plan: dict[str, Any], name: str) -> dict[str, Any]:
+    """The plan's entry for one stage ({} when the plan has none)."""
+    return next((s for s in plan.get("stages", []) if s.get("name") == name), {})
+
+
+def stage_context(name: str, recipe: ResolvedRecipe, plan: dict[str, Any], run_dir: Path, out_dir: Path,
+                  inputs: dict[str, Path]) -> StageContext:
+    """The context stage `name` runs in: the resolved recipe, what the plan gives it (plan.json's entry
+    read back into the typed `StageRuntime`), its folder and its inputs' paths."""
+    return StageContext(name=name, recipe=recipe, runtime=StageRuntime.from_json(plan_stage(plan, name)),
+                        run_dir=run_dir, out_dir=out_dir, inputs=inputs)
+
+
+def _metric_logger(label: str, tracker: Tracker | None, observer: RunObserver,
+                   warn: Callable[[str], object]) -> Callable[..., None]:
+    """`ctx.log`: the tracker, then the observer (a failure there: one warning, then silence)."""
+    quiet = False
+
+    def log(metrics: dict[str, Any], step: int | None = None) -> None:
+        nonlocal quiet
+        if tracker is not None:
+            tracker.log(metrics, step)
+        if quiet:
+            return
+        try:
+            observer.stage_metrics(label, metrics, step)
+        except Exception as e:  # noqa: BLE001 - the view never stops a stage
+            quiet = True
+            warn(f"progress display failed: {type(e).__name__}: {e}")
+
+    return log
+
+
+def execute(call: Callable[[StageContext], StageResult], ctx: StageContext, *, label: str, key: str,
+            reason: str | None, estimate_s: float | None, log: Path, observer: RunObserver,
+            tracker: AbstractContextManager[Tracker] | None = None,
+            finish: Callable[[StageResult], Any] | None = None,
+            warn: Callable[[str], object] = lambda _message: None) -> Executed:
+    """Run `call(ctx)` as stage `label` (see the module docstring); `warn` gets what goes wrong
+    around the stage without stopping it."""
+    observer.stage_started(label, key, reason, estimate_s)
+    t0 = time.monotonic()
+    try:
+        with captured(log), (tracker or nullcontext()) as track:
+            ctx.log = _metric_logger(label, track, observer, warn)
+            result = call(ctx)
+            finished = finish(result) if finish else None
+            if track is not None:
+                track.summary(result.metrics)
+    except Exception as e:  # noqa: BLE001 - the caller decides what a failed attempt leaves behind
+        return Executed(time.monotonic() - t0, error=e)
+    return Executed(time.monotonic() - t0, result, finished)
