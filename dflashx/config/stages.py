@@ -3,7 +3,7 @@
 # No `from __future__ import annotations` here: pydantic would evaluate every field's string
 # annotation when the class is created, which `dflashx plan`'s start-up pays (benchmarks/cli_latency.py).
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -13,7 +13,7 @@ from dflashx.config.eval_suites import (
 from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, FiniteFloat, Strict
 from dflashx.config.speculative import SpeculativeSpec
 
-AUTO = "auto"
+AUTO: Final = "auto"
 
 
 # --------------------------------------------------------------------------- stages

@@ -41,6 +41,7 @@ def serving_fits(ctx: PlanContext) -> Iterable[Finding]:
     hw, s = ctx.recipe.hardware, ctx.generation.serving
     if not _serves(ctx):
         return
+    assert hw.gpu is not None, "_serves: a GPU node"
     one_seq = ctx.memory["generate"].parts["one_full_sequence"] * s.tp
     if s.pool_bytes is None or s.pool_bytes < one_seq:
         frac = ctx.recipe.stages.generate.serving.mem_fraction_static

@@ -22,7 +22,7 @@ from dflashx.plan.estimates.generation import Serving
 from dflashx.plan.estimates.serving import mtp_memory
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.estimates.training import Training
-from dflashx.plan.explain import Term, term
+from dflashx.plan.explain import Term
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.targets.registry import TargetFacts
 
@@ -63,7 +63,7 @@ def serving_memory(recipe: ResolvedRecipe, facts: TargetFacts, tokens: Tokens, s
         total = weights + max(s.batch, 1) * one_seq / s.tp + activations
         formula = "weights + batch x (KV at max context + recurrent state) + activations"
     parts = {"weights": weights, "one_full_sequence": one_seq / s.tp, "activations": activations}
-    return StageMemory(total, parts, term("generate.peak_memory", total, "bytes", formula, **parts))
+    return StageMemory(total, parts, Term("generate.peak_memory", total, "bytes", formula, parts))
 
 
 def training_memory(recipe: ResolvedRecipe, tokens: Tokens, tr: Training) -> StageMemory:
@@ -82,8 +82,8 @@ def training_memory(recipe: ResolvedRecipe, tokens: Tokens, tr: Training) -> Sta
     formula = (f"target weights (online) + ZeRO-{d.zero_stage} model states of {tr.drafter.trainable} drafter "
                f"params over {d.world_size} ranks + micro_batch x (34 h bytes/token/layer x drafter tokens x "
                "layers + fp32 logits + captured states)")
-    return StageMemory(total, parts, term("train.peak_memory", total, "bytes", formula,
-                                          micro_batch=d.micro_batch, **parts))
+    return StageMemory(total, parts, Term("train.peak_memory", total, "bytes", formula,
+                                          {"micro_batch": d.micro_batch, **parts}))
 
 
 def eval_memory(recipe: Recipe, facts: TargetFacts, tr: Training) -> StageMemory:
@@ -95,5 +95,5 @@ def eval_memory(recipe: Recipe, facts: TargetFacts, tr: Training) -> StageMemory
         "one_sequence": facts.kv_bytes_per_token(2) * ctx + facts.recurrent_state_bytes,
     }
     total = sum(parts.values())
-    return StageMemory(total, parts, term("eval.peak_memory", total, "bytes",
-                                          "target + drafter weights + KV/state of one sequence", **parts))
+    return StageMemory(total, parts, Term("eval.peak_memory", total, "bytes",
+                                          "target + drafter weights + KV/state of one sequence", parts))

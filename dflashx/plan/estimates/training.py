@@ -69,7 +69,7 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
     per_sample = target_f + drafter_f
     if train.max_steps is not None:
         steps = train.max_steps
-        sequences = steps * train.global_batch
+        sequences: float = steps * train.global_batch
     else:
         sequences = tokens.samples * train.epochs
         steps = math.ceil(sequences / train.global_batch)
