@@ -29,9 +29,12 @@ def command(
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Default: <storage.root>/<recipe name>.")] = None,
     only: Annotated[str | None, typer.Option("--only", help="Run just this stage.")] = None,
     until: Annotated[str | None, typer.Option("--until", help="Run the stages up to and including this one.")] = None,
-    force: Annotated[list[str] | None, typer.Option("--force", help="Re-run this stage even if done (repeatable).")] = None,
-    skip_preflight: Annotated[bool, typer.Option("--skip-preflight", help="Start without the preflight checks.")] = False,
-    skip_pilot: Annotated[bool, typer.Option("--skip-pilot", help="Do not run the pilot first (pilot.enabled).")] = False,
+    force: Annotated[list[str] | None, typer.Option("--force",
+                                                    help="Re-run this stage even if done (repeatable).")] = None,
+    skip_preflight: Annotated[bool, typer.Option("--skip-preflight",
+                                                 help="Start without the preflight checks.")] = False,
+    skip_pilot: Annotated[bool, typer.Option("--skip-pilot",
+                                             help="Do not run the pilot first (pilot.enabled).")] = False,
     continue_over_budget: ContinueOpt = False,
 ) -> None:
     from dflashx.report.console import RunConsole

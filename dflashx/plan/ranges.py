@@ -68,7 +68,8 @@ class Ranges:
     def to_json(self) -> dict[str, Any]:
         return {
             "output_tokens_mean": self.mean.to_json(), "truncated_share": self.truncated.to_json(),
-            "stages": {name: {"seconds": b.to_json(), "usd": self.usd[name].to_json()} for name, b in self.stages.items()},
+            "stages": {name: {"seconds": b.to_json(), "usd": self.usd[name].to_json()}
+                       for name, b in self.stages.items()},
             "totals": {"seconds": self.total.to_json(), "usd": self.usd["total"].to_json(),
                        "days": self.total.times(1 / 86_400).to_json()},
         }
@@ -83,7 +84,8 @@ def mean_factors(ctx: PlanContext) -> tuple[float, float, str]:
             f"no dataset.stats.output_tokens_mean_se: the mean is taken as an estimate within a factor "
             f"{GUESS_FACTOR:g} at P10/P90 (an assumption; `dflashx pilot` measures it)")
     rel = Z90 * se / mean if mean else 0.0
-    return max(1 - rel, 0.05), 1 + rel, f"standard error {se:.3g} tokens (dataset.stats.output_tokens_mean_se): mean ± {Z90:.2f} se"
+    return (max(1 - rel, 0.05), 1 + rel,
+            f"standard error {se:.3g} tokens (dataset.stats.output_tokens_mean_se): mean ± {Z90:.2f} se")
 
 
 def model_error(ctx: PlanContext, stage: str, rse: dict[str, float]) -> tuple[float, str]:
@@ -95,7 +97,8 @@ def model_error(ctx: PlanContext, stage: str, rse: dict[str, float]) -> tuple[fl
         group = PILOT_GROUP[stage]
         if group in rse:
             return Z90 * rse[group], f"measured by the pilot on this node: relative standard error {rse[group]:.1%}"
-        return math.log(factor), f"calibrated (hardware.calibrated.{CALIBRATED_KEY[stage]}) without a stated error: {source}"
+        return math.log(factor), (f"calibrated (hardware.calibrated.{CALIBRATED_KEY[stage]}) without a stated "
+                                  f"error: {source}")
     return math.log(factor), source
 
 

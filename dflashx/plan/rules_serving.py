@@ -96,7 +96,8 @@ def batch_not_capped(ctx: PlanContext) -> Iterable[Finding]:
     faster = estimate_generation(raised, ctx.tokens, lengths).seconds
     yield warning("serving_batch_capped", key,
                   f"the running batch is capped by {s.binding} at {s.batch} per replica though memory holds "
-                  f"{memory}: raising it gives {human_seconds(faster)} instead of {human_seconds(ctx.generation.seconds)}",
+                  f"{memory}: raising it gives {human_seconds(faster)} instead of "
+                  f"{human_seconds(ctx.generation.seconds)}",
                   f"raise {key} to {memory} (or leave it unset)")
 
 

@@ -34,7 +34,8 @@ from dflashx.config.schema import DrafterSpec, GenerateStage, HardwareProfile, R
 from dflashx.resolve.deepspeed import deepspeed_config, launch_argv
 from dflashx.resolve.formulas import loss_gamma, muon_lr, spread_layer_ids
 from dflashx.resolve.model import (
-    ResolvedDeploy, ResolvedDrafter, ResolvedGenerateStage, ResolvedRecipe, ResolvedStages, ResolvedTarget, ResolvedTrainStage,
+    ResolvedDeploy, ResolvedDrafter, ResolvedGenerateStage, ResolvedRecipe, ResolvedStages, ResolvedTarget,
+    ResolvedTrainStage,
 )
 from dflashx.resolve.serving import context_length, resolve_serving
 from dflashx.resolve.speculative import expected_drafter_acceptance, expected_tau, tau_source

@@ -93,7 +93,7 @@ def _profiles_for(found: list[tuple[str, int]]) -> str:
     for name in available_profiles():
         try:
             p = load_profile(name)
-        except Exception:  # a broken profile file is `dflashx profiles`' business, not this check's
+        except Exception:  # noqa: BLE001 - a broken profile file is `dflashx profiles`' business, not this check's
             continue
         if (p.gpu is None and not found) or (p.gpu and found and p.gpus_per_node <= len(found)
                                               and all(all(_fits(p.gpu, d)) for d in found)):
@@ -107,14 +107,16 @@ def check_gpus(hw: HardwareProfile, plan: dict[str, Any]) -> Check:
         return Check("gpus", "ok", f"hardware: profile {hw.name} runs on the CPU")
     import torch  # a dependency; asked only for a GPU profile (the import takes seconds)
 
-    found = [(p.name, int(p.total_memory)) for p in map(torch.cuda.get_device_properties, range(torch.cuda.device_count()))]
+    found = [(p.name, int(p.total_memory)) for p in map(torch.cuda.get_device_properties,
+                                                        range(torch.cuda.device_count()))]
     have = ", ".join(f"{n}x {name} ({human_bytes(mem)})" for (name, mem), n in Counter(found).items()) or "no GPU"
     gpu, peak = hw.gpu, plan["totals"].get("peak_gpu_memory_bytes", 0)
     needs = (f"hardware: the plan (profile {hw.name}) needs {hw.gpus_per_node}x {gpu.name} with {gpu.memory_gb:g} GB "
              f"each (peak use {human_bytes(peak)}/GPU); this machine has {have}")
     fix = f"run on the profile's hardware, or plan for this machine: {_profiles_for(found)}"
     if len(found) < hw.gpus_per_node:
-        return Check("gpus", "fail", f"{needs}: profile {hw.name} wants {hw.gpus_per_node} GPUs, found {len(found)}", fix)
+        return Check("gpus", "fail", f"{needs}: profile {hw.name} wants {hw.gpus_per_node} GPUs, found {len(found)}",
+                     fix)
     if small := [d for d in found if not _fits(gpu, d)[1]]:
         return Check("gpus", "fail", f"{needs}: {len(small)} GPU(s) have less memory than the profile", fix)
     if not all(_fits(gpu, d)[0] for d in found):

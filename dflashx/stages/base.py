@@ -1,7 +1,8 @@
 """The contract every stage implements.
 
 A stage is one function `run(ctx: StageContext) -> StageResult` in `dflashx/stages/<name>.py`.
-It reads its resolved config from `ctx.config` (its section of the `ResolvedRecipe` in `ctx.recipe`) and its inputs from `ctx.inputs` (the outputs of
+It reads its resolved config from `ctx.config` (its section of the `ResolvedRecipe` in `ctx.recipe`) and its inputs from
+`ctx.inputs` (the outputs of
 earlier stages, keyed "<stage>.<artifact>"), writes only inside `ctx.out_dir`, and returns the
 artifacts it produced (paths relative to `ctx.out_dir`) and its measured metrics. The orchestrator
 (`dflashx.run`) owns everything around it: the run directory, stage keys, `_SUCCESS` markers,

@@ -82,7 +82,8 @@ def facts_from_config(config: dict[str, Any], name: str | None = None) -> Target
 MASK_TOKEN_NAMES = ("<|mask|>", "<mask>", "[MASK]")
 
 
-def mask_token_from_tokenizer(tokenizer_json: dict[str, Any] | None, tokenizer_config: dict[str, Any] | None) -> int | None:
+def mask_token_from_tokenizer(tokenizer_json: dict[str, Any] | None,
+                              tokenizer_config: dict[str, Any] | None) -> int | None:
     """The id of a dedicated mask token (`<|mask|>`, `<mask>`, `[MASK]`) among a tokenizer's added
     tokens (tokenizer.json `added_tokens`, tokenizer_config.json `added_tokens_decoder`), or None."""
     found: dict[str, int] = {}

@@ -103,7 +103,10 @@ def _speculation(recipe: ResolvedRecipe, dev: Device, lengths: Lengths, tokens: 
 def _speculation_term(sp: Speculation, recipe: ResolvedRecipe, dp: int, calibration: float) -> Term:
     spec = recipe.stages.generate.serving.speculative
     assert sp.spec.verify is not None and sp.spec.draft is not None, "a speculative rate has both steps"
-    rate = (lambda r: dp * r.tokens_per_second * calibration)
+
+    def rate(r: Rate) -> float:
+        return dp * r.tokens_per_second * calibration
+
     verdict = ("pays" if sp.pays else "does not pay") + f" at batch {sp.spec_batch.value}"
     return term("generate.speculation", rate(sp.spec) / rate(sp.plain), "x",
                 "tokens/s with the MTP head / without it; with it: O / (O x (verify + steps x draft) / (batch x tau) "
@@ -168,7 +171,8 @@ def _step_term(recipe: ResolvedRecipe, rate: Rate, dev: Device, row: EngineRow, 
                 ("verify (target step over num_draft_tokens per sequence) + num_steps x MTP draft forward"
                  if speculative else "") +
                 "; target step = roofline(served weights) + roofline(16-bit weights) x (1 / decode share - 1) + "
-                "TP all-reduce; roofline = max(bytes / (bandwidth x tp x copy share), FLOPs / (peak x tp x GEMM share))",
+                "TP all-reduce; roofline = max(bytes / (bandwidth x tp x copy share), "
+                "FLOPs / (peak x tp x GEMM share))",
                 step_bytes=step.served.bytes, memory_s=step.served.memory_s, compute_s=step.served.compute_s,
                 overhead_s=step.overhead_s, allreduce_s=step.allreduce_s, bound=step.served.bound,
                 bandwidth_bps=dev.bandwidth_bps, peak_flops=step.served.peak, tp=s.tp,

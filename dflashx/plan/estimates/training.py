@@ -56,7 +56,8 @@ def flops_per_sample(recipe: ResolvedRecipe, prompt: float, outputs: list[float]
     for output in outputs:
         anchors = min(train.anchors_per_seq, output)
         pairs = block_pairs(anchors * (prompt + output / 2), anchors, block)
-        drafter += drafter_step_flops(recipe.drafter.dims, anchors * block, prompt + output, pairs, anchors * (block - 1))
+        drafter += drafter_step_flops(recipe.drafter.dims, anchors * block, prompt + output, pairs,
+                                      anchors * (block - 1))
         tokens += anchors * block
     n = len(outputs)
     return target / n, drafter / n, tokens / n
@@ -65,7 +66,8 @@ def flops_per_sample(recipe: ResolvedRecipe, prompt: float, outputs: list[float]
 def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Training:
     train, hw, facts = recipe.stages.train, recipe.hardware, recipe.target.facts
     drafter = recipe.drafter.dims
-    target_f, drafter_f, dtoks = flops_per_sample(recipe, tokens.prompt_mean, sample_lengths(lengths, tokens.output_room))
+    target_f, drafter_f, dtoks = flops_per_sample(recipe, tokens.prompt_mean,
+                                                  sample_lengths(lengths, tokens.output_room))
     per_sample = target_f + drafter_f
     if train.max_steps is not None:
         steps = train.max_steps
@@ -81,7 +83,7 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
     sync_s = 0.0 if calibrated else sync.seconds * steps
     compute_s = total / (train.peak_flops * dev.count * mfu)
     seconds = compute_s + sync_s
-    mfu_source = (f"measured on this node: hardware.calibrated.training_mfu (includes the gradient sync)" if calibrated
+    mfu_source = ("measured on this node: hardware.calibrated.training_mfu (includes the gradient sync)" if calibrated
                   else f"{row.generation}/{row.precision}/{row.kind}: {row.source}"
                   + (f" — borrowed: {row.borrowed}" if row.borrowed else ""))
     terms = (
@@ -93,7 +95,8 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
              anchors_per_seq=train.anchors_per_seq, block_size=recipe.drafter.block_size),
         term("train.flops_per_sample", per_sample, "FLOP",
              f"mean over {QUADRATURE} quantiles of the training length L: target forward to the deepest tapped layer "
-             "(labels: target — to its last layer, plus its LM head on the supervised positions) over L + drafter forward/backward over the block tokens and L context tokens + frozen LM head on the "
+             "(labels: target — to its last layer, plus its LM head on the supervised positions) over L + "
+             "drafter forward/backward over the block tokens and L context tokens + frozen LM head on the "
              "supervised slots (dflashx.resolve.flops)",
              target=target_f, drafter_and_head=drafter_f, L_mean=tokens.train_len_mean,
              last_target_layer=max(recipe.drafter.target_layer_ids), labels=train.labels,
