@@ -39,6 +39,7 @@ def start_child(run_dir: Path, url: str) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+@pytest.mark.slow  # a generate subprocess killed and resumed again and again
 @pytest.mark.timeout(240)
 def test_sigkill_at_random_points_then_resume(tmp_path):
     rng = random.Random(20261202)

@@ -68,6 +68,7 @@ def plan_json(recipe: Path, *extra: str) -> dict[str, Any]:
     return json.loads(invoke("plan", str(recipe), "--json", *extra).stdout)
 
 
+@pytest.mark.slow  # real stages on the tiny recipe
 @pytest.mark.timeout(300)
 def test_pilot_in_process_calibrates_the_next_plan_and_its_completions_are_reused(tmp_path, monkeypatch):
     seen: list[str] = []
@@ -121,6 +122,7 @@ def test_pilot_in_process_calibrates_the_next_plan_and_its_completions_are_reuse
     assert count_records(run_dir / "generate" / "completions") == PROMPTS
 
 
+@pytest.mark.slow  # real stages on the tiny recipe
 @pytest.mark.timeout(300)
 def test_pilot_over_http_stops_on_the_budget_and_the_run_reuses_its_completions(tmp_path):
     with ScriptedOpenAIServer(Script(delay_s=0.01)) as server:
@@ -187,6 +189,7 @@ def test_length_statistics_are_stratified_by_source():
     assert report["per_source"]["b"] == {"n": 6, "mean": pytest.approx(statistics.fmean(b)), "weight": 0.8}
 
 
+@pytest.mark.slow  # real stages on the tiny recipe
 @pytest.mark.timeout(300)
 def test_a_pilot_that_measures_too_many_truncated_completions_stops(tmp_path):
     with ScriptedOpenAIServer(Script(length_every=3)) as server:  # a third stop at max_tokens
@@ -200,6 +203,7 @@ def test_a_pilot_that_measures_too_many_truncated_completions_stops(tmp_path):
     assert cal.stats["output_tokens_histogram"]["above"] == cal.measured["lengths"]["truncated"]
 
 
+@pytest.mark.slow  # real stages on the tiny recipe
 @pytest.mark.timeout(300)
 def test_run_pilots_first_when_enabled_then_not_again(tmp_path):
     with ScriptedOpenAIServer(Script()) as server:

@@ -4,6 +4,7 @@ exactly what CI runs, in that order, and the main job's recipe exists and valida
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 from dflashx.config.load import load_recipe
@@ -24,3 +25,10 @@ def test_ci_runs_the_readme_setup_and_test_commands():
     assert ci.index(venv) < ci.index(install) < ci.index(tests) == len(ci) - 1  # pytest's exit status is CI's
     assert main_job == "dflashx run recipes/tiny.yaml"
     assert load_recipe(REPO / "recipes" / "tiny.yaml").recipe.hardware.name == "cpu"
+
+
+def test_the_fast_tier_deselects_a_registered_marker():
+    fast = _bash_blocks((REPO / "README.md").read_text())[3]
+    assert fast == 'python -m pytest -m "not slow"'
+    markers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(m.startswith("slow:") for m in markers)  # --strict-markers: a mark not registered is an error

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # pip installs each release
+
 RELEASES = ("6.0.3", "6.0.4")  # 6.0.4: the first whose libyaml has a nesting limit of its own
 
 # name -> (recipe text, line of the refusal). The tiny recipe's keys stay valid around the deep value.

@@ -107,7 +107,8 @@ def render(plan: dict[str, Any], title: str, explain: bool) -> None:
         e, r = stage["estimates"], ranges["stages"].get(stage["name"], {})
         rows.append((stage["name"], "yes" if stage["enabled"] else "no", human_seconds(e["seconds"]),
                      span(r.get("seconds"), human_seconds), f"{e['gpu_hours']:,.1f}", _usd(e["usd"]),
-                     span(r.get("usd"), _usd), human_bytes(e["storage_bytes"]), human_bytes(e["peak_gpu_memory_bytes"])))
+                     span(r.get("usd"), _usd), human_bytes(e["storage_bytes"]),
+                     human_bytes(e["peak_gpu_memory_bytes"])))
     t, r = plan["totals"], ranges["totals"]
     rows.append(("total", "", human_seconds(t["seconds"]), span(r.get("seconds"), human_seconds),
                  f"{t['gpu_hours']:,.1f}", _usd(t["usd"]), span(r.get("usd"), _usd), human_bytes(t["storage_bytes"]),

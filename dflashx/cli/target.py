@@ -13,10 +13,12 @@ app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_comp
 
 @app.command("build-tiny")
 def build_tiny(
-    variant: Annotated[str, typer.Option(help="tiny-qwen3 (all full attention) or tiny-qwen3_5 (Gated DeltaNet hybrid).")] = "tiny-qwen3",
+    variant: Annotated[str, typer.Option(
+        help="tiny-qwen3 (all full attention) or tiny-qwen3_5 (Gated DeltaNet hybrid).")] = "tiny-qwen3",
     out: Annotated[Optional[Path], typer.Option(help="Build into this folder instead of the cache.")] = None,
     small: Annotated[bool, typer.Option(help="The small CI size (well under a minute, format only).")] = False,
-    rebuild: Annotated[bool, typer.Option(help="Build from the code even when the cache or the package holds it.")] = False,
+    rebuild: Annotated[bool, typer.Option(
+        help="Build from the code even when the cache or the package holds it.")] = False,
 ) -> None:
     """Build (or find in the cache or the package) the tiny thinking target; prints its folder last."""
     import shutil
@@ -39,7 +41,9 @@ def build_tiny(
 
 
 @app.command("info")
-def info(path: Annotated[str, typer.Argument(help="Model folder or builtin:tiny-qwen3 / builtin:tiny-qwen3_5.")]) -> None:
+def info(
+    path: Annotated[str, typer.Argument(help="Model folder or builtin:tiny-qwen3 / builtin:tiny-qwen3_5.")],
+) -> None:
     """Architecture facts of a model folder (and its build report, for a tiny target)."""
     from dflashx.targets.read_config import ConfigFactsError, facts_from_config
 

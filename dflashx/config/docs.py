@@ -184,7 +184,7 @@ def default_text(field: FieldInfo) -> str:
     if field.is_required():
         return "**required**"
     if field.default_factory is not None:
-        value = field.default_factory()
+        value = field.get_default(call_default_factory=True)
         return "(section)" if isinstance(value, BaseModel) else f"`{value!r}`"
     value = field.default
     if value is None or isinstance(value, bool):

@@ -158,7 +158,8 @@ def _children(node: yaml.Node) -> list[tuple[Any, yaml.Node, yaml.Node]]:
 
 def duplicate_keys(file: Path, node: yaml.Node, loc: Loc = ()) -> list[RecipeProblem]:
     """Keys written twice in one mapping (YAML would keep the last one silently)."""
-    problems, seen = [], {}
+    problems: list[Problem] = []
+    seen: dict[Any, int] = {}
     for key, key_node, value_node in _children(node):
         line = key_node.start_mark.line + 1
         if isinstance(node, yaml.MappingNode) and key in seen:
@@ -193,7 +194,7 @@ def validation_problems(
         secret = bool(loc) and suggest.looks_secret(str(loc[-1]), value)
         shown = not secret and kind not in ("missing", "extra_forbidden") and not isinstance(value, (dict, list))
         got = f" (got {_shown(value)})" if shown else ""
-        expected = err["msg"].removeprefix("Value error, ")
+        expected: str | None = err["msg"].removeprefix("Value error, ")
         hint = None
         if kind == "extra_forbidden":
             message, expected, hint = "unknown key", None, suggest.unknown_key_hint(loc, root)

@@ -7,6 +7,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic.config import JsonDict
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -46,6 +47,6 @@ TORCH_DTYPE: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "f
 # (`json_schema_extra`): OUTPUT changes the stage's output (hashed), OPERATIONAL does not (how fast,
 # where, how often: left out), PATH is a local path hashed by the content it points to.
 STAGE_KEY = "stage_key"
-OUTPUT = {STAGE_KEY: "output"}
-OPERATIONAL = {STAGE_KEY: "operational"}
-PATH = {STAGE_KEY: "path"}
+OUTPUT: JsonDict = {STAGE_KEY: "output"}
+OPERATIONAL: JsonDict = {STAGE_KEY: "operational"}
+PATH: JsonDict = {STAGE_KEY: "path"}

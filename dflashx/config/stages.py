@@ -3,7 +3,7 @@
 # No `from __future__ import annotations` here: pydantic would evaluate every field's string
 # annotation when the class is created, which `dflashx plan`'s start-up pays (benchmarks/cli_latency.py).
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -13,7 +13,7 @@ from dflashx.config.eval_suites import (
 from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, FiniteFloat, Strict
 from dflashx.config.speculative import SpeculativeSpec
 
-AUTO = "auto"
+AUTO: Final = "auto"
 
 
 # --------------------------------------------------------------------------- stages
@@ -40,7 +40,8 @@ class ServingSpec(Strict):
         AUTO, description="Data-parallel replicas; auto: the profile's GPUs / tp.", json_schema_extra=OPERATIONAL)
     dp_mode: Literal["auto", "router", "dp_size"] = Field(
         AUTO, description="dp > 1: one server per replica (behind sglang_router) or one server with --dp-size; "
-        "auto: router without NVLink-class links (interconnect_gbs < 100), else dp_size.", json_schema_extra=OPERATIONAL)
+        "auto: router without NVLink-class links (interconnect_gbs < 100), else dp_size.",
+        json_schema_extra=OPERATIONAL)
     weight_dtype: Literal["auto", "bf16", "fp16", "fp32", "fp8"] = Field(
         AUTO, description="Weights the servers run; auto: target.precision. FP8 serving changes the completions "
         "(the training data).", json_schema_extra=OUTPUT)
@@ -62,10 +63,13 @@ class ServingSpec(Strict):
 class GenerateStage(StageBase):
     backend: Literal["sglang", "transformers"] = Field(
         "sglang",
-        description="`sglang` servers (GPU nodes) or local `transformers` generation (CPU, small targets).", json_schema_extra=OUTPUT
+        description="`sglang` servers (GPU nodes) or local `transformers` generation (CPU, small targets).",
+        json_schema_extra=OUTPUT
     )
-    urls: list[str] = Field(default_factory=list, description="Attach to running servers instead of starting them.", json_schema_extra=OPERATIONAL)
-    max_tokens: int = Field(8192, ge=1, description="Most generated tokens per prompt (reasoning + answer).", json_schema_extra=OUTPUT)
+    urls: list[str] = Field(default_factory=list, description="Attach to running servers instead of starting them.",
+                            json_schema_extra=OPERATIONAL)
+    max_tokens: int = Field(8192, ge=1, description="Most generated tokens per prompt (reasoning + answer).",
+                            json_schema_extra=OUTPUT)
     temperature: FiniteFloat = Field(0.6, ge=0, description="Sampling temperature.", json_schema_extra=OUTPUT)
     top_p: FiniteFloat = Field(0.95, gt=0, le=1, description="Nucleus-sampling threshold.", json_schema_extra=OUTPUT)
     concurrency: int | None = Field(
@@ -75,16 +79,21 @@ class GenerateStage(StageBase):
         1800, gt=0, description="Seconds before one request is given up and retried.", json_schema_extra=OPERATIONAL
     )
     retries: int = Field(
-        5, ge=0, description="Retries of a failed request before it is recorded with an error.", json_schema_extra=OPERATIONAL
+        5, ge=0, description="Retries of a failed request before it is recorded with an error.",
+        json_schema_extra=OPERATIONAL
     )
     retry_backoff_s: FiniteFloat = Field(
-        1.0, gt=0, description="First retry delay; doubles per attempt (capped at 60 s), with jitter.", json_schema_extra=OPERATIONAL
+        1.0, gt=0, description="First retry delay; doubles per attempt (capped at 60 s), with jitter.",
+        json_schema_extra=OPERATIONAL
     )
-    batch_size: int = Field(8, ge=1, description="transformers backend: prompts per generate() call.", json_schema_extra=OPERATIONAL)
+    batch_size: int = Field(8, ge=1, description="transformers backend: prompts per generate() call.",
+                            json_schema_extra=OPERATIONAL)
     flush_every: int = Field(64, ge=1, description="Records per fsync'ed batch.", json_schema_extra=OPERATIONAL)
-    shard_size: int = Field(50_000, ge=1, description="Completions per output JSONL shard.", json_schema_extra=OPERATIONAL)
+    shard_size: int = Field(50_000, ge=1, description="Completions per output JSONL shard.",
+                            json_schema_extra=OPERATIONAL)
     hierarchical_cache: bool = Field(
-        True, description="Start SGLang with --enable-hierarchical-cache (KV cache spills to host memory).", json_schema_extra=OPERATIONAL
+        True, description="Start SGLang with --enable-hierarchical-cache (KV cache spills to host memory).",
+        json_schema_extra=OPERATIONAL
     )
     context_length: int | None = Field(
         None, ge=1, description="SGLang --context-length; default: the target's own (a longer prompt + max_tokens "
@@ -100,44 +109,60 @@ class GenerateStage(StageBase):
 
 class QCThresholds(Strict):
     max_empty_reasoning_frac: FiniteFloat = Field(
-        0.02, ge=0, le=1, description="Most completions allowed with empty reasoning when thinking is on.", json_schema_extra=OUTPUT
+        0.02, ge=0, le=1, description="Most completions allowed with empty reasoning when thinking is on.",
+        json_schema_extra=OUTPUT
     )
-    min_answer_words: int = Field(2, ge=0, description="Answers with fewer words count as short.", json_schema_extra=OUTPUT)
-    max_short_answer_frac: FiniteFloat = Field(0.10, ge=0, le=1, description="Most answers allowed to be short.", json_schema_extra=OUTPUT)
+    min_answer_words: int = Field(2, ge=0, description="Answers with fewer words count as short.",
+                                  json_schema_extra=OUTPUT)
+    max_short_answer_frac: FiniteFloat = Field(0.10, ge=0, le=1, description="Most answers allowed to be short.",
+                                               json_schema_extra=OUTPUT)
     max_repeated_answer_frac: FiniteFloat = Field(
-        0.05, ge=0, le=1, description="Most answers allowed to share one identical short reply.", json_schema_extra=OUTPUT
+        0.05, ge=0, le=1, description="Most answers allowed to share one identical short reply.",
+        json_schema_extra=OUTPUT
     )
     max_truncated_frac: FiniteFloat = Field(
-        0.05, ge=0, le=1, description="Most completions allowed to stop at max_tokens (finish_reason=length).", json_schema_extra=OUTPUT
+        0.05, ge=0, le=1, description="Most completions allowed to stop at max_tokens (finish_reason=length).",
+        json_schema_extra=OUTPUT
     )
     max_unbalanced_think_frac: FiniteFloat = Field(
-        0.02, ge=0, le=1, description="Most completions allowed with missing or unclosed think markers.", json_schema_extra=OUTPUT
+        0.02, ge=0, le=1, description="Most completions allowed with missing or unclosed think markers.",
+        json_schema_extra=OUTPUT
     )
     max_duplicate_response_frac: FiniteFloat = Field(
-        0.02, ge=0, le=1, description="Most responses allowed to repeat an earlier one word for word.", json_schema_extra=OUTPUT
+        0.02, ge=0, le=1, description="Most responses allowed to repeat an earlier one word for word.",
+        json_schema_extra=OUTPUT
     )
     max_rejected_frac: FiniteFloat = Field(
         0.01, ge=0, le=1, description="Most prompts allowed to be refused by the server (completion records with "
         "`error`, e.g. too long for --context-length); they are counted here and dropped by tokenize.",
         json_schema_extra=OUTPUT)
-    max_mask_spike_frac: FiniteFloat = Field(0.20, ge=0, le=1, description="Share of samples at one small loss-mask size.", json_schema_extra=OUTPUT)
-    mask_spike_max_tokens: int = Field(32, ge=1, description="'Small' loss-mask size for the spike test.", json_schema_extra=OUTPUT)
+    max_mask_spike_frac: FiniteFloat = Field(0.20, ge=0, le=1,
+                                             description="Share of samples at one small loss-mask size.",
+                                             json_schema_extra=OUTPUT)
+    mask_spike_max_tokens: int = Field(32, ge=1, description="'Small' loss-mask size for the spike test.",
+                                       json_schema_extra=OUTPUT)
 
 
 class QCStage(StageBase):
     thresholds: QCThresholds = Field(
-        default_factory=QCThresholds, description="Limits of the QC gate; a breached limit fails the stage.", json_schema_extra=OUTPUT
+        default_factory=QCThresholds, description="Limits of the QC gate; a breached limit fails the stage.",
+        json_schema_extra=OUTPUT
     )
     mask_sample: int = Field(
         50_000, ge=0,
-        description="Samples (an even spread) whose loss-mask sizes are measured with the target tokenizer; 0 = all.", json_schema_extra=OUTPUT
+        description="Samples (an even spread) whose loss-mask sizes are measured with the target tokenizer; 0 = all.",
+        json_schema_extra=OUTPUT
     )
 
 
 class TokenizeStage(StageBase):
-    max_length: int = Field(3072, ge=8, description="Tokens per sample (prompt + completion).", json_schema_extra=OUTPUT)
-    overflow: Literal["truncate", "drop"] = Field("truncate", description="What happens to longer samples.", json_schema_extra=OUTPUT)
-    min_loss_tokens_blocks: FiniteFloat = Field(2.0, ge=0, description="Drop samples with < this x block_size loss tokens.", json_schema_extra=OUTPUT)
+    max_length: int = Field(3072, ge=8, description="Tokens per sample (prompt + completion).",
+                            json_schema_extra=OUTPUT)
+    overflow: Literal["truncate", "drop"] = Field("truncate", description="What happens to longer samples.",
+                                                  json_schema_extra=OUTPUT)
+    min_loss_tokens_blocks: FiniteFloat = Field(2.0, ge=0,
+                                                description="Drop samples with < this x block_size loss tokens.",
+                                                json_schema_extra=OUTPUT)
     num_proc: int = Field(2, ge=1, description="Worker processes for `datasets.map`.", json_schema_extra=OPERATIONAL)
     shard_size: int = Field(10_000, ge=1, description="Samples per Arrow shard.", json_schema_extra=OUTPUT)
 
@@ -145,11 +170,13 @@ class TokenizeStage(StageBase):
 class TrainStage(StageBase):
     mode: Literal["online", "offline"] = Field(
         "online",
-        description="`online` recomputes the target's hidden states each step; `offline` stores them first (large).", json_schema_extra=OUTPUT
+        description="`online` recomputes the target's hidden states each step; `offline` stores them first (large).",
+        json_schema_extra=OUTPUT
     )
     epochs: FiniteFloat = Field(6, gt=0, description="Passes over the training set.", json_schema_extra=OUTPUT)
     max_steps: int | None = Field(
-        None, ge=1, description="Stop after this many optimizer steps (before the epochs end).", json_schema_extra=OUTPUT
+        None, ge=1, description="Stop after this many optimizer steps (before the epochs end).",
+        json_schema_extra=OUTPUT
     )
     lr: FiniteFloat = Field(6e-4, gt=0, description="Peak learning rate.", json_schema_extra=OUTPUT)
     weight_decay: FiniteFloat = Field(0.0, ge=0, description="Optimizer weight decay.", json_schema_extra=OUTPUT)
@@ -157,9 +184,12 @@ class TrainStage(StageBase):
         0.04, ge=0, lt=1, description="Share of the steps spent warming the learning rate up.", json_schema_extra=OUTPUT
     )
     grad_clip: FiniteFloat = Field(1.0, gt=0, description="Gradient-norm clipping.", json_schema_extra=OUTPUT)
-    global_batch: int = Field(64, ge=1, description="Sequences per optimizer step across all GPUs.", json_schema_extra=OUTPUT)
-    micro_batch: int | None = Field(None, ge=1, description="Default: the hardware profile's.", json_schema_extra=OPERATIONAL)
-    zero_stage: Literal[0, 1, 2] | None = Field(None, description="Default: the hardware profile's.", json_schema_extra=OPERATIONAL)
+    global_batch: int = Field(64, ge=1, description="Sequences per optimizer step across all GPUs.",
+                              json_schema_extra=OUTPUT)
+    micro_batch: int | None = Field(None, ge=1, description="Default: the hardware profile's.",
+                                    json_schema_extra=OPERATIONAL)
+    zero_stage: Literal[0, 1, 2] | None = Field(None, description="Default: the hardware profile's.",
+                                                json_schema_extra=OPERATIONAL)
     shard_target: Literal["auto", "always", "never"] = Field(
         "auto",
         description="Shard the frozen online target over the node's GPUs (DeepSpeed ZeRO-3, the drafter stays "
@@ -167,17 +197,21 @@ class TrainStage(StageBase):
                     "`never` force or forbid it.",
         json_schema_extra=OPERATIONAL,
     )
-    anchors_per_seq: int = Field(512, ge=1, description="Anchor positions (blocks) sampled per sequence.", json_schema_extra=OUTPUT)
-    loss_gamma: FiniteFloat | None = Field(None, gt=0, description="Slot decay; default 7/5/4 for B=16/10/8.", json_schema_extra=OUTPUT)
+    anchors_per_seq: int = Field(512, ge=1, description="Anchor positions (blocks) sampled per sequence.",
+                                 json_schema_extra=OUTPUT)
+    loss_gamma: FiniteFloat | None = Field(None, gt=0, description="Slot decay; default 7/5/4 for B=16/10/8.",
+                                           json_schema_extra=OUTPUT)
     max_length: int | None = Field(None, ge=8, description="Default: tokenize.max_length.", json_schema_extra=OUTPUT)
-    checkpoint_every: int = Field(500, ge=1, description="Optimizer steps between checkpoints.", json_schema_extra=OPERATIONAL)
+    checkpoint_every: int = Field(500, ge=1, description="Optimizer steps between checkpoints.",
+                                  json_schema_extra=OPERATIONAL)
     keep_checkpoints: int | None = Field(
         2, ge=1,
         description="DeepSpeed training states kept under train/checkpoints/: the K newest plus the one with the best "
                     "logged loss (each holds the weights and optimizer state); null keeps all.",
         json_schema_extra=OPERATIONAL,
     )
-    log_every: int = Field(10, ge=1, description="Optimizer steps between logged metrics.", json_schema_extra=OPERATIONAL)
+    log_every: int = Field(10, ge=1, description="Optimizer steps between logged metrics.",
+                           json_schema_extra=OPERATIONAL)
     seed: int = Field(0, description="Random seed.", json_schema_extra=OUTPUT)
     compile: bool | Literal["auto"] = Field(
         "auto",
@@ -220,7 +254,8 @@ class TrainStage(StageBase):
         description="Peak learning rate of the Muon matrices, in AdamW-matched units (the update's RMS scaled to "
                     "AdamW's, as torch.optim.Muon's `match_rms_adamw`); default: `lr` x the resolved factor "
                     "(docs/training.md).", json_schema_extra=OUTPUT)
-    muon_momentum: FiniteFloat = Field(0.95, gt=0, lt=1, description="Muon's Nesterov momentum.", json_schema_extra=OUTPUT)
+    muon_momentum: FiniteFloat = Field(0.95, gt=0, lt=1, description="Muon's Nesterov momentum.",
+                                       json_schema_extra=OUTPUT)
     schedule: Literal["cosine", "linear"] = Field(
         "cosine", description="Learning-rate decay after the linear warm-up, to 0 at the last step (every group).",
         json_schema_extra=OUTPUT)
@@ -305,7 +340,8 @@ class EvalStage(StageBase):
     max_new_tokens: int = Field(
         256, ge=1, description="Tokens generated per prompt while measuring acceptance.", json_schema_extra=OUTPUT
     )
-    temperature: FiniteFloat = Field(0.0, ge=0, description="Sampling temperature (0 = greedy).", json_schema_extra=OUTPUT)
+    temperature: FiniteFloat = Field(0.0, ge=0, description="Sampling temperature (0 = greedy).",
+                                     json_schema_extra=OUTPUT)
     prompts: str | None = Field(None, description="JSONL of held-out prompts (the `heldout` suite); default: "
                                 "dataset.eval_holdout.", json_schema_extra=PATH)
     suites: list[EvalSuite] = Field(
@@ -337,7 +373,8 @@ class EvalStage(StageBase):
 
 class ExportStage(StageBase):
     dtype: Literal["bf16", "fp16", "fp32"] = Field(
-        "bf16", description="Weight dtype of the exported drafter (DFlash serving loads bf16, fp16 or fp32).", json_schema_extra=OUTPUT)
+        "bf16", description="Weight dtype of the exported drafter (DFlash serving loads bf16, fp16 or fp32).",
+        json_schema_extra=OUTPUT)
 
 
 class BackupStage(StageBase):
@@ -348,24 +385,31 @@ class BackupStage(StageBase):
 
 class Stages(Strict):
     ingest: IngestStage = Field(
-        default_factory=IngestStage, description="Read, normalise, dedupe and shard the prompts.", json_schema_extra=OUTPUT
+        default_factory=IngestStage, description="Read, normalise, dedupe and shard the prompts.",
+        json_schema_extra=OUTPUT
     )
     generate: GenerateStage = Field(
-        default_factory=GenerateStage, description="Target completions (SGLang or transformers).", json_schema_extra=OUTPUT
+        default_factory=GenerateStage, description="Target completions (SGLang or transformers).",
+        json_schema_extra=OUTPUT
     )
-    qc: QCStage = Field(default_factory=QCStage, description="Quality gate on the completions.", json_schema_extra=OUTPUT)
+    qc: QCStage = Field(default_factory=QCStage, description="Quality gate on the completions.",
+                        json_schema_extra=OUTPUT)
     tokenize: TokenizeStage = Field(
-        default_factory=TokenizeStage, description="Chat template and loss masks into an Arrow dataset.", json_schema_extra=OUTPUT
+        default_factory=TokenizeStage, description="Chat template and loss masks into an Arrow dataset.",
+        json_schema_extra=OUTPUT
     )
-    train: TrainStage = Field(default_factory=TrainStage, description="DFlash drafter training (DeepSpeed).", json_schema_extra=OUTPUT)
+    train: TrainStage = Field(default_factory=TrainStage, description="DFlash drafter training (DeepSpeed).",
+                              json_schema_extra=OUTPUT)
     eval: EvalStage = Field(
         default_factory=EvalStage, description="Acceptance evaluation of the trained drafter.", json_schema_extra=OUTPUT
     )
     export: ExportStage = Field(
-        default_factory=ExportStage, description="The drafter as config.json + model.safetensors.", json_schema_extra=OUTPUT
+        default_factory=ExportStage, description="The drafter as config.json + model.safetensors.",
+        json_schema_extra=OUTPUT
     )
     backup: BackupStage = Field(
-        default_factory=BackupStage, description="Copy the run's artifacts to S3 and verify them.", json_schema_extra=OUTPUT
+        default_factory=BackupStage, description="Copy the run's artifacts to S3 and verify them.",
+        json_schema_extra=OUTPUT
     )
 
 

@@ -2,7 +2,8 @@
 
 The file is read as bytes (at most `MAX_BYTES`), decoded as UTF-8, scanned for nesting deeper than
 `MAX_DEPTH` before any parser builds a tree (so the refusal reads the same whatever the installed
-PyYAML's own limits), composed into a node tree (kept for line numbers), bounded — the tree an alias `*name` expands to must stay small, shallow and
+PyYAML's own limits), composed into a node tree (kept for line numbers), bounded — the tree an alias `*name` expands to
+must stay small, shallow and
 acyclic, so an alias bomb ("billion laughs") is refused before it is copied out — checked for
 duplicate keys and only then constructed into plain dicts and lists. Scalars read as recipes always
 read them: `1e-4` is a float (YAML 1.2, as in OmegaConf), a date stays a string. Every failure is a

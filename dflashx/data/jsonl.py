@@ -197,7 +197,8 @@ class ShardWriter:
                     self._close_file()
                     self._index, self._in_shard = self._index + 1, 0
                 if self._fd is None:
-                    self._fd = os.open(shard_path(self.folder, self._index), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+                    self._fd = os.open(shard_path(self.folder, self._index), os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                                       0o666)
                 start = os.lseek(self._fd, 0, os.SEEK_END)
                 chunk = batch[done : done + self.shard_size - self._in_shard]
                 _write_all(self._fd, "".join(line for _, line in chunk).encode("utf-8"))

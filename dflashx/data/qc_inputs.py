@@ -107,7 +107,8 @@ def iter_tokenized_samples(path: str | Path, tokenizer: Any = None, batch_size: 
     ds = load_from_disk(str(path))
     missing = {"input_ids", "loss_mask"} - set(ds.column_names)
     if missing:
-        raise QCInputError(f"{path}: a tokenized dataset needs columns input_ids and loss_mask; missing {sorted(missing)}")
+        raise QCInputError(f"{path}: a tokenized dataset needs columns input_ids and loss_mask; "
+                           f"missing {sorted(missing)}")
     eot = getattr(tokenizer, "eos_token", None) or ""
     index = 0
     for batch in ds.iter(batch_size=batch_size):

@@ -49,7 +49,7 @@ def _summary(values: Sequence[int]) -> dict[str, float]:
         return {}
     data = np.asarray(values)
     p50, p90, p99 = np.percentile(data, [50, 90, 99])
-    return {"count": int(len(data)), "mean": float(data.mean()), "min": int(data.min()), "p50": float(p50),
+    return {"count": len(data), "mean": float(data.mean()), "min": int(data.min()), "p50": float(p50),
             "p90": float(p90), "p99": float(p99), "max": int(data.max())}
 
 

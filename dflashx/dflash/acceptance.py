@@ -4,7 +4,8 @@ tau (the mean acceptance length) is counted as the reference DFlash loop counts 
 0.1.0, `dflash_generate`): the tokens decoded after the prefill's first token, divided by the
 draft-verify cycles, pooled over the prompts (a cycle cut short by a stop token or by
 max_new_tokens counts only the tokens it kept). `accepted_plus_one` keeps the older figure, the
-mean of (accepted drafts + 1) over all cycles, which counts such a cut cycle whole. Acceptance at draft position k (1..B-1) is the share of cycles that
+mean of (accepted drafts + 1) over all cycles, which counts such a cut cycle whole. Acceptance at draft position k
+(1..B-1) is the share of cycles that
 drafted position k and accepted it; as the accepted prefix must be contiguous, it falls with k.
 
 Groups (per prompt source, per context-length bucket) are summarized exactly like the whole set:

@@ -29,7 +29,8 @@ class _StopForward(Exception):
 
 def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder stack (the longest `ModuleList` whose name ends in `layers`)."""
-    stacks = [m for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and name.split(".")[-1] == "layers"]
+    stacks = [m for name, m in model.named_modules()
+              if isinstance(m, nn.ModuleList) and name.split(".")[-1] == "layers"]
     if not stacks:
         raise ValueError(f"{type(model).__name__} has no `layers` ModuleList to tap")
     return max(stacks, key=len)

@@ -50,7 +50,8 @@ def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype
         hf["torch_dtype"] = str(dtype).removeprefix("torch.")
     state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in drafter.state_dict().items()}
     needed = sum(v.numel() * v.element_size() for v in state.values())
-    with stop_when_full(out_dir.parent, f"the drafter {out_dir.name}/", needed, "its weights"), atomic_dir(out_dir) as tmp:
+    with (stop_when_full(out_dir.parent, f"the drafter {out_dir.name}/", needed, "its weights"),
+          atomic_dir(out_dir) as tmp):
         (tmp / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
     return out_dir
@@ -59,7 +60,8 @@ def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype
 def _read_config(path: Path) -> DFlashConfig:
     file = path / CONFIG_FILE
     if not file.is_file():
-        raise FileNotFoundError(f"{file}: no config.json; a DFlash checkpoint folder holds config.json + model.safetensors")
+        raise FileNotFoundError(f"{file}: no config.json; a DFlash checkpoint folder holds config.json + "
+                                "model.safetensors")
     try:
         return DFlashConfig.from_hf_dict(json.loads(file.read_text()))
     except (KeyError, ValueError) as exc:
@@ -86,10 +88,11 @@ def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
     from safetensors import safe_open
 
     with safe_open(str(Path(path) / WEIGHTS_FILE), "pt") as f:
-        return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+        return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 - not iterable
 
 
-def load_drafter(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> DFlashDrafter:
+def load_drafter(path: str | Path, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | None = None) -> DFlashDrafter:
     """Build a drafter from a DFlash checkpoint folder (ours or a public one)."""
     path = Path(path)
     drafter = DFlashDrafter(_read_config(path))
@@ -168,9 +171,9 @@ def save_training_state(
     if dist.is_initialized():
         dist.barrier()
     last = latest_tag(ckpt_dir)
-    guard = dict(what=f"training checkpoint {tag}", cleanup=lambda: _discard(ckpt_dir, tmp, tag),
-                 needed=lambda: used_bytes(ckpt_dir / last) if last else used_bytes(tmp),
-                 basis="the size of the last complete checkpoint" if last else "written before the disk filled")
+    guard = {"what": f"training checkpoint {tag}", "cleanup": lambda: _discard(ckpt_dir, tmp, tag),
+             "needed": lambda: used_bytes(ckpt_dir / last) if last else used_bytes(tmp),
+             "basis": "the size of the last complete checkpoint" if last else "written before the disk filled"}
     with stop_when_full(ckpt_dir, **guard):
         engine.save_checkpoint(str(ckpt_dir), tag=tmp_tag, client_state=client_state, save_latest=False)
         torch.save(rank_state, tmp / f"rank_state_{rank}.pt")

@@ -23,7 +23,8 @@ def load_token_dataset(path: str | Path):
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: tokenized dataset not found (input `tokenize.dataset`); run the tokenize stage")
+        raise FileNotFoundError(f"{path}: tokenized dataset not found (input `tokenize.dataset`); "
+                                "run the tokenize stage")
     ds = load_from_disk(str(path))
     missing = [c for c in REQUIRED_COLUMNS if c not in ds.column_names]
     if missing:
@@ -77,7 +78,8 @@ def collate(rows: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
         ids[i, :n] = torch.tensor(r["input_ids"])
         loss_mask[i, :n] = torch.tensor(r["loss_mask"])
         attn[i, :n] = 1
-    return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": attn, "index": torch.tensor([r["index"] for r in rows])}
+    return {"input_ids": ids, "loss_mask": loss_mask, "attention_mask": attn,
+            "index": torch.tensor([r["index"] for r in rows])}
 
 
 def make_loader(

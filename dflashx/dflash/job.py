@@ -41,7 +41,8 @@ class TrainJob(BaseModel):
     train: ResolvedTrainStage
 
     @classmethod
-    def of(cls, recipe: ResolvedRecipe, stage_dir: str | Path, dataset: str | Path, target_path: str | Path) -> "TrainJob":
+    def of(cls, recipe: ResolvedRecipe, stage_dir: str | Path, dataset: str | Path,
+           target_path: str | Path) -> "TrainJob":
         return cls(stage_dir=str(stage_dir), dataset=str(dataset), target_path=str(target_path),
                    target=recipe.target, drafter=recipe.drafter, train=recipe.stages.train)
 

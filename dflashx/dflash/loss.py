@@ -14,7 +14,8 @@
   D-PACE's weights, computed from the same pass's per-token CE (`dpace_weights`).
 
 Public API: `slot_weights(block_size, gamma)`, `block_labels(...)`, `fused_cross_entropy(...)`,
-`dpace_weights(ce, mask, alpha)`, `head_argmax(...)`, `target_label_ids(...)`, `liger_cross_entropy(...)`, `liger_available()`, `LossOutput`,
+`dpace_weights(ce, mask, alpha)`, `head_argmax(...)`, `target_label_ids(...)`, `liger_cross_entropy(...)`,
+`liger_available()`, `LossOutput`,
 `dflash_loss(hidden, lm_head_weight, labels, weights, block_size, chunk_tokens, kernel, objective,
 dpace_alpha)`.
 """
@@ -58,7 +59,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     depend on these very CE values — costs nothing more."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, chunk):  # noqa: D102 - see the class
+    def forward(ctx, hidden, weight, labels, chunk):  # see the class
         grad = torch.empty_like(hidden) if hidden.requires_grad else None
         ces, preds = [], []
         for start in range(0, hidden.shape[0], chunk):
@@ -77,7 +78,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return ce, pred
 
     @staticmethod
-    def backward(ctx, grad_ce, _grad_pred):  # noqa: D102 - see the class
+    def backward(ctx, grad_ce, _grad_pred):  # see the class
         (grad,) = ctx.saved_tensors
         return grad * grad_ce.to(grad.dtype)[:, None], None, None, None
 
@@ -100,7 +101,8 @@ def dpace_weights(ce: torch.Tensor, mask: torch.Tensor, alpha: float) -> torch.T
     a no-op in the prefix products; slot k weighs sum_{m >= k} prod_{i <= m} q~_i (the expected
     accepted length a correct slot k leads on to), 0 where it has no loss."""
     with torch.no_grad():
-        smooth = torch.where(mask, (1.0 - alpha) * torch.exp(-ce.float()) + alpha, torch.ones_like(ce, dtype=torch.float32))
+        smooth = torch.where(mask, (1.0 - alpha) * torch.exp(-ce.float()) + alpha,
+                             torch.ones_like(ce, dtype=torch.float32))
         prefix = torch.cumprod(smooth, dim=-1) * mask
         return torch.flip(torch.cumsum(torch.flip(prefix, dims=[-1]), dim=-1), dims=[-1]) * mask
 
@@ -108,7 +110,8 @@ def dpace_weights(ce: torch.Tensor, mask: torch.Tensor, alpha: float) -> torch.T
 @torch.no_grad()
 def head_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor, chunk_tokens: int = 4096) -> torch.Tensor:
     """argmax of hidden [N, H] @ lm_head_weight[V, H]^T, chunk by chunk (the target's greedy token)."""
-    out = [(hidden[s:s + chunk_tokens] @ lm_head_weight.t()).argmax(-1) for s in range(0, hidden.shape[0], chunk_tokens)]
+    out = [(hidden[s:s + chunk_tokens] @ lm_head_weight.t()).argmax(-1)
+           for s in range(0, hidden.shape[0], chunk_tokens)]
     return torch.cat(out) if out else torch.empty(0, dtype=torch.long, device=hidden.device)
 
 
@@ -201,7 +204,8 @@ def dflash_loss(
             w = flat_w[keep]
         loss = (ce * (w / w.sum().clamp_min(1e-8))).sum()
     correct = torch.zeros(block_size, device=hidden.device).index_add_(0, slots, (pred == kept_labels).float())
-    count = torch.zeros(block_size, device=hidden.device).index_add_(0, slots, torch.ones_like(slots, dtype=torch.float32))
+    count = torch.zeros(block_size, device=hidden.device).index_add_(0, slots,
+                                                                     torch.ones_like(slots, dtype=torch.float32))
     return LossOutput(loss=loss, correct=correct, count=count)
 
 

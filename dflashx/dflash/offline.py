@@ -58,7 +58,7 @@ class OfflineFeatures:
         self._where: dict[int, Path] = {}
         for shard in sorted(Path(folder).glob("shard-*.safetensors")):
             with safe_open(str(shard), framework="pt") as f:
-                for key in f.keys():
+                for key in f.keys():  # noqa: SIM118 - safe_open is not iterable
                     self._where[int(key)] = shard
         if not self._where:
             raise FileNotFoundError(f"{folder}: no feature shards; run with stages.train.mode=offline to capture them")

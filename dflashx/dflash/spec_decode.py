@@ -153,7 +153,8 @@ class _CacheRollback:
             return {i: None if t is None else t.clone() for i, t in states.items()}
 
         self._saved = [
-            {"conv": clone(layer.conv_states), "rec": clone(layer.recurrent_states), "prev": dict(layer.has_previous_state)}
+            {"conv": clone(layer.conv_states), "rec": clone(layer.recurrent_states),
+             "prev": dict(layer.has_previous_state)}
             for layer in self.linear
         ]
 
@@ -239,7 +240,8 @@ class SpecDecoder:
         rollback = _CacheRollback(cache)
         logits, prompt_feats = self._forward(list(prompt_ids), 0, cache, keep_all=False)
         context = self.drafter.extend_context(None, prompt_feats)
-        first = int(logits[-1].argmax()) if temperature <= 0 else int(_sample(_probs(logits[-1], temperature), generator))
+        first = (int(logits[-1].argmax()) if temperature <= 0
+                 else int(_sample(_probs(logits[-1], temperature), generator)))
         result = DecodeResult(output_ids=[first], target_forwards=1)
         start = len(prompt_ids)  # position of the anchor (the last token, not yet in the target cache)
         while len(result.output_ids) < max_new_tokens and result.output_ids[-1] not in stops:

@@ -143,5 +143,6 @@ class TrainStep:
         self.engine.backward(loss)
         with torch._dynamo.config.patch(disable=not self.job.train.compile):  # DeepSpeed's Muon kernels too
             self.engine.step()
-        flops = step_flops(self.job.target.facts, self.cfg, lengths, blocks, labels, int(batch["loss_mask"][:, 1:].sum()))
+        flops = step_flops(self.job.target.facts, self.cfg, lengths, blocks, labels,
+                           int(batch["loss_mask"][:, 1:].sum()))
         return StepResult(loss, correct, count, sum(lengths), flops)

@@ -187,7 +187,8 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
                     if log is not None:
                         log(last, step)
             if step % train.checkpoint_every == 0 or step == total:  # after the log: its loss ranks the state
-                ckpt.save_training_state(engine, stage / "checkpoints", step, {"micro": g, "step": step}, _rank_state(g),
+                ckpt.save_training_state(engine, stage / "checkpoints", step, {"micro": g, "step": step},
+                                         _rank_state(g),
                                          loss=last.get("loss"), keep=train.keep_checkpoints)
             if step >= total or g % epoch_micro == 0:
                 break

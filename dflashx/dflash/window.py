@@ -53,6 +53,7 @@ class Window:
         acc = accuracy_per_position(correct, count)
         steps = max(n, 1) / self.micro_per_step
         self.reset()
-        return {"loss": loss / max(n, 1), "lr": lr, "accuracy": acc, "acceptance_length": expected_acceptance_length(acc),
+        return {"loss": loss / max(n, 1), "lr": lr, "accuracy": acc,
+                "acceptance_length": expected_acceptance_length(acc),
                 "tokens_per_s": tokens / elapsed, "flops_per_step": flops / steps, "tflops": flops / elapsed / 1e12,
                 "mfu": flops / elapsed / (self.peak_flops * self.world), "memory_bytes": peak_memory_bytes()}

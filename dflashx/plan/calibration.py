@@ -144,8 +144,8 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, di
                 calibrated[CALIBRATED_SERVING] = float(cal.serving_ratio)
             if cal.mtp_accept_length is not None:
                 recipe = with_mtp_accept_length(recipe, cal.mtp_accept_length)
-        elif values:
-            calibrated[CALIBRATED_MFU] = float(cal.training_mfu)  # type: ignore[arg-type]
+        elif values and cal.training_mfu is not None:  # the training group: values holds training_mfu
+            calibrated[CALIBRATED_MFU] = float(cal.training_mfu)
     updated = recipe.model_copy(update={
         "dataset": recipe.dataset.model_copy(update={"stats": stats}),
         "hardware": recipe.hardware.model_copy(update={"calibrated": calibrated}),

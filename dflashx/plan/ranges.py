@@ -69,7 +69,8 @@ class Ranges:
     def to_json(self) -> dict[str, Any]:
         return {
             "output_tokens_mean": self.mean.to_json(), "truncated_share": self.truncated.to_json(),
-            "stages": {name: {"seconds": b.to_json(), "usd": self.usd[name].to_json()} for name, b in self.stages.items()},
+            "stages": {name: {"seconds": b.to_json(), "usd": self.usd[name].to_json()}
+                       for name, b in self.stages.items()},
             "totals": {"seconds": self.total.to_json(), "usd": self.usd["total"].to_json(),
                        "days": self.total.times(1 / 86_400).to_json()},
         }
@@ -84,7 +85,8 @@ def mean_factors(ctx: PlanContext) -> tuple[float, float, str]:
             f"no dataset.stats.output_tokens_mean_se: the mean is taken as an estimate within a factor "
             f"{GUESS_FACTOR:g} at P10/P90 (an assumption; `dflashx pilot` measures it)")
     rel = Z90 * se / mean if mean else 0.0
-    return max(1 - rel, 0.05), 1 + rel, f"standard error {se:.3g} tokens (dataset.stats.output_tokens_mean_se): mean ± {Z90:.2f} se"
+    return (max(1 - rel, 0.05), 1 + rel,
+            f"standard error {se:.3g} tokens (dataset.stats.output_tokens_mean_se): mean ± {Z90:.2f} se")
 
 
 def model_error(ctx: PlanContext, stage: str, rse: dict[str, float]) -> tuple[float, str]:
@@ -96,7 +98,8 @@ def model_error(ctx: PlanContext, stage: str, rse: dict[str, float]) -> tuple[fl
         group = PILOT_GROUP[stage]
         if group in rse:
             return Z90 * rse[group], f"measured by the pilot on this node: relative standard error {rse[group]:.1%}"
-        return math.log(factor), f"calibrated (hardware.calibrated.{CALIBRATED_KEY[stage]}) without a stated error: {source}"
+        return math.log(factor), (f"calibrated (hardware.calibrated.{CALIBRATED_KEY[stage]}) without a stated "
+                                  f"error: {source}")
     return math.log(factor), source
 
 
@@ -119,7 +122,7 @@ def plan_ranges(ctx: PlanContext, rse: dict[str, float] | None = None) -> Ranges
     names = [name for name, stage in recipe.stages if stage.enabled]
     seconds = {n: [stage_estimates(c, n)["seconds"] for c in (low, ctx, high)] for n in names}
     errors = {n: model_error(ctx, n, rse) for n in names}
-    stages = {n: _band(*seconds[n], errors[n][0]) for n in names}
+    stages = {n: _band(seconds[n][0], seconds[n][1], seconds[n][2], errors[n][0]) for n in names}
     mid_total = sum(s[1] for s in seconds.values())
     model_total = math.sqrt(sum((seconds[n][1] * errors[n][0]) ** 2 for n in names)) / mid_total if mid_total else 0.0
     total = _band(sum(s[0] for s in seconds.values()), mid_total, sum(s[2] for s in seconds.values()), model_total)

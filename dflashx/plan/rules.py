@@ -132,7 +132,8 @@ def offline_within_storage(ctx: PlanContext) -> Iterable[Finding]:
     hidden = ctx.storage.offline_hidden_states
     if ctx.recipe.stages.train.mode == "offline" and limit is not None and hidden > limit:
         yield error("offline_over_budget", "stages.train.mode",
-                    f"offline hidden states need {human_bytes(hidden)} ({len(ctx.recipe.drafter.target_layer_ids)} layers "
+                    f"offline hidden states need {human_bytes(hidden)} "
+                    f"({len(ctx.recipe.drafter.target_layer_ids)} layers "
                     f"x hidden {ctx.facts.hidden_size} x {ctx.tokens.train_tokens_per_epoch:.3g} tokens, bf16), "
                     f"over budget.max_storage_bytes {human_bytes(limit)}",
                     "set stages.train.mode=online (hidden states are recomputed each step, nothing stored)")

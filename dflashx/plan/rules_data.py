@@ -47,14 +47,16 @@ def training_not_truncated(ctx: PlanContext) -> Iterable[Finding]:
     lengths = ctx.lengths
     room = min(tok.max_length - stats.prompt_tokens_mean, ctx.recipe.stages.generate.max_tokens)
     share = lengths.share_above(room)
-    if tok.enabled and share > limit and tok.max_length - stats.prompt_tokens_mean < ctx.recipe.stages.generate.max_tokens:
+    room_short = tok.max_length - stats.prompt_tokens_mean < ctx.recipe.stages.generate.max_tokens
+    if tok.enabled and share > limit and room_short:
         cut = "cut to" if tok.overflow == "truncate" else "dropped at"
         yield blocking("train_truncation", "stages.tokenize.max_length",
                        f"about {_share(share)} of samples are {cut} tokenize.max_length {tok.max_length} (prompt "
                        f"{stats.prompt_tokens_mean:g} + output, {lengths.source}), over the QC limit of "
                        f"{_share(limit)}: their long reasoning never reaches the drafter",
                        f"raise stages.tokenize.max_length (about "
-                       f"{int(stats.prompt_tokens_mean + _tokens_for(lengths, limit)):,} keeps it under {_share(limit)})")
+                       f"{int(stats.prompt_tokens_mean + _tokens_for(lengths, limit)):,} keeps it under "
+                       f"{_share(limit)})")
 
 
 def _tokens_for(lengths: Lengths, share: float) -> int:

@@ -41,6 +41,7 @@ def serving_fits(ctx: PlanContext) -> Iterable[Finding]:
     hw, s = ctx.recipe.hardware, ctx.generation.serving
     if not _serves(ctx):
         return
+    assert hw.gpu is not None, "_serves: a GPU node"
     one_seq = ctx.memory["generate"].parts["one_full_sequence"] * s.tp
     if s.pool_bytes is None or s.pool_bytes < one_seq:
         frac = ctx.recipe.stages.generate.serving.mem_fraction_static
@@ -95,7 +96,8 @@ def batch_not_capped(ctx: PlanContext) -> Iterable[Finding]:
     faster = estimate_generation(raised, ctx.tokens, lengths).seconds
     yield warning("serving_batch_capped", key,
                   f"the running batch is capped by {s.binding} at {s.batch} per replica though memory holds "
-                  f"{memory}: raising it gives {human_seconds(faster)} instead of {human_seconds(ctx.generation.seconds)}",
+                  f"{memory}: raising it gives {human_seconds(faster)} instead of "
+                  f"{human_seconds(ctx.generation.seconds)}",
                   f"raise {key} to {memory} (or leave it unset)")
 
 

@@ -91,7 +91,8 @@ def _serving_fit(run: RunInfo, recipe: Recipe, facts: Any) -> Fit | None:
     measured = scaled_stats(stats, mean / stats.output_tokens_mean).model_dump()
     measured |= {"samples": int(written), "prompt_tokens_mean": m.get("prompt_tokens_mean") or stats.prompt_tokens_mean}
     model = predicted_tokens_per_s(predicted(recipe, facts, measured))
-    return Fit(run.name, recipe.hardware.name, CALIBRATED_SERVING, model, float(tps), float(tps) / model) if model else None
+    return Fit(run.name, recipe.hardware.name, CALIBRATED_SERVING, model, float(tps),
+               float(tps) / model) if model else None
 
 
 def _pilot_fits(run: RunInfo, profile: str) -> list[Fit]:
@@ -129,7 +130,8 @@ def fit_run(run: RunInfo, facts_for: FactsFor, into: Calibration) -> None:
     into.fits += fits
     factors = {f.factor for f in fits}
     into.notes += [f"{run.name}: no measured {what}" for key, what in
-                   ((CALIBRATED_SERVING, "generation throughput"), (CALIBRATED_MFU, "training MFU")) if key not in factors]
+                   ((CALIBRATED_SERVING, "generation throughput"),
+                    (CALIBRATED_MFU, "training MFU")) if key not in factors]
 
 
 def calibrate(runs: list[RunInfo], facts_for: FactsFor) -> Calibration:

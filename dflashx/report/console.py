@@ -3,7 +3,8 @@ runs and how far it is, then where everything is and what to try next.
 
 On a terminal: one live row per running step (rich): spinner, name, a bar, done/total and an ETA
 when the stage's metrics say how far it is (train: step/total_steps with loss, tokens/s and MFU;
-generate: completions/prompts, every 30 s; eval: prompts decoded over all suites and drafters), else the elapsed time against
+generate: completions/prompts, every 30 s; eval: prompts decoded over all suites and drafters), else the elapsed time
+against
 the plan's estimate; and the stage's latest `dflashx` log line as its phase. A finished step
 prints its line (`dflashx.report.lines.outcome_line`) above the rows. Off a terminal (a pipe,
 a file, CI): the same lines stamped HH:MM:SS, no control characters, and a progress line at most
@@ -93,7 +94,7 @@ def progress_of(metrics: dict[str, Any]) -> tuple[float, float | None, str] | No
 
 def clock(seconds: float) -> str:
     """42s, 3m10s, 2h05m."""
-    s = max(0, int(round(seconds)))
+    s = max(0, round(seconds))
     return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 

@@ -78,7 +78,8 @@ def _plan_row(label: str, plan: Plan) -> list[str]:
 
 def replan(outcome: PilotOutcome) -> Section:
     return Section("The plan: P50 (P10 – P90)", ["", "time", "USD", "findings"],
-                   [_plan_row("before the pilot", outcome.before), _plan_row("with the pilot's figures", outcome.after)],
+                   [_plan_row("before the pilot", outcome.before),
+                    _plan_row("with the pilot's figures", outcome.after)],
                    f"calibration: {outcome.path}")
 
 

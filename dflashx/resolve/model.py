@@ -138,8 +138,10 @@ class ResolvedSuite(EvalSuite):
 class ResolvedEvalStage(EvalStage):
     model_config = _FROZEN
 
-    suites: list[ResolvedSuite] = Field(description="Each suite's full definition (built-ins filled in).",
-                                        json_schema_extra=OUTPUT)
+    # Narrows the base's field (pydantic validates the subclass); mypy rejects any override of a mutable
+    # list attribute (list is invariant), though this model is frozen.
+    suites: list[ResolvedSuite] = Field(  # type: ignore[assignment]
+        description="Each suite's full definition (built-ins filled in).", json_schema_extra=OUTPUT)
     decodes: int = Field(ge=1, description="Prompt decodes in all, at most: each suite's count x (the trained "
                          "drafter + the baselines); the planner's eval time.", json_schema_extra=OPERATIONAL)
 

@@ -38,7 +38,8 @@ from dflashx.config.schema import DrafterSpec, GenerateStage, HardwareProfile, R
 from dflashx.resolve.deepspeed import deepspeed_config, launch_argv, target_shard_config
 from dflashx.resolve.formulas import loss_gamma, muon_lr, spread_layer_ids, train_precision
 from dflashx.resolve.model import (
-    ResolvedDeploy, ResolvedDrafter, ResolvedGenerateStage, ResolvedRecipe, ResolvedStages, ResolvedTarget, ResolvedTrainStage,
+    ResolvedDeploy, ResolvedDrafter, ResolvedGenerateStage, ResolvedRecipe, ResolvedStages, ResolvedTarget,
+    ResolvedTrainStage,
 )
 from dflashx.resolve.serving import context_length, resolve_serving
 from dflashx.resolve.sharding import sharded_micro_batch, target_sharding

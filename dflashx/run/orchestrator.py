@@ -235,7 +235,8 @@ class Orchestrator:
 
     def _crashed(self, name: str, key: str, exc: BaseException) -> StageOutcome:
         message = self._save_traceback(name, exc)
-        self.records.append("stage_failed", stage=name, stage_key=key, error=type(exc).__name__, message=redact_text(message))
+        self.records.append("stage_failed", stage=name, stage_key=key, error=type(exc).__name__,
+                            message=redact_text(message))
         return self._fail(name, key, message)
 
     def _fail(self, name: str, key: str, message: str, metrics: dict[str, Any] | None = None,

@@ -104,7 +104,8 @@ class RunDir:
             handle.seek(0)
             holder = handle.read().strip() or "unknown"
             handle.close()
-            raise RunDirBusy(f"another `dflashx run` (pid {holder}) is using {self.path}; wait for it or stop it") from None
+            raise RunDirBusy(f"another `dflashx run` (pid {holder}) is using {self.path}; "
+                             "wait for it or stop it") from None
         handle.seek(0)
         handle.truncate()
         handle.write(str(os.getpid()))

@@ -15,7 +15,8 @@ its layout's engine contract (`dflashx.export.check_sglang` / `check_speculators
 inside the target, mask token inside its vocabulary, hidden size, layer stack, weight shapes) and
 then, like the trained drafter, on the shapes the decoder shares with the target (hidden size,
 vocabulary, decoder layers), before anything is decoded. A misfit stops the stage naming the
-recipe item, the config key and the fix. z-lab's DFlash2 drafters (`DFlash2DraftModel`: a candidate selector and convolutions)
+recipe item, the config key and the fix. z-lab's DFlash2 drafters (`DFlash2DraftModel`: a candidate selector and
+convolutions)
 are not a layout dflashx decodes and are refused by name.
 
 Public API: `EvalDrafter` (name, kind, config, path, layout; `describe()` for eval.json),

@@ -61,7 +61,8 @@ def plot(prediction: dict[str, Any], path: Path) -> Path:
         ax.annotate(f"{r['speedup']:.2f}x", (x, top), ha="center", va="bottom")
     ax.set_xticks(list(xs), [str(r["concurrency"]) for r in rows])
     ax.set(xlabel="requests in flight per server", ylabel="output tokens/s per server",
-           title=f"Predicted on {prediction['profile']} (tau {prediction['tau']:.2f}, block {prediction['block_size']})")
+           title=f"Predicted on {prediction['profile']} (tau {prediction['tau']:.2f}, "
+                 f"block {prediction['block_size']})")
     ax.legend()
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()

@@ -47,7 +47,8 @@ def build_job(ctx: StageContext) -> "TrainJob":
     recipe = ctx.recipe
     init_from = recipe.drafter.init_from
     if init_from:
-        recipe = recipe.model_copy(update={"drafter": recipe.drafter.model_copy(update={"init_from": _absolute(init_from)})})
+        drafter = recipe.drafter.model_copy(update={"init_from": _absolute(init_from)})
+        recipe = recipe.model_copy(update={"drafter": drafter})
     return TrainJob.of(recipe, ctx.out_dir.resolve(), Path(ctx.inputs[INPUT]).resolve(),
                        _absolute(str(locate_target(recipe.target))))
 
@@ -109,7 +110,8 @@ def run(ctx: StageContext) -> StageResult:
                                      "kernels") if k in last}
     return StageResult(
         artifacts={
-            "checkpoint": Artifact("checkpoint", tier="irreplaceable", description="DFlash drafter (config.json + model.safetensors)"),
+            "checkpoint": Artifact("checkpoint", tier="irreplaceable",
+                                   description="DFlash drafter (config.json + model.safetensors)"),
             "logs": Artifact("logs", tier="replaceable", description="training metrics (metrics.jsonl)"),
         },
         metrics=metrics | {"world_size": world},

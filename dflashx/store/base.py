@@ -97,7 +97,7 @@ class Store(ABC):
     def _download(self, key: str, dest: Path) -> None:
         """Copy `key` to the local file `dest` (no verification here)."""
 
-    def check_access(self) -> None:
+    def check_access(self) -> None:  # noqa: B027 - a hook: a store that can check early overrides it
         """Raise StoreAuthError/StoreError early when the store cannot be used."""
 
     def exists(self, key: str) -> bool:

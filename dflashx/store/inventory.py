@@ -4,7 +4,8 @@ Besides the registered artifacts a run folder holds files no stage registered â€
 plan.json, records.jsonl, manifest.json, PROGRESS.md, provenance, W&B offline runs, a stage's
 partial output. They are reported (and backed up) as the pseudo-artifact `run` with tier
 `irreplaceable`. Superseded stage folders (`<stage>.superseded-<key8>/`) and top-level dot entries
-(the backup state folder `.backup/`, the run lock `.lock`) are left out. Remote keys are `<run folder name>/<path relative to the run>`.
+(the backup state folder `.backup/`, the run lock `.lock`) are left out. Remote keys are `<run folder name>/<path
+relative to the run>`.
 """
 
 from __future__ import annotations

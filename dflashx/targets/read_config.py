@@ -139,7 +139,8 @@ MASK_TOKEN_NAMES = ("<|mask|>", "<mask>", "[MASK]")
 RESERVED_TOKEN_PREFIXES = ("<|reserved_special_token_", "<|reserved_")
 
 
-def mask_token_from_tokenizer(tokenizer_json: dict[str, Any] | None, tokenizer_config: dict[str, Any] | None) -> int | None:
+def mask_token_from_tokenizer(tokenizer_json: dict[str, Any] | None,
+                              tokenizer_config: dict[str, Any] | None) -> int | None:
     """The id of a dedicated mask token (`<|mask|>`, `<mask>`, `[MASK]`) among a tokenizer's added
     tokens (tokenizer.json `added_tokens`, tokenizer_config.json `added_tokens_decoder`), else its
     lowest-id reserved special token (`<|reserved_special_token_N|>`, `<|reserved_N|>`), or None."""

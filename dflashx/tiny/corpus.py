@@ -27,7 +27,7 @@ SYSTEM_PROMPTS = (
     "Solve the task exactly. Show your steps.",
 )
 
-WORDS = (
+WORDS = (  # noqa: SIM905 - the tiny corpus's vocabulary reads as prose
     "apple banana cherry grape lemon mango melon peach pear plum berry olive onion carrot "
     "potato tomato pepper garlic bread butter cheese honey sugar salt water juice coffee tea "
     "river ocean forest desert island valley mountain canyon meadow garden castle bridge tower "

@@ -4,7 +4,8 @@
 them holds the build key they were made under and each file's sha256. When the key equals the
 current build key (`dflashx.tiny.build.build_key`: the build settings and the source of the
 modules that make the build), the files are the build's output and `copy_into` (called by `ensure_tiny_target`
-under its build lock) copies them into the cache folder a build would fill, checking every sha256; a changed build module changes the
+under its build lock) copies them into the cache folder a build would fill, checking every sha256; a changed build
+module changes the
 key, and the target is built again instead (tests/test_tiny_shipped.py keeps the record honest).
 `python -m dflashx.tiny.shipped VARIANT` re-ships a fresh build's folder.
 """

@@ -115,7 +115,8 @@ def environment_facts() -> dict[str, Any]:
     """Facts about the code, software and machine; computed once per process."""
     return {
         "dflashx": {"version": dflashx.__version__, "git": git_state()},
-        "python": {"version": sys.version, "executable": sys.executable, "implementation": platform.python_implementation()},
+        "python": {"version": sys.version, "executable": sys.executable,
+                   "implementation": platform.python_implementation()},
         "platform": platform.platform(),
         "hostname": socket.gethostname(),
         "packages": package_versions(),

@@ -36,7 +36,8 @@ _VALUE_PATTERNS = [
                r"(?=[A-Za-z0-9/+=]*[0-9])(?!/)[A-Za-z0-9/+=]{32,}(?![A-Za-z0-9/+=_-])"),
 ]
 _URL_PASSWORD = re.compile(r"(://[^:/@\s]+:)[^@\s/]+@")
-_ASSIGNMENT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>\s*[=:]\s*)(?P<value>\"[^\"]*\"|'[^']*'|[^\s,;&]+)")
+_ASSIGNMENT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>\s*[=:]\s*)"
+                         r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s,;&]+)")
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 
 

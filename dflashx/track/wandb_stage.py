@@ -41,7 +41,8 @@ def has_wandb_credentials() -> bool:
 def effective_mode(tracking: TrackingSpec) -> tuple[str, str | None]:
     """(mode to use, warning or None)."""
     if tracking.mode == "online" and not has_wandb_credentials():
-        return "offline", "tracking.mode is online but no W&B credentials were found (WANDB_API_KEY or ~/.netrc): logging offline; `wandb sync` the run later"
+        return "offline", ("tracking.mode is online but no W&B credentials were found (WANDB_API_KEY or ~/.netrc): "
+                           "logging offline; `wandb sync` the run later")
     return tracking.mode, None
 
 
@@ -104,7 +105,8 @@ def stage_tracker(*, records: RecordLog, tracking: TrackingSpec, run_id: str, st
             run = _start_wandb(tracking=tracking, mode=mode, run_id=run_id, stage=stage, run_dir=run_dir,
                                config=jsonable(redact(config)))
         except Exception as e:  # noqa: BLE001 - tracking never stops a stage
-            records.append("warning", stage=stage, message=f"W&B could not start ({type(e).__name__}: {e}); metrics go to records.jsonl only")
+            records.append("warning", stage=stage,
+                           message=f"W&B could not start ({type(e).__name__}: {e}); metrics go to records.jsonl only")
     tracker = StageTracker(records, stage, run)
     failed = True
     try:

@@ -99,6 +99,7 @@ def predict_speedup(recipe: ResolvedRecipe, acceptance: Sequence[float | None], 
         spec_b = running_batch_with(at, lengths, drafter.memory)
         plain = replica_rate(at, dev, plain_b, row, output, prompt)
         spec = replica_rate(at, dev, spec_b, row, output, prompt, drafter, acceptance)
+        assert spec.verify is not None and spec.draft is not None, "a speculative rate has both steps"
         rows.append(SpeedupRow(c, plain_b.value, spec_b.value, plain.tokens_per_second, spec.tokens_per_second,
                                spec.tokens_per_second / plain.tokens_per_second, pays(spec, plain), spec.step_seconds,
                                spec.verify.seconds, spec.draft.seconds, plain.step_seconds))

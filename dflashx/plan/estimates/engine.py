@@ -33,7 +33,9 @@ GEMM = Measured(
     "8192^3 bf16 matrix product: 780 TFLOP/s of the datasheet's 989 dense",
     "NVIDIA H200 SXM, torch 2.11 + CUDA 13, median of 10 products on random data")
 GEMM_FP8 = Measured(
-    0.728, "benchmarks/results/train_step.json at commit 84262bb (peak_tflops.fp8; git show 84262bb:benchmarks/results/train_step.json)",
+    0.728,
+    "benchmarks/results/train_step.json at commit 84262bb (peak_tflops.fp8; "
+    "git show 84262bb:benchmarks/results/train_step.json)",
     "torch._scaled_mm fp8 matrix product: 1,441 TFLOP/s of the datasheet's 1,979 dense",
     "NVIDIA H200 SXM, torch 2.11 + CUDA 13 (this project's training benchmark)")
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from dflashx.plan.estimates.decode import COPY_BANDWIDTH, target_step
 from dflashx.plan.estimates.device import CALIBRATED_SERVING, Device, device_of, factor
 from dflashx.plan.estimates.engine import EngineRow, engine_row
-from dflashx.plan.estimates.lengths import OutputLengths
+from dflashx.plan.estimates.lengths import Lengths
 from dflashx.plan.estimates.serving import Batch, mtp_on, running_batch, running_batch_with
 from dflashx.plan.estimates.speculative import Rate, mtp_drafter, pays, replica_rate
 from dflashx.plan.estimates.tokens import Tokens
@@ -90,7 +90,7 @@ class Speculation:
         return pays(self.spec, self.plain)
 
 
-def _speculation(recipe: ResolvedRecipe, dev: Device, lengths: OutputLengths, tokens: Tokens,
+def _speculation(recipe: ResolvedRecipe, dev: Device, lengths: Lengths, tokens: Tokens,
                  row: EngineRow) -> Speculation:
     plain_b = running_batch_with(recipe, lengths, None)
     spec_b = running_batch(recipe, lengths)
@@ -102,7 +102,11 @@ def _speculation(recipe: ResolvedRecipe, dev: Device, lengths: OutputLengths, to
 
 def _speculation_term(sp: Speculation, recipe: ResolvedRecipe, dp: int, calibration: float) -> Term:
     spec = recipe.stages.generate.serving.speculative
-    rate = (lambda r: dp * r.tokens_per_second * calibration)
+    assert sp.spec.verify is not None and sp.spec.draft is not None, "a speculative rate has both steps"
+
+    def rate(r: Rate) -> float:
+        return dp * r.tokens_per_second * calibration
+
     verdict = ("pays" if sp.pays else "does not pay") + f" at batch {sp.spec_batch.value}"
     return term("generate.speculation", rate(sp.spec) / rate(sp.plain), "x",
                 "tokens/s with the MTP head / without it; with it: O / (O x (verify + steps x draft) / (batch x tau) "
@@ -117,7 +121,7 @@ def _speculation_term(sp: Speculation, recipe: ResolvedRecipe, dp: int, calibrat
                       f"{spec.num_draft_tokens}")
 
 
-def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: OutputLengths) -> Generation:
+def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Generation:
     facts, dev = recipe.target.facts, device_of(recipe.hardware)
     row = engine_row(recipe.stages.generate.backend, facts.num_linear_layers > 0)
     sp = _speculation(recipe, dev, lengths, tokens, row) if mtp_on(recipe) else None
@@ -161,12 +165,14 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: OutputL
 def _step_term(recipe: ResolvedRecipe, rate: Rate, dev: Device, row: EngineRow, b: Batch, speculative: bool) -> Term:
     """The decode step (or, with MTP, the draft-verify cycle) and how its time splits."""
     step = rate.verify if speculative else target_step(recipe, dev, b, row)
+    assert step is not None, "a speculative rate has its verify step"
     s = recipe.stages.generate.serving
     return term("generate.step_seconds", rate.step_seconds, "s",
                 ("verify (target step over num_draft_tokens per sequence) + num_steps x MTP draft forward"
                  if speculative else "") +
                 "; target step = roofline(served weights) + roofline(16-bit weights) x (1 / decode share - 1) + "
-                "TP all-reduce; roofline = max(bytes / (bandwidth x tp x copy share), FLOPs / (peak x tp x GEMM share))",
+                "TP all-reduce; roofline = max(bytes / (bandwidth x tp x copy share), "
+                "FLOPs / (peak x tp x GEMM share))",
                 step_bytes=step.served.bytes, memory_s=step.served.memory_s, compute_s=step.served.compute_s,
                 overhead_s=step.overhead_s, allreduce_s=step.allreduce_s, bound=step.served.bound,
                 bandwidth_bps=dev.bandwidth_bps, peak_flops=step.served.peak, tp=s.tp,

@@ -35,7 +35,8 @@ def bandwidth_bps(recipe: ResolvedRecipe) -> float | None:
     hw = recipe.hardware
     links = [hw.interconnect_gbs] if hw.gpus_per_node > 1 else []
     links += [hw.internode_gbs] if hw.nodes > 1 else []
-    return None if not links or None in links else min(links) * 1e9  # type: ignore[type-var]
+    known = [link for link in links if link is not None]
+    return min(known) * 1e9 if links and len(known) == len(links) else None
 
 
 def grad_sync(recipe: ResolvedRecipe, params: int) -> GradSync:

@@ -195,6 +195,7 @@ def scaled_stats(stats: DatasetStats, factor: float) -> DatasetStats:
     update = {
         "output_tokens_mean": stats.output_tokens_mean * factor,
         "output_tokens_p90": stats.output_tokens_p90 * factor if stats.output_tokens_p90 else None,
-        "output_tokens_histogram": hist.model_copy(update={"edges": [e * factor for e in hist.edges]}) if hist else None,
+        "output_tokens_histogram": (hist.model_copy(update={"edges": [e * factor for e in hist.edges]})
+                                    if hist else None),
     }
     return stats.model_copy(update=update)

@@ -86,6 +86,7 @@ def mfu_row(profile: HardwareProfile, precision: str, hybrid: bool) -> MfuRow:
         return MEASURED[key]
     notes = []
     if gen != "cpu" and gen != BORROW_FROM:
+        assert profile.gpu is not None, "generation_of: cpu exactly when there is no GPU"
         what = f"GPU {profile.gpu.name!r} matches no known generation" if gen == "unknown" else \
             f"no {gen.capitalize()} measurement"
         notes.append(f"{what}: {BORROW_FROM.capitalize()}'s fraction of the datasheet peak is assumed")

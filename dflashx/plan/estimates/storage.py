@@ -69,7 +69,6 @@ def estimate_storage(recipe: ResolvedRecipe, tokens: Tokens, tr: Training) -> St
         term("storage.completions", tokens.samples * (stats.prompt_bytes_mean + tokens.output_mean
                                                       * stats.output_bytes_per_token + JSON_OVERHEAD_BYTES),
              "bytes", "samples x (prompt bytes + output tokens x bytes/token + JSON overhead)"),
-        term("storage.total", sum(sizes.values()), "bytes", "sum over enabled stages' artifacts",
-             **{k: v for k, v in sizes.items()}),
+        Term("storage.total", sum(sizes.values()), "bytes", "sum over enabled stages' artifacts", dict(sizes)),
     )
     return Storage(sizes, hidden, terms)
