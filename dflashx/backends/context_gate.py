@@ -67,7 +67,7 @@ def open_gate(target: TargetSpec, max_tokens: int, context_length: int) -> Conte
         from dflashx.targets.locate import locate_tokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(locate_tokenizer(target)))
-    except Exception as exc:  # a hub id without network, a folder without a tokenizer, ...
+    except Exception as exc:  # noqa: BLE001 - a hub id without network, a folder without a tokenizer, ...
         log.warning("generate: prompts are not checked against stages.generate.context_length before they are "
                     "sent (the target's tokenizer could not be loaded: %s); the server's refusals are counted "
                     "instead", f"{type(exc).__name__}: {exc}".splitlines()[0])

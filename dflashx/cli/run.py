@@ -34,9 +34,11 @@ def command(
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Default: <storage.root>/<recipe name>.")] = None,
     only: Annotated[str | None, typer.Option("--only", help="Run just this stage.")] = None,
     until: Annotated[str | None, typer.Option("--until", help="Run the stages up to and including this one.")] = None,
-    force: Annotated[list[str] | None, typer.Option("--force", help="Re-run this stage even if done (repeatable).")] = None,
+    force: Annotated[list[str] | None, typer.Option("--force",
+                                                    help="Re-run this stage even if done (repeatable).")] = None,
     skip_preflight: SkipPreflightOpt = False,
-    skip_pilot: Annotated[bool, typer.Option("--skip-pilot", help="Do not run the pilot first (pilot.enabled).")] = False,
+    skip_pilot: Annotated[bool, typer.Option("--skip-pilot",
+                                             help="Do not run the pilot first (pilot.enabled).")] = False,
     continue_over_budget: ContinueOpt = False,
     node_rank: Annotated[int | None, typer.Option(
         "--node-rank", min=0, help="This machine's node of a multi-node profile (sets DFLASHX_NODE_RANK): "

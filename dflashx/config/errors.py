@@ -158,7 +158,7 @@ def _children(node: yaml.Node) -> list[tuple[Any, yaml.Node, yaml.Node]]:
 
 def duplicate_keys(file: Path, node: yaml.Node, loc: Loc = ()) -> list[RecipeProblem]:
     """Keys written twice in one mapping (YAML would keep the last one silently)."""
-    problems: list[Problem] = []
+    problems: list[RecipeProblem] = []
     seen: dict[Any, int] = {}
     for key, key_node, value_node in _children(node):
         line = key_node.start_mark.line + 1

@@ -333,6 +333,7 @@ class _Loader:
 
     def _interpolation_problem(self, loc: Loc, exc: InterpolationError) -> None:
         self.uninterpolated.append(loc)
+        hint: str | None
         if isinstance(exc, MissingValue):
             message, hint = "value is required (`???`)", "set it in the recipe or with an override"
         else:

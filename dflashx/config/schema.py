@@ -17,11 +17,13 @@ from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, ByteSize, FiniteFlo
 from dflashx.config.eval_suites import BUILTIN_BASELINES, BUILTIN_SUITES
 from dflashx.config.speculative import DeploySpec, SpeculativeSpec
 from dflashx.config.stages import (  # the stage models are part of the schema
-    STAGE_ORDER, StageBase, IngestStage, GenerateStage, ServingSpec, QCThresholds, QCStage, TokenizeStage, TrainStage, EvalStage, ExportStage, BackupStage, Stages,
+    STAGE_ORDER, StageBase, IngestStage, GenerateStage, ServingSpec, QCThresholds, QCStage, TokenizeStage, TrainStage,
+    EvalStage, ExportStage, BackupStage, Stages,
     EvalBaseline, EvalSuite,
 )
 
 __all__ = [
+    "STAGE_ORDER",
     "BackupStage",
     "BudgetSpec",
     "ByteSize",
@@ -38,15 +40,14 @@ __all__ = [
     "GpuSpec",
     "HardwareProfile",
     "IngestStage",
+    "OutputHistogram",
+    "PilotSpec",
     "Precision",
     "QCStage",
     "QCThresholds",
     "Recipe",
     "S3Spec",
-    "STAGE_ORDER",
     "ServingSpec",
-    "OutputHistogram",
-    "PilotSpec",
     "SourceSpec",
     "SpeculativeSpec",
     "StageBase",
@@ -78,12 +79,16 @@ class SourceSpec(Strict):
     )
     fields: dict[str, str] = Field(
         default_factory=dict,
-        description="Field mapping for this source, e.g. {prompt: question, system: system_prompt}.", json_schema_extra=OUTPUT
+        description="Field mapping for this source, e.g. {prompt: question, system: system_prompt}.",
+        json_schema_extra=OUTPUT
     )
-    system_prompt: str | None = Field(None, description="System prompt added when a sample has none.", json_schema_extra=OUTPUT)
-    cap: int | None = Field(None, ge=1, description="Keep at most this many prompts (after shuffle).", json_schema_extra=OUTPUT)
+    system_prompt: str | None = Field(None, description="System prompt added when a sample has none.",
+                                      json_schema_extra=OUTPUT)
+    cap: int | None = Field(None, ge=1, description="Keep at most this many prompts (after shuffle).",
+                            json_schema_extra=OUTPUT)
     expected_count: int | None = Field(
-        None, ge=0, description="Raw prompt count, for planning before the data is on disk.", json_schema_extra=OPERATIONAL
+        None, ge=0, description="Raw prompt count, for planning before the data is on disk.",
+        json_schema_extra=OPERATIONAL
     )
 
     @model_validator(mode="after")
@@ -117,7 +122,10 @@ class OutputHistogram(Strict):
 class DatasetStats(Strict):
     """Planning figures for data not generated yet; measured values replace them after a run."""
 
-    samples: int | None = Field(None, ge=0, description="Samples after filtering, dedupe and the eval holdout: the prompts the ingest writes for generation (what a pilot measures); default: the sources' counts less dataset.eval_holdout.")
+    samples: int | None = Field(None, ge=0,
+                                description="Samples after filtering, dedupe and the eval holdout: the prompts the "
+                                            "ingest writes for generation (what a pilot measures); default: the "
+                                            "sources' counts less dataset.eval_holdout.")
     prompt_tokens_mean: FiniteFloat = Field(250.0, gt=0, description="Template + system + user tokens.")
     output_tokens_mean: FiniteFloat = Field(1800.0, gt=0, description="Generated tokens (reasoning+answer).")
     output_tokens_p90: FiniteFloat | None = Field(
@@ -142,14 +150,18 @@ class DatasetStats(Strict):
 
 
 class DatasetSpec(Strict):
-    sources: list[SourceSpec] = Field(min_length=1, description="Prompt sources, read in this order.", json_schema_extra=OUTPUT)
-    dedupe: bool = Field(True, description="Drop prompts seen before (same content, across all sources).", json_schema_extra=OUTPUT)
+    sources: list[SourceSpec] = Field(min_length=1, description="Prompt sources, read in this order.",
+                                      json_schema_extra=OUTPUT)
+    dedupe: bool = Field(True, description="Drop prompts seen before (same content, across all sources).",
+                         json_schema_extra=OUTPUT)
     shuffle_seed: int = Field(
         0, description="Seed of the prompt order (and so of caps and the eval holdout).", json_schema_extra=OUTPUT
     )
-    eval_holdout: int = Field(0, ge=0, description="Prompts held out of training for evaluation.", json_schema_extra=OUTPUT)
+    eval_holdout: int = Field(0, ge=0, description="Prompts held out of training for evaluation.",
+                              json_schema_extra=OUTPUT)
     stats: DatasetStats = Field(
-        default_factory=DatasetStats, description="Planning figures used before the data exists.", json_schema_extra=OPERATIONAL
+        default_factory=DatasetStats, description="Planning figures used before the data exists.",
+        json_schema_extra=OPERATIONAL
     )
 
 
@@ -158,15 +170,20 @@ class DatasetSpec(Strict):
 
 class ChatTemplateSpec(Strict):
     enable_thinking: bool = Field(
-        True, description="Chat-template flag for thinking targets; keep it on to train on reasoning.", json_schema_extra=OUTPUT
+        True, description="Chat-template flag for thinking targets; keep it on to train on reasoning.",
+        json_schema_extra=OUTPUT
     )
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra chat-template kwargs.", json_schema_extra=OUTPUT)
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra chat-template kwargs.",
+                                   json_schema_extra=OUTPUT)
 
 
 class TargetSpec(Strict):
-    model: str = Field(description="HF id, local folder, or `builtin:tiny-qwen3` / `builtin:tiny-qwen3_5` / `builtin:tiny-qwen3_moe`.", json_schema_extra=PATH)
-    arch: str | None = Field(None, description="Registry key when `model` is not a known id.", json_schema_extra=OPERATIONAL)
-    tokenizer: str | None = Field(None, description="Tokenizer path/id when it differs from `model`.", json_schema_extra=PATH)
+    model: str = Field(description="HF id, local folder, or `builtin:tiny-qwen3` / `builtin:tiny-qwen3_5` / "
+                                   "`builtin:tiny-qwen3_moe`.", json_schema_extra=PATH)
+    arch: str | None = Field(None, description="Registry key when `model` is not a known id.",
+                             json_schema_extra=OPERATIONAL)
+    tokenizer: str | None = Field(None, description="Tokenizer path/id when it differs from `model`.",
+                                  json_schema_extra=PATH)
     precision: Precision = Field(
         "bf16", description="Precision the target is loaded in; `fp8`: training and evaluation run its "
         "decoder layers' linears in FP8 (per-token / per-channel scales), the rest in bf16.", json_schema_extra=OUTPUT
@@ -187,20 +204,24 @@ class DrafterSpec(Strict):
     """DFlash block-diffusion drafter (arXiv 2602.06036)."""
 
     num_layers: int = Field(5, ge=1, description="Transformer layers of the drafter.", json_schema_extra=OUTPUT)
-    block_size: int = Field(16, ge=2, description="Anchor + (B-1) mask tokens (at least 2: one to draft).", json_schema_extra=OUTPUT)
+    block_size: int = Field(16, ge=2, description="Anchor + (B-1) mask tokens (at least 2: one to draft).",
+                            json_schema_extra=OUTPUT)
     num_target_layers: int = Field(5, ge=1, description="k target layers fused by `fc`.", json_schema_extra=OUTPUT)
     target_layer_ids: list[int] | None = Field(
         None, description="Explicit target layer ids; default spreads k over the target.", json_schema_extra=OUTPUT
     )
-    mask_token_id: int | None = Field(None, description="Unused embedding row; default from the target.", json_schema_extra=OUTPUT)
+    mask_token_id: int | None = Field(None, description="Unused embedding row; default from the target.",
+                                      json_schema_extra=OUTPUT)
     layer_types: list[Literal["full_attention", "sliding_attention"]] | None = Field(
         None, description="Attention type per drafter layer; default: all full attention.", json_schema_extra=OUTPUT
     )
     sliding_window: int | None = Field(
         None, ge=1, description="Window of `sliding_attention` layers, tokens.", json_schema_extra=OUTPUT
     )
-    intermediate_size: int | None = Field(None, ge=1, description="Default: the target's FFN size.", json_schema_extra=OUTPUT)
-    init_from: str | None = Field(None, description="Folder of a DFlash checkpoint to continue training.", json_schema_extra=PATH)
+    intermediate_size: int | None = Field(None, ge=1, description="Default: the target's FFN size.",
+                                          json_schema_extra=OUTPUT)
+    init_from: str | None = Field(None, description="Folder of a DFlash checkpoint to continue training.",
+                                  json_schema_extra=PATH)
     precision: Literal["bf16", "fp8"] = Field(
         "bf16",
         description="Matmuls of the drafter's linear layers in training: `fp8` runs them in float8 with row-wise "
@@ -236,12 +257,14 @@ class HardwareProfile(Strict):
     internode_gbs: FiniteFloat | None = Field(
         None, gt=0, description="Network bandwidth between nodes, per GPU and direction, GB/s; null = one node."
     )
-    host_memory_gb: FiniteFloat | None = Field(None, gt=0, description="Host (CPU) memory per node, GB; null = unknown.")
+    host_memory_gb: FiniteFloat | None = Field(None, gt=0,
+                                               description="Host (CPU) memory per node, GB; null = unknown.")
     usd_per_gpu_hour: FiniteFloat = Field(0.0, ge=0, description="Rental price per GPU-hour, for cost estimates.")
     usd_source: str = Field("", description="Where the price comes from (provider, list or quote).")
     usd_date: str = Field("", description="When the price was read (YYYY-MM).")
     cpu_tflops: FiniteFloat = Field(0.2, gt=0, description="Used when `gpu` is null.")
-    cpu_bandwidth_tbs: FiniteFloat = Field(0.02, gt=0, description="Host memory bandwidth, TB/s; used when `gpu` is null.")
+    cpu_bandwidth_tbs: FiniteFloat = Field(0.02, gt=0,
+                                           description="Host memory bandwidth, TB/s; used when `gpu` is null.")
     calibrated: dict[str, FiniteFloat] = Field(
         default_factory=dict, description="Measured factors written by `dflashx calibrate` (serving_ratio: "
         "measured / predicted generation throughput; training_mfu: measured MFU)."
@@ -269,15 +292,21 @@ class S3Spec(Strict):
 
     bucket: str = Field(description="Bucket name.", json_schema_extra=OUTPUT)
     prefix: str = Field("", description="Key prefix for runs, e.g. `runs/`.", json_schema_extra=OUTPUT)
-    endpoint_url: str | None = Field(None, description="S3-compatible endpoint; default: AWS.", json_schema_extra=OUTPUT)
-    region: str | None = Field(None, description="Region; default: from the environment or AWS profile.", json_schema_extra=OUTPUT)
-    path_style: bool = Field(False, description="Path-style addressing (many S3-compatible stores need it).", json_schema_extra=OPERATIONAL)
-    aws_profile: str | None = Field(None, description="Named profile in ~/.aws (optional).", json_schema_extra=OPERATIONAL)
+    endpoint_url: str | None = Field(None, description="S3-compatible endpoint; default: AWS.",
+                                     json_schema_extra=OUTPUT)
+    region: str | None = Field(None, description="Region; default: from the environment or AWS profile.",
+                               json_schema_extra=OUTPUT)
+    path_style: bool = Field(False, description="Path-style addressing (many S3-compatible stores need it).",
+                             json_schema_extra=OPERATIONAL)
+    aws_profile: str | None = Field(None, description="Named profile in ~/.aws (optional).",
+                                    json_schema_extra=OPERATIONAL)
     part_size: ByteSize = Field(
         64 * 2**20, ge=5 * 2**20,
-        description="Multipart upload part size (resumable); files smaller than this go in one PUT.", json_schema_extra=OPERATIONAL
+        description="Multipart upload part size (resumable); files smaller than this go in one PUT.",
+        json_schema_extra=OPERATIONAL
     )
-    max_concurrency: int = Field(8, ge=1, le=64, description="Parts of one file uploaded at the same time.", json_schema_extra=OPERATIONAL)
+    max_concurrency: int = Field(8, ge=1, le=64, description="Parts of one file uploaded at the same time.",
+                                 json_schema_extra=OPERATIONAL)
 
 
 Tier = Literal["irreplaceable", "replaceable", "garbage"]

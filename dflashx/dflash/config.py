@@ -80,7 +80,8 @@ class DFlashConfig(BaseModel):
     sliding_window: int | None = Field(None, ge=1)
     attention_bias: bool = False
     target_model_type: str | None = Field(None, description="The target's family: transformers model_type of its "
-                                          "text stack (qwen3, qwen3_moe, gpt_oss ...); the drafter is dense either way.")
+                                          "text stack (qwen3, qwen3_moe, gpt_oss ...); the drafter is dense either "
+                                          "way.")
     target_architectures: list[str] = Field(default_factory=list, description="The target config's architectures.")
 
     @model_validator(mode="after")

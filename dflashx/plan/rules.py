@@ -191,7 +191,8 @@ def servers_local(ctx: PlanContext) -> Iterable[Finding]:
                       f"generation spans {hw.nodes} nodes: each node starts only its own SGLang servers (the plan's "
                       "commands marked [on node-i]) and node 0 sends the prompts to all of them",
                       "on node i run `dflashx run RECIPE --until generate --skip-pilot --node-rank i` "
-                      "(docs/running.md); node 0 reaches node i at DFLASHX_NODE_HOSTS's i-th address, else at the name node-<i>; "
+                      "(docs/running.md); node 0 reaches node i at DFLASHX_NODE_HOSTS's i-th address, else at the "
+                      "name node-<i>; "
                       "or start servers yourself and give their URLs in stages.generate.urls")
 
 

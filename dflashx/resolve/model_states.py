@@ -62,10 +62,8 @@ def state_bytes(precision: str, master_weights: str, optimizer: str, zero_stage:
     m = PRECISION_BYTES["bf16"] if master_weights == "bf16" and precision == "bf16" else PRECISION_BYTES["fp32"]
     zero = zero_stage >= 1
     master = m if zero or m != w else 0
-    if optimizer == "muon":
-        states = 2 * w if zero else m
-    else:
-        states = 2 * m
+    # Muon: one momentum (w, and a staged copy, under ZeRO 1/2; m at ZeRO 0); AdamW: two moments in m
+    states = (2 * w if zero else m) if optimizer == "muon" else 2 * m
     return StateBytes(weights=w, gradients=w, master=master, master_gradients=m if m != w else 0, optimizer=states)
 
 

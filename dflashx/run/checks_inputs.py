@@ -36,7 +36,7 @@ def _hub(repo_id: str, repo_type: str) -> str:
         return "hub"
     except RepositoryNotFoundError:
         return NOT_ON_HUB
-    except Exception as exc:  # no network, proxy, DNS: the local cache answers
+    except Exception as exc:  # noqa: BLE001 - no network, proxy, DNS: the local cache answers
         return f"hub unreachable: {type(exc).__name__}"
 
 
@@ -46,7 +46,8 @@ def _hub_dataset(name: str, key: str, hf_id: str) -> Check:
         return Check(name, key, "ok", f"{key}: {hf_id} found on the hub")
     if where == NOT_ON_HUB:
         return Check(name, key, "fail", f"{key}: {hf_id} is {NOT_ON_HUB}", f"fix {key}, or log in for a gated dataset")
-    home = Path(os.environ.get("HF_HOME", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "huggingface"))
+    home = Path(os.environ.get("HF_HOME",
+                               Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "huggingface"))
     hub, sets = (Path(os.environ.get(f"HF_{v.upper()}_CACHE", home / v)) for v in ("hub", "datasets"))
     names = {"--".join(["datasets", *hf_id.split("/")]).lower(), "___".join(hf_id.split("/")).lower()}
     if any(p.name.lower() in names for d in (hub, sets) if d.is_dir() for p in d.iterdir()):  # any case
@@ -69,7 +70,7 @@ def _target_file(value: str, filename: str) -> tuple[Path | None, str]:
             return Path(hf_hub_download(value, filename, etag_timeout=10)), where
         except RemoteEntryNotFoundError:
             return None, f"the hub repository has no {filename}"
-        except Exception as exc:  # the hub went away meanwhile: the local cache may hold it
+        except Exception as exc:  # noqa: BLE001 - the hub went away meanwhile: the local cache may hold it
             where = f"hub unreachable: {type(exc).__name__}"
     if where == NOT_ON_HUB:
         return None, where
@@ -130,7 +131,8 @@ def check_target(target: TargetSpec, mask_id: int | None) -> Check:
     if mask_id is not None and mask_id >= facts.vocab_size:
         return Check("target", "drafter.mask_token_id", "fail",
                      f"drafter.mask_token_id {mask_id} is outside the target's embedding "
-                     f"(vocab_size {facts.vocab_size} in {config})", "set drafter.mask_token_id to a token of the target")
+                     f"(vocab_size {facts.vocab_size} in {config})",
+                     "set drafter.mask_token_id to a token of the target")
     return Check("target", "target.model", "ok", f"target.model: {target.model}: config.json readable ({where}), "
                  f"{facts.num_layers} layers, vocab {facts.vocab_size}")
 
@@ -143,7 +145,8 @@ def _vocabulary(tokenizer_json: Path | None, folder: Path) -> dict[int, str]:
         return {i: t for t, i in AutoTokenizer.from_pretrained(str(folder)).get_vocab().items()}
     data = json.loads(tokenizer_json.read_text(encoding="utf-8"))
     vocab = data.get("model", {}).get("vocab") or {}
-    ids = {i: str(t[0]) for i, t in enumerate(vocab)} if isinstance(vocab, list) else {int(i): t for t, i in vocab.items()}
+    ids = {i: str(t[0]) for i, t in enumerate(vocab)} if isinstance(vocab,
+                                                                    list) else {int(i): t for t, i in vocab.items()}
     ids.update({int(t["id"]): str(t["content"]) for t in data.get("added_tokens") or []})
     return ids
 

@@ -94,7 +94,7 @@ def _profiles_for(found: list[tuple[str, int]]) -> str:
     for name in available_profiles():
         try:
             p = load_profile(name)
-        except Exception:  # a broken profile file is `dflashx profiles`' business, not this check's
+        except Exception:  # noqa: BLE001 - a broken profile file is `dflashx profiles`' business, not this check's
             continue
         if (p.gpu is None and not found) or (p.gpu and found and p.gpus_per_node <= len(found)
                                               and all(all(_fits(p.gpu, d)) for d in found)):
@@ -108,7 +108,8 @@ def check_gpus(hw: HardwareProfile, plan: dict[str, Any]) -> Check:
         return Check("gpus", "hardware", "ok", f"hardware: profile {hw.name} runs on the CPU")
     import torch  # a dependency; asked only for a GPU profile (the import takes seconds)
 
-    found = [(p.name, int(p.total_memory)) for p in map(torch.cuda.get_device_properties, range(torch.cuda.device_count()))]
+    found = [(p.name, int(p.total_memory)) for p in map(torch.cuda.get_device_properties,
+                                                        range(torch.cuda.device_count()))]
     have = ", ".join(f"{n}x {name} ({human_bytes(mem)})" for (name, mem), n in Counter(found).items()) or "no GPU"
     gpu, peak = hw.gpu, plan["totals"].get("peak_gpu_memory_bytes", 0)
     needs = (f"hardware: the plan (profile {hw.name}) needs {hw.gpus_per_node}x {gpu.name} with {gpu.memory_gb:g} GB "

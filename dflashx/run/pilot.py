@@ -205,7 +205,8 @@ class Pilot:
                            (r for r in iter_shards(completions) if r["id"] in wanted))
         tok = stage_context("tokenize", self.resolved, self.plan, self.rundir.path, self.dir / "tokenize",
                             {"generate.completions": self.dir / "completions"})
-        tokenized = self._stage("tokenize", tok, load_stage("tokenize"), "-", f"{len(ids)} completions into {PILOT_DIR}/")
+        tokenized = self._stage("tokenize", tok, load_stage("tokenize"), "-",
+                                f"{len(ids)} completions into {PILOT_DIR}/")
         train = self.resolved.stages.train
         steps = self.recipe.pilot.train_steps
         rows = max(int(tokenized.metrics.get("samples") or len(ids)), 1)
@@ -247,7 +248,8 @@ class Pilot:
         mean = sum(outputs) / n
         sd = math.sqrt(sum((x - mean) ** 2 for x in outputs) / (n - 1)) if n > 1 else 0.0
         return {"measured_tokens_per_s": measured, "predicted_tokens_per_s": expected, "completions": n,
-                "ratio": measured / expected if expected else None, "ratio_rse": sd / mean / math.sqrt(n) if mean else None,
+                "ratio": measured / expected if expected else None,
+                "ratio_rse": sd / mean / math.sqrt(n) if mean else None,
                 "batch": update.get("concurrency"), "wall_s": generated.get("wall_s"), "mtp_accept_length": tau,
                 "startup_s": generated.get("startup_s")}
 

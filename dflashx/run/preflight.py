@@ -60,7 +60,7 @@ def _bounded(jobs: list[tuple[str, Callable[[], Check], Status]], timeout_s: flo
     def work(i: int, name: str, fn: Callable[[], Check]) -> None:
         try:
             results[i] = fn()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a check that crashes is a failed check
             results[i] = Check(name, "", "fail", f"{name}: the check failed: {type(exc).__name__}: {exc}",
                                "fix the cause above; `dflashx run --skip-preflight` runs without the preflight")
 
@@ -83,7 +83,8 @@ def preflight(recipe: Recipe, plan: dict[str, Any], run_dir: Path, stages: Seque
     mask_id = getattr(recipe.drafter, "mask_token_id", None)
     jobs: list[tuple[str, Callable[[], Check], Status]] = []
     if "ingest" in wanted:
-        jobs += [(f"source {s.name}", partial(check_source, i, s), "warn") for i, s in enumerate(recipe.dataset.sources)]
+        jobs += [(f"source {s.name}", partial(check_source, i, s),
+                  "warn") for i, s in enumerate(recipe.dataset.sources)]
     if wanted & TARGET_STAGES:
         jobs += [("target", partial(check_target, recipe.target, mask_id), "warn"),
                  ("tokenizer", partial(check_tokenizer, recipe.target, mask_id), "warn")]

@@ -45,7 +45,7 @@ def text_section(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _layer_types(cfg: dict[str, Any], num_layers: int) -> list[str]:
+def _layer_types(cfg: dict[str, Any], num_layers: int) -> list[Any]:  # TargetFacts validates each name
     types = cfg.get("layer_types")
     if types:
         return [str(t) for t in types]

@@ -4,6 +4,8 @@ Each entry copies its model's published config.json (the text stack); sources, m
 and published parameter counts are listed in docs/planner.md. Pure data: no torch, no I/O.
 """
 
+from typing import Any
+
 from dflashx.targets.target_facts import LayerType, TargetFacts
 
 __all__ = ["ALIASES", "BUILTIN", "REGISTRY", "LayerType", "TargetFacts", "lookup"]
@@ -13,18 +15,20 @@ def _qwen3_5_types(num_layers: int, interval: int = 4) -> list[LayerType]:
     return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
 
 
-_QWEN3 = {"model_type": "qwen3", "vocab_size": 151_936, "max_position_embeddings": 40_960, "mask_token_id": 151_669,
+_QWEN3: dict[str, Any] = {"model_type": "qwen3", "vocab_size": 151_936, "max_position_embeddings": 40_960,
+                          "mask_token_id": 151_669,
           "qk_norm": True}
 # Qwen3 MoE (config.json of Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B): 128 experts, top-8,
 # decoder_sparse_step 1 and no mlp_only_layers, so every layer is MoE; Qwen3's tokenizer.
-_QWEN3_MOE = {**_QWEN3, "model_type": "qwen3_moe", "head_dim": 128, "num_kv_heads": 4, "num_experts": 128,
+_QWEN3_MOE: dict[str, Any] = {**_QWEN3, "model_type": "qwen3_moe", "head_dim": 128, "num_kv_heads": 4,
+                              "num_experts": 128,
               "num_experts_per_tok": 8}
 # gpt-oss (config.json of openai/gpt-oss-120b / -20b): 64 heads of 64, 8 KV heads, alternating
 # sliding (128) / full attention from layer 0, biases, sinks, top-4 of the experts, MXFP4 experts
 # (`quantization_config.quant_method: mxfp4`). Mask: <|reserved_200000|> (id 200000), the first
 # reserved special token of the o200k_harmony encoding (openai/harmony
 # src/tiktoken_ext/public_encodings.rs), which the harmony chat template never writes.
-_GPT_OSS = {"model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 64, "num_kv_heads": 8,
+_GPT_OSS: dict[str, Any] = {"model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 64, "num_kv_heads": 8,
             "head_dim": 64, "intermediate_size": 2880, "moe_intermediate_size": 2880, "vocab_size": 201_088,
             "max_position_embeddings": 131_072, "sliding_window": 128, "attention_bias": True,
             "attention_sinks": True, "moe_bias": True, "num_experts_per_tok": 4, "expert_weight_format": "mxfp4",
@@ -32,7 +36,7 @@ _GPT_OSS = {"model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads":
 # Llama 3.1 / 3.3 (config.json of meta-llama/Llama-3.1-8B-Instruct, Llama-3.3-70B-Instruct):
 # 128,256 vocab, 131,072 context, no thinking mode. Mask: <|reserved_special_token_0|> (id 128002,
 # tokenizer_config.json `added_tokens_decoder`), a reserved row the chat template never writes.
-_LLAMA3 = {"model_type": "llama", "num_kv_heads": 8, "head_dim": 128, "vocab_size": 128_256,
+_LLAMA3: dict[str, Any] = {"model_type": "llama", "num_kv_heads": 8, "head_dim": 128, "vocab_size": 128_256,
            "max_position_embeddings": 131_072, "thinking": False, "mask_token_id": 128_002}
 
 

@@ -16,7 +16,7 @@ from dflashx.plan.estimates.generation import Serving
 from dflashx.plan.estimates.serving import mtp_memory
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.estimates.training import Training
-from dflashx.plan.explain import Term, term
+from dflashx.plan.explain import Term
 from dflashx.resolve.memory import (
     SequenceActivations, activation_bytes, longest_sample, sequence_activations, train_memory_parts,
 )
@@ -50,7 +50,7 @@ def serving_memory(recipe: ResolvedRecipe, facts: TargetFacts, tokens: Tokens, s
         total = weights + max(s.batch, 1) * one_seq / s.tp + activations
         formula = "weights + batch x (KV at max context + recurrent state) + activations"
     parts = {"weights": weights, "one_full_sequence": one_seq / s.tp, "activations": activations}
-    return StageMemory(total, parts, term("generate.peak_memory", total, "bytes", formula, **parts))
+    return StageMemory(total, parts, Term("generate.peak_memory", total, "bytes", formula, dict(parts)))
 
 
 def training_memory(recipe: ResolvedRecipe, tr: Training) -> StageMemory:
@@ -69,10 +69,9 @@ def training_memory(recipe: ResolvedRecipe, tr: Training) -> StageMemory:
                f"params at {per_param.total:g} bytes each ({d.precision} weights, {d.master_weights} master, "
                f"{d.optimizer}) over {d.world_size} ranks + micro_batch x activations of the longest sample (34 h "
                "bytes/token/layer x drafter tokens x layers + fp32 logits + captured states)")
-    return StageMemory(total, parts, term("train.peak_memory", total, "bytes", formula,
-                                          micro_batch=d.micro_batch, target_sharding=d.target_sharding,
-                                          longest_sample=longest.length, longest_drafter_tokens=longest.drafter_tokens,
-                                          **parts))
+    inputs = {"micro_batch": d.micro_batch, "target_sharding": d.target_sharding, "longest_sample": longest.length,
+              "longest_drafter_tokens": longest.drafter_tokens, **parts}
+    return StageMemory(total, parts, Term("train.peak_memory", total, "bytes", formula, inputs))
 
 
 def longest_sample_activations(recipe: ResolvedRecipe) -> SequenceActivations:
@@ -102,6 +101,6 @@ def eval_memory(recipe: ResolvedRecipe, tr: Training) -> StageMemory:
         "one_sequence": facts.kv_bytes_per_token(activation_bytes(load)) * context + facts.recurrent_state_bytes,
     }
     total = sum(parts.values())
-    return StageMemory(total, parts, term("eval.peak_memory", total, "bytes",
+    return StageMemory(total, parts, Term("eval.peak_memory", total, "bytes",
                                           "target + drafter weights + KV/state of one sequence of the longest "
-                                          "training sample + max_new_tokens", context_tokens=context, **parts))
+                                          "training sample + max_new_tokens", {"context_tokens": context, **parts}))

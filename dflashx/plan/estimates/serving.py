@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dflashx.plan.estimates.lengths import OutputLengths
+from dflashx.plan.estimates.lengths import Lengths
 from dflashx.resolve.model import ResolvedGenerateStage, ResolvedRecipe
 from dflashx.resolve.serving import kv_elem_bytes, served_weight_bytes
 
@@ -85,18 +85,18 @@ def client_in_flight(gen: ResolvedGenerateStage, batch: int) -> int:
     return gen.concurrency or max(batch, 1)
 
 
-def mean_running_context(prompt_mean: float, lengths: OutputLengths, max_tokens: int) -> float:
+def mean_running_context(prompt_mean: float, lengths: Lengths, max_tokens: int) -> float:
     """prompt + E[O_c^2] / (2 E[O_c]): the mean context of a sequence being decoded."""
     first = lengths.clipped_moment(1, max_tokens)
     return prompt_mean + (lengths.clipped_moment(2, max_tokens) / (2 * first) if first else 0.0)
 
 
-def running_batch(recipe: ResolvedRecipe, lengths: OutputLengths) -> Batch:
+def running_batch(recipe: ResolvedRecipe, lengths: Lengths) -> Batch:
     """The batch the generation servers decode, with the MTP head's memory when they run it."""
     return running_batch_with(recipe, lengths, mtp_memory(recipe))
 
 
-def running_batch_with(recipe: ResolvedRecipe, lengths: OutputLengths, spec: SpecMemory | None) -> Batch:
+def running_batch_with(recipe: ResolvedRecipe, lengths: Lengths, spec: SpecMemory | None) -> Batch:
     """The batch one replica decodes (module doc), with `spec`'s memory taken first; on the CPU /
     transformers: `batch_size`."""
     gen, hw = recipe.stages.generate, recipe.hardware

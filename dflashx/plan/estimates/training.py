@@ -59,7 +59,8 @@ def flops_per_sample(recipe: ResolvedRecipe, prompt: float, outputs: list[float]
     for output in outputs:
         anchors = min(train.anchors_per_seq, output)
         pairs = block_pairs(anchors * (prompt + output / 2), anchors, block)
-        drafter += drafter_step_flops(recipe.drafter.dims, anchors * block, prompt + output, pairs, anchors * (block - 1))
+        drafter += drafter_step_flops(recipe.drafter.dims, anchors * block, prompt + output, pairs,
+                                      anchors * (block - 1))
         tokens += anchors * block
     n = len(outputs)
     return target / n, drafter / n, tokens / n
@@ -68,7 +69,8 @@ def flops_per_sample(recipe: ResolvedRecipe, prompt: float, outputs: list[float]
 def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Training:
     train, hw, facts = recipe.stages.train, recipe.hardware, recipe.target.facts
     drafter = recipe.drafter.dims
-    target_f, drafter_f, dtoks = flops_per_sample(recipe, tokens.prompt_mean, sample_lengths(lengths, tokens.output_room))
+    target_f, drafter_f, dtoks = flops_per_sample(recipe, tokens.prompt_mean,
+                                                  sample_lengths(lengths, tokens.output_room))
     per_sample = target_f + drafter_f
     batch = effective_batch(train.micro_batch, train.grad_accum, train.world_size)
     per_epoch = steps_per_epoch(tokens.samples, train.micro_batch, train.grad_accum, train.world_size)
@@ -84,7 +86,7 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
     gather_s = 0.0 if calibrated else gather.seconds_per_micro_step * steps * train.grad_accum
     compute_s = total / (train.peak_flops * dev.count * mfu)
     seconds = compute_s + sync_s + gather_s
-    mfu_source = (f"measured on this node: hardware.calibrated.training_mfu (includes the gradient sync)" if calibrated
+    mfu_source = ("measured on this node: hardware.calibrated.training_mfu (includes the gradient sync)" if calibrated
                   else f"{row.generation}/{row.precision}/{row.kind}: {row.source}"
                   + (f" — borrowed: {row.borrowed}" if row.borrowed else ""))
     terms = (
