@@ -6,8 +6,8 @@ Each repeat starts a fresh Python process that does, in the pipeline's order and
 what a stage does before and after its per-token work on the tiny recipe (recipes/tiny.yaml):
 open and finish an offline W&B run (twice: the first also imports W&B and starts its service),
 import torch and transformers, load the tiny target's tokenizer and weights (twice: the first load
-also imports the architecture's modeling code), import matplotlib (QC and eval plots) and datasets
-(tokenize), set up the one-rank process group (imports DeepSpeed), build the DeepSpeed engine around a fresh
+also imports the architecture's modeling code), import matplotlib (QC and eval plots), draw one QC histogram figure (twice: the first
+also sets matplotlib up), import datasets (tokenize), set up the one-rank process group (imports DeepSpeed), build the DeepSpeed engine around a fresh
 drafter, save one training checkpoint, and write and read the drafter's safetensors. The parent
 also times a bare interpreter (`python -c pass`). Each part is timed as wall time and as the
 process's CPU time with its waited-for children (`<part>_cpu`: on a shared machine, about what
@@ -74,6 +74,8 @@ def child(out: Path) -> None:
         _timed(parts, "model_load_first", lambda: AutoModelForCausalLM.from_pretrained(target_path))
         target = _timed(parts, "model_load", lambda: AutoModelForCausalLM.from_pretrained(target_path).eval())
         _timed(parts, "import_matplotlib", _import_matplotlib)
+        _timed(parts, "figure_first", lambda: _figure(Path(tmp) / "a.png"))
+        _timed(parts, "figure", lambda: _figure(Path(tmp) / "b.png"))
         _timed(parts, "import_datasets", lambda: __import__("datasets"))
         _train_parts(parts, resolved, target, tokenizer, target_path, Path(tmp))
     out.write_text(json.dumps(parts))
@@ -84,6 +86,15 @@ def _import_matplotlib() -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401
+
+
+def _figure(path: Path) -> None:
+    """One QC histogram figure as the QC report draws and writes it (284 samples, as the tiny run's)."""
+    import random
+
+    from dflashx.data.qc_report import _histogram
+
+    _histogram([random.Random(0).randint(1, 120) for _ in range(284)], path, "words", "words", 4)
 
 
 def _wandb_run(folder: Path, name: str) -> None:

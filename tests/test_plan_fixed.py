@@ -9,7 +9,7 @@ import pytest
 from _plan_recipes import REPO, seeds_recipe, tiny_recipe
 
 from dflashx.plan.context import build_context
-from dflashx.plan.estimates.fixed import ONCE_PER_PROCESS, PARTS, checkpoint_saves, fixed_costs
+from dflashx.plan.estimates.fixed import FIGURES, MEDIANS_S, ONCE_PER_PROCESS, PARTS, checkpoint_saves, fixed_costs
 from dflashx.plan.plan import make_plan
 from dflashx.resolve import resolve
 from dflashx.targets.registry import lookup
@@ -30,6 +30,7 @@ def test_the_tiny_run_imports_each_library_once_in_its_first_user():
     assert payers(costs, "torch") == ["generate"]  # the transformers backend loads the target first
     assert payers(costs, "modeling") == ["generate"]
     assert payers(costs, "matplotlib") == ["qc"]
+    assert payers(costs, "figure_setup") == ["qc"] and payers(costs, "figure") == ["qc", "eval"]
     assert payers(costs, "datasets") == ["tokenize"]
     assert payers(costs, "wandb_service") == ["ingest"]
     assert payers(costs, "wandb_run") == ["ingest", "generate", "qc", "tokenize", "train", "eval", "export"]
@@ -81,26 +82,19 @@ def test_stage_seconds_are_work_plus_fixed_and_explained():
 
 
 def test_the_constants_are_the_cited_measurements():
-    """Each part is the benchmark's median it names (CPU time; differences where the figure says so)."""
+    """MEDIANS_S is the benchmark JSON's medians (CPU time; the interpreter's wall time), and each part is
+    the median it names, less the one it names where the first figure includes it."""
     m = json.loads((REPO / "benchmarks/results/fixed_costs.json").read_text())["median_s"]
-    cpu = {k: v for k, v in m.items() if k.endswith("_cpu")}
-    expected = {
-        "interpreter": m["interpreter"],
-        "wandb_service": cpu["wandb_run_first_cpu"] - cpu["wandb_run_cpu"],
-        "wandb_run": cpu["wandb_run_cpu"],
-        "torch": cpu["import_torch_transformers_cpu"],
-        "tokenizer": cpu["tokenizer_load_cpu"],
-        "modeling": cpu["model_load_first_cpu"] - cpu["model_load_cpu"],
-        "target_load": cpu["model_load_cpu"],
-        "matplotlib": cpu["import_matplotlib_cpu"],
-        "datasets": cpu["import_datasets_cpu"],
-        "process_group": cpu["process_group_cpu"],
-        "engine": cpu["engine_build_cpu"],
-        "checkpoint": cpu["checkpoint_save_cpu"],
-        "drafter_save": cpu["drafter_save_cpu"],
-        "drafter_load": cpu["drafter_load_cpu"],
-    }
-    assert expected.keys() == PARTS.keys()
-    for part, value in expected.items():
-        assert PARTS[part].value == pytest.approx(value, abs=0.006), part
+    for name, value in MEDIANS_S.items():
+        assert value == pytest.approx(m[name if name == "interpreter" else f"{name}_cpu"], abs=0.006), name
+    assert PARTS["modeling"].value == pytest.approx(MEDIANS_S["model_load_first"] - MEDIANS_S["model_load"])
+    assert PARTS["wandb_service"].value == pytest.approx(MEDIANS_S["wandb_run_first"] - MEDIANS_S["wandb_run"])
+    assert PARTS["engine"].value == MEDIANS_S["engine_build"]
     assert ONCE_PER_PROCESS <= PARTS.keys()
+
+
+def test_qc_figures_are_the_reports_histograms():
+    from dflashx.data.qc_report import HISTOGRAMS
+
+    assert FIGURES["qc"] == len(HISTOGRAMS)
+    assert fixed_costs(tiny(), steps=100).parts["qc"]["figure"] == len(HISTOGRAMS)

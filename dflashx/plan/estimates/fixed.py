@@ -30,40 +30,50 @@ from dflashx.resolve.model import ResolvedRecipe
 _SOURCE = "benchmarks/results/fixed_costs.json (python -m benchmarks.fixed_costs)"
 _WHERE = "the 2-core development machine, Python 3.11, torch 2.13 CPU, transformers 5, tiny-qwen3 target"
 
-
-def _measured(seconds: float, figure: str) -> Measured:
-    return Measured(seconds, _SOURCE, figure, _WHERE)
-
-
-# Medians of 3 fresh processes (measured 2026-12-05, load average 4.5 on the 2 cores): the CPU time of the
-# process and of the children it waited for (`<part>_cpu` in the JSON; on a shared machine, about what the
-# part takes on an idle core), except the bare interpreter (wall time). A part that is a difference of two
-# figures says so.
-PARTS: dict[str, Measured] = {
-    "interpreter": _measured(0.062, "python -c pass: 0.062 s (interpreter, wall)"),
-    "wandb_service": _measured(0.48, "first offline wandb.init + finish 0.55 s less a second one 0.07 s: importing "
-                                     "W&B and starting its service (wandb_run_first_cpu - wandb_run_cpu)"),
-    "wandb_run": _measured(0.07, "offline wandb.init + finish, service running: 0.07 s (wandb_run_cpu)"),
-    "torch": _measured(1.72, "import torch, transformers (AutoModelForCausalLM): 1.72 s "
-                             "(import_torch_transformers_cpu)"),
-    "tokenizer": _measured(0.01, "AutoTokenizer.from_pretrained: 0.01 s (tokenizer_load_cpu)"),
-    "modeling": _measured(1.65, "first from_pretrained 1.67 s less a second one 0.02 s: the architecture's "
-                                "modeling code (model_load_first_cpu - model_load_cpu)"),
-    "target_load": _measured(0.02, "AutoModelForCausalLM.from_pretrained of the tiny target (11 MB), modeling "
-                                   "imported: 0.02 s (model_load_cpu)"),
-    "matplotlib": _measured(0.27, "import matplotlib (Agg) and pyplot: 0.27 s (import_matplotlib_cpu)"),
-    "datasets": _measured(0.52, "import datasets: 0.52 s (import_datasets_cpu)"),
-    "process_group": _measured(0.21, "dflashx.dflash.distributed.setup_distributed (imports DeepSpeed, one-rank "
-                                     "gloo group): 0.21 s (process_group_cpu)"),
-    "engine": _measured(1.86, "TrainStep around a fresh tiny drafter (deepspeed.initialize and its compiler "
-                              "probes): 1.86 s (engine_build_cpu)"),
-    "checkpoint": _measured(0.01, "checkpoint.save_training_state (engine, optimizer, RNG): 0.01 s "
-                                  "(checkpoint_save_cpu)"),
-    "drafter_save": _measured(0.01, "checkpoint.save_drafter (config.json + model.safetensors): 0.01 s "
-                                    "(drafter_save_cpu)"),
-    "drafter_load": _measured(0.02, "checkpoint.load_drafter: 0.02 s (drafter_load_cpu)"),
+# The JSON's medians of 3 fresh processes (measured 2026-12-05 while the 2 cores were shared, load average
+# about 14): the CPU time of the process and of the children it waited for (`<part>_cpu`; on a shared
+# machine, about what the part takes on an idle core, in 10 ms ticks), and the bare interpreter's wall time.
+MEDIANS_S = {
+    "wandb_run_first": 0.66, "wandb_run": 0.07, "import_torch_transformers": 2.03, "tokenizer_load": 0.0,
+    "model_load_first": 1.95, "model_load": 0.03, "import_matplotlib": 0.32, "figure_first": 0.19, "figure": 0.16,
+    "import_datasets": 0.61, "process_group": 0.25, "engine_build": 2.09, "checkpoint_save": 0.01,
+    "drafter_save": 0.0, "drafter_load": 0.02, "interpreter": 0.090,
 }
-ONCE_PER_PROCESS = frozenset({"interpreter", "torch", "modeling", "matplotlib", "datasets", "wandb_service"})
+
+
+def _part(what: str, measured: str, less: str | None = None) -> Measured:
+    """A part: the median `measured`, less the median `less` where the first figure includes it."""
+    value = MEDIANS_S[measured] - (MEDIANS_S[less] if less else 0.0)
+    figure = f"{what}: {measured} {MEDIANS_S[measured]:.2f} s" + (f" - {less} {MEDIANS_S[less]:.2f} s" if less else "")
+    return Measured(round(value, 3), _SOURCE, figure, _WHERE)
+
+
+PARTS: dict[str, Measured] = {
+    "interpreter": _part("python -c pass (wall)", "interpreter"),
+    "wandb_service": _part("importing W&B and starting its service: the first offline run less a second",
+                           "wandb_run_first", "wandb_run"),
+    "wandb_run": _part("offline wandb.init + finish, the service running", "wandb_run"),
+    "torch": _part("import torch, transformers (AutoModelForCausalLM)", "import_torch_transformers"),
+    "tokenizer": _part("AutoTokenizer.from_pretrained", "tokenizer_load"),
+    "modeling": _part("the architecture's modeling code: the first from_pretrained less a second",
+                      "model_load_first", "model_load"),
+    "target_load": _part("AutoModelForCausalLM.from_pretrained of the tiny target (11 MB)", "model_load"),
+    "matplotlib": _part("import matplotlib (Agg) and pyplot", "import_matplotlib"),
+    "figure_setup": _part("matplotlib's first figure less a second (fonts, backend)", "figure_first", "figure"),
+    "figure": _part("one QC histogram figure drawn and written as PNG", "figure"),
+    "datasets": _part("import datasets", "import_datasets"),
+    "process_group": _part("setup_distributed: imports DeepSpeed, a one-rank gloo group", "process_group"),
+    "engine": _part("TrainStep around a fresh tiny drafter: deepspeed.initialize and its compiler probes",
+                    "engine_build"),
+    "checkpoint": _part("checkpoint.save_training_state (engine, optimizer, RNG)", "checkpoint_save"),
+    "drafter_save": _part("checkpoint.save_drafter (config.json + model.safetensors)", "drafter_save"),
+    "drafter_load": _part("checkpoint.load_drafter", "drafter_load"),
+}
+ONCE_PER_PROCESS = frozenset({"interpreter", "torch", "modeling", "matplotlib", "figure_setup", "datasets",
+                              "wandb_service"})
+# Figures a stage draws (the code's, checked by tests/test_plan_fixed.py): QC's histograms
+# (`dflashx.data.qc_report.HISTOGRAMS`) and eval's acceptance.png and speedup.png.
+FIGURES = {"qc": 3, "eval": 2}
 
 
 @dataclass(frozen=True)
@@ -87,15 +97,15 @@ def stage_needs(recipe: ResolvedRecipe, stage: str, steps: int) -> dict[str, int
     if stage == "generate" and st.generate.backend == "transformers":
         needs = {"torch": 1, "modeling": 1, "tokenizer": 1, "target_load": 1}
     elif stage == "qc":  # loading a tokenizer (AutoTokenizer) imports torch
-        needs = {"torch": 1, "matplotlib": 1, "tokenizer": 1}
+        needs = {"torch": 1, "matplotlib": 1, "figure_setup": 1, "figure": FIGURES["qc"], "tokenizer": 1}
     elif stage == "tokenize":
         needs = {"torch": 1, "datasets": 1, "tokenizer": 1}
     elif stage == "train":
         needs = {"torch": 1, "modeling": 1, "datasets": 1, "process_group": 1, "target_load": 1, "tokenizer": 1,
                  "engine": 1, "checkpoint": checkpoint_saves(steps, st.train.checkpoint_every), "drafter_save": 1}
     elif stage == "eval":
-        needs = {"torch": 1, "modeling": 1, "matplotlib": 1, "target_load": 1, "tokenizer": 1,
-                 "drafter_load": 1 + len(st.eval.baselines)}
+        needs = {"torch": 1, "modeling": 1, "matplotlib": 1, "figure_setup": 1, "figure": FIGURES["eval"],
+                 "target_load": 1, "tokenizer": 1, "drafter_load": 1 + len(st.eval.baselines)}
     elif stage == "export":
         needs = {"torch": 1, "drafter_load": 1, "drafter_save": 1}
     if recipe.tracking.mode != "disabled":  # every stage runs inside its own W&B run
