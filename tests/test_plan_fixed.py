@@ -4,12 +4,17 @@ that --explain shows them, and that the constants are the figures of the benchma
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from _plan_recipes import REPO, seeds_recipe, tiny_recipe
 
 from dflashx.plan.context import build_context
-from dflashx.plan.estimates.fixed import FIGURES, MEDIANS_S, ONCE_PER_PROCESS, PARTS, checkpoint_saves, fixed_costs
+from dflashx.plan.estimates.fixed import (
+    FIGURES, MEDIANS_S, ONCE_PER_PROCESS, PARTS, PROVENANCE_IMPORTS, checkpoint_saves, fixed_costs,
+)
 from dflashx.plan.plan import make_plan
 from dflashx.resolve import resolve
 from dflashx.targets.registry import lookup
@@ -27,8 +32,8 @@ def payers(costs, part):
 
 def test_the_tiny_run_imports_each_library_once_in_its_first_user():
     costs = fixed_costs(tiny(), steps=100)
-    assert payers(costs, "torch") == ["generate"]  # the transformers backend loads the target first
-    assert payers(costs, "modeling") == ["generate"]
+    assert payers(costs, "torch") == []  # the orchestrator imports it after ingest, for ingest's provenance
+    assert payers(costs, "modeling") == ["generate"]  # the transformers backend loads the target first
     assert payers(costs, "matplotlib") == ["qc"]
     assert payers(costs, "figure_setup") == ["qc"] and payers(costs, "figure") == ["qc", "eval"]
     assert payers(costs, "datasets") == ["tokenize"]
@@ -38,10 +43,21 @@ def test_the_tiny_run_imports_each_library_once_in_its_first_user():
     assert "backup" not in costs.parts  # disabled in recipes/tiny.yaml
 
 
-def test_the_first_torch_user_pays_when_generation_is_served():
-    costs = fixed_costs(tiny(stages__generate__backend="sglang"), steps=100)
-    assert costs.parts["generate"] == {"wandb_run": 1}  # servers load the target: their start-up is not measured
+def test_the_first_stage_pays_torch_when_it_needs_it():
+    costs = fixed_costs(tiny(stages__ingest__enabled=False, stages__generate__backend="sglang"), steps=100)
+    assert costs.parts["generate"] == {"wandb_service": 1, "wandb_run": 1}  # servers' start-up: not measured
+    assert payers(costs, "torch") == []  # generate's provenance imported it before qc loads its tokenizer
+    costs = fixed_costs(tiny(stages__ingest__enabled=False, stages__generate__enabled=False), steps=100)
     assert payers(costs, "torch") == ["qc"]  # its tokenizer load imports torch
+
+
+def test_the_orchestrator_imports_torch_for_provenance():
+    """The other side of PROVENANCE_IMPORTS: a stage's provenance record imports torch."""
+    code = ("import sys; from dflashx.track.provenance import environment_facts; environment_facts(); "
+            "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}).stdout.split("\n")[-2]
+    assert out == str(sorted(PROVENANCE_IMPORTS))
 
 
 def test_tracking_disabled_drops_every_wandb_part():
@@ -78,7 +94,7 @@ def test_stage_seconds_are_work_plus_fixed_and_explained():
         assert fixed["value"] > 0
         assert stage.estimates["seconds"] == pytest.approx(explained[work[stage.name]]["value"] + fixed["value"])
         assert ctx.seconds[stage.name] == pytest.approx(stage.estimates["seconds"])
-    assert "torch" in explained["generate.fixed_seconds"]["inputs"]
+    assert "modeling" in explained["generate.fixed_seconds"]["inputs"]
 
 
 def test_the_constants_are_the_cited_measurements():

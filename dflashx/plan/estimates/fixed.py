@@ -10,8 +10,9 @@ a pipeline run:
   training     the process group (imports DeepSpeed), the DeepSpeed engine, each training checkpoint,
                the drafter's safetensors
   tracking     one W&B run per stage (tracking.mode not disabled)
-Process model (`dflashx.run`): the stages run one after another in the `dflashx run` process; a train
-stage of more than one rank starts one process per rank (in parallel), each paying the interpreter and
+Process model (`dflashx.run`): the stages run one after another in the `dflashx run` process, which
+imports torch itself once the first stage has ended (for its provenance record); a train stage of more
+than one rank starts one process per rank (in parallel), each paying the interpreter and
 its imports again. Not measured, so not in the plan: SGLang's server start-up (generate with
 `backend: sglang`) and S3 (backup). The parts were measured with the tiny target (a few MB of weights
 read from the page cache): a large target's load adds its bytes read from disk, which no hardware
@@ -71,6 +72,9 @@ PARTS: dict[str, Measured] = {
 }
 ONCE_PER_PROCESS = frozenset({"interpreter", "torch", "modeling", "matplotlib", "figure_setup", "datasets",
                               "wandb_service"})
+# Imported by the orchestrator itself after the first stage ends (its provenance record names torch's version:
+# `dflashx.track.provenance.torch_facts`), outside every stage's timer.
+PROVENANCE_IMPORTS = frozenset({"torch"})
 # Figures a stage draws (the code's, checked by tests/test_plan_fixed.py): QC's histograms
 # (`dflashx.data.qc_report.HISTOGRAMS`) and eval's acceptance.png and speedup.png.
 FIGURES = {"qc": 3, "eval": 2}
@@ -115,7 +119,8 @@ def stage_needs(recipe: ResolvedRecipe, stage: str, steps: int) -> dict[str, int
 
 def fixed_costs(recipe: ResolvedRecipe, steps: int) -> FixedCosts:
     """Walk the enabled stages in order: a once-per-process part is paid by the first stage needing it
-    in the `dflashx run` process; a train stage of several ranks pays its own in fresh processes."""
+    in the `dflashx run` process (torch: by none after the first stage, whose provenance imports it); a
+    train stage of several ranks pays its own in fresh processes."""
     imported: set[str] = {"interpreter"}  # the dflashx run process is running
     parts: dict[str, dict[str, int]] = {}
     for stage in STAGE_ORDER:
@@ -127,7 +132,7 @@ def fixed_costs(recipe: ResolvedRecipe, steps: int) -> FixedCosts:
             parts[stage] = needs
             continue
         parts[stage] = {p: n for p, n in needs.items() if p not in ONCE_PER_PROCESS or p not in imported}
-        imported |= needs.keys() & ONCE_PER_PROCESS
+        imported |= (needs.keys() & ONCE_PER_PROCESS) | PROVENANCE_IMPORTS
     seconds = {s: sum(PARTS[p].value * n for p, n in ps.items()) for s, ps in parts.items()}
     terms = {s: term(f"{s}.fixed_seconds", seconds[s], "s",
                      "sum of the stage's fixed parts x count (imports once per process, loads, set-up, writes, "
