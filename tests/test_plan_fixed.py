@@ -69,9 +69,10 @@ def test_tracking_disabled_drops_every_wandb_part():
 def test_launched_ranks_pay_their_own_process():
     recipe = resolve(seeds_recipe("h100_x8"), lookup("Qwen/Qwen3.6-27B"))
     assert recipe.stages.train.world_size > 1
-    train = fixed_costs(recipe, steps=10).parts["train"]
-    assert {"interpreter", "torch", "modeling", "datasets"} <= train.keys()  # fresh processes: imported again
-    assert "interpreter" not in set().union(*(p for s, p in fixed_costs(recipe, 10).parts.items() if s != "train"))
+    parts = fixed_costs(recipe, steps=10).parts
+    assert {"interpreter", "torch", "modeling", "datasets"} <= parts["train"].keys()  # fresh processes
+    assert "wandb_service" not in parts["train"]  # the W&B run stays in the dflashx run process
+    assert "interpreter" not in set().union(*(p for s, p in parts.items() if s != "train"))
 
 
 def test_checkpoint_saves_follow_the_trainers_rule():

@@ -112,9 +112,12 @@ def stage_needs(recipe: ResolvedRecipe, stage: str, steps: int) -> dict[str, int
                  "target_load": 1, "tokenizer": 1, "drafter_load": 1 + len(st.eval.baselines)}
     elif stage == "export":
         needs = {"torch": 1, "drafter_load": 1, "drafter_save": 1}
-    if recipe.tracking.mode != "disabled":  # every stage runs inside its own W&B run
-        needs |= {"wandb_service": 1, "wandb_run": 1}
     return needs
+
+
+def tracking_needs(recipe: ResolvedRecipe) -> dict[str, int]:
+    """The `dflashx run` process opens a W&B run around every stage unless tracking is disabled."""
+    return {} if recipe.tracking.mode == "disabled" else {"wandb_service": 1, "wandb_run": 1}
 
 
 def fixed_costs(recipe: ResolvedRecipe, steps: int) -> FixedCosts:
@@ -126,13 +129,13 @@ def fixed_costs(recipe: ResolvedRecipe, steps: int) -> FixedCosts:
     for stage in STAGE_ORDER:
         if not getattr(recipe.stages, stage).enabled:
             continue
-        needs = stage_needs(recipe, stage, steps)
-        if stage == "train" and recipe.stages.train.world_size > 1:
-            needs = {"interpreter": 1, **needs}  # each rank: a fresh process, in parallel with the others
-            parts[stage] = needs
-            continue
-        parts[stage] = {p: n for p, n in needs.items() if p not in ONCE_PER_PROCESS or p not in imported}
-        imported |= (needs.keys() & ONCE_PER_PROCESS) | PROVENANCE_IMPORTS
+        work = stage_needs(recipe, stage, steps)
+        launched = stage == "train" and recipe.stages.train.world_size > 1
+        here = tracking_needs(recipe) if launched else {**work, **tracking_needs(recipe)}
+        parts[stage] = {p: n for p, n in here.items() if p not in ONCE_PER_PROCESS or p not in imported}
+        if launched:  # each rank: a fresh process doing the stage's work, in parallel with the others
+            parts[stage] |= {"interpreter": 1, **work}
+        imported |= (here.keys() & ONCE_PER_PROCESS) | PROVENANCE_IMPORTS
     seconds = {s: sum(PARTS[p].value * n for p, n in ps.items()) for s, ps in parts.items()}
     terms = {s: term(f"{s}.fixed_seconds", seconds[s], "s",
                      "sum of the stage's fixed parts x count (imports once per process, loads, set-up, writes, "
