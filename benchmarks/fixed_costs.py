@@ -28,8 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dflashx.store.atomic import atomic_write_text
 
@@ -85,7 +86,7 @@ def _import_matplotlib() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot  # noqa: F401
+    import matplotlib.pyplot
 
 
 def _figure(path: Path) -> None:

@@ -13,7 +13,13 @@ from _plan_recipes import REPO, seeds_recipe, tiny_recipe
 
 from dflashx.plan.context import build_context
 from dflashx.plan.estimates.fixed import (
-    FIGURES, MEDIANS_S, ONCE_PER_PROCESS, PARTS, PROVENANCE_IMPORTS, checkpoint_saves, fixed_costs,
+    FIGURES,
+    MEDIANS_S,
+    ONCE_PER_PROCESS,
+    PARTS,
+    PROVENANCE_IMPORTS,
+    checkpoint_saves,
+    fixed_costs,
 )
 from dflashx.plan.plan import make_plan
 from dflashx.resolve import resolve
