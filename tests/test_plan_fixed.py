@@ -14,12 +14,14 @@ from _plan_recipes import REPO, seeds_recipe, tiny_recipe
 from dflashx.plan.context import build_context
 from dflashx.plan.estimates.fixed import (
     FIGURES,
+    LOAD_RATE,
     MEDIANS_S,
     ONCE_PER_PROCESS,
     PARTS,
     PROVENANCE_IMPORTS,
     checkpoint_saves,
     fixed_costs,
+    target_read_seconds,
 )
 from dflashx.plan.plan import make_plan
 from dflashx.resolve import resolve
@@ -121,3 +123,14 @@ def test_qc_figures_are_the_reports_histograms():
 
     assert FIGURES["qc"] == len(HISTOGRAMS)
     assert fixed_costs(tiny(), steps=100).parts["qc"]["figure"] == len(HISTOGRAMS)
+
+
+def test_a_target_load_reads_its_checkpoint_at_the_cited_rate():
+    qwen = lookup("Qwen/Qwen3.6-27B")
+    bf16 = resolve(seeds_recipe("h200_x1"), qwen)
+    fp8 = resolve(seeds_recipe("h200_x1", target__precision="fp8"), qwen)
+    assert target_read_seconds(bf16) == pytest.approx(qwen.total_params * 2 / LOAD_RATE.value)
+    assert target_read_seconds(fp8) == target_read_seconds(bf16)  # read from the bf16 checkpoint
+    assert target_read_seconds(tiny()) < 0.05  # the tiny target's 11 MB: its measured load already holds it
+    eval_fixed = fixed_costs(bf16, steps=10).seconds["eval"]
+    assert eval_fixed > target_read_seconds(bf16) > 30  # tens of GB: most of the stage's fixed time

@@ -14,15 +14,16 @@ Process model (`dflashx.run`): the stages run one after another in the `dflashx 
 imports torch itself once the first stage has ended (for its provenance record); a train stage of more
 than one rank starts one process per rank (in parallel), each paying the interpreter and
 its imports again. Not measured, so not in the plan: SGLang's server start-up (generate with
-`backend: sglang`) and S3 (backup). The parts were measured with the tiny target (a few MB of weights
-read from the page cache): a large target's load adds its bytes read from disk, which no hardware
-profile states yet.
+`backend: sglang`) and S3 (backup). The parts were measured with the tiny target (11 MB of weights read
+from the page cache); a target load adds its checkpoint's bytes at a cited cold-start loading rate
+(LOAD_RATE): nothing for the tiny target, most of a large target's load.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dflashx.config.fields import PRECISION_BYTES
 from dflashx.config.schema import STAGE_ORDER
 from dflashx.plan.estimates.engine import Measured
 from dflashx.plan.explain import Term, term
@@ -70,6 +71,20 @@ PARTS: dict[str, Measured] = {
     "drafter_save": _part("checkpoint.save_drafter (config.json + model.safetensors)", "drafter_save"),
     "drafter_load": _part("checkpoint.load_drafter", "drafter_load"),
 }
+# A target's weights loaded at a cold start with the default safetensors loader (mmap through the page cache).
+LOAD_RATE = Measured(
+    1.1e9, "github.com/mgoin/instanttensor README, model loading benchmark on inference engines",
+    "Qwen3-30B-A3B with the Safetensors backend: 57.4 s, 1.1 GB/s",
+    "1x H200, an inference engine's cold start (8x H200 loading DeepSeek-R1 together: 4.3 GB/s in all)")
+
+
+def target_read_seconds(recipe: ResolvedRecipe) -> float:
+    """Reading the target's checkpoint once: its parameters at the load precision's bytes, at least 16-bit (an
+    FP8 target is read from its bf16 checkpoint), at LOAD_RATE."""
+    bytes_ = recipe.target.facts.total_params * max(PRECISION_BYTES[recipe.target.load_precision], 2)
+    return bytes_ / LOAD_RATE.value
+
+
 ONCE_PER_PROCESS = frozenset({"interpreter", "torch", "modeling", "matplotlib", "figure_setup", "datasets",
                               "wandb_service"})
 # Imported by the orchestrator itself after the first stage ends (its provenance record names torch's version:
@@ -136,11 +151,16 @@ def fixed_costs(recipe: ResolvedRecipe, steps: int) -> FixedCosts:
         if launched:  # each rank: a fresh process doing the stage's work, in parallel with the others
             parts[stage] |= {"interpreter": 1, **work}
         imported |= (here.keys() & ONCE_PER_PROCESS) | PROVENANCE_IMPORTS
-    seconds = {s: sum(PARTS[p].value * n for p, n in ps.items()) for s, ps in parts.items()}
+    read = target_read_seconds(recipe)
+    each = {p: m.value + (read if p == "target_load" else 0.0) for p, m in PARTS.items()}
+    seconds = {s: sum(each[p] * n for p, n in ps.items()) for s, ps in parts.items()}
     terms = {s: term(f"{s}.fixed_seconds", seconds[s], "s",
                      "sum of the stage's fixed parts x count (imports once per process, loads, set-up, writes, "
-                     "its W&B run), each measured in isolation",
-                     **{p: f"{n} x {PARTS[p].value:.3f} s ({PARTS[p].figure})" for p, n in parts[s].items()},
-                     source=f"{_SOURCE}; {_WHERE}")
+                     "its W&B run), each measured in isolation; a target load adds its checkpoint's bytes / "
+                     "cold-start loading rate",
+                     **{p: f"{n} x {each[p]:.3f} s ({PARTS[p].figure}"
+                           + (f" + checkpoint read {read:.3f} s" if p == "target_load" else "") + ")"
+                        for p, n in parts[s].items()},
+                     source=f"{_SOURCE}; {_WHERE}; load rate: {LOAD_RATE.source}: {LOAD_RATE.figure}")
              for s in parts}
     return FixedCosts(parts, seconds, terms)
