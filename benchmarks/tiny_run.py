@@ -92,15 +92,20 @@ def main() -> None:
         folder = Path(tmp)
         run = args.run
         wall = None
+        before = None
         if run is None:
-            run = folder / "tiny"
+            run, before = folder / "tiny", os.getloadavg()[0]
             wall = dflashx("run", str(RECIPE), "--run-dir", str(run), cwd=folder)
         load = os.getloadavg()[0] if wall is not None else None  # a run read --from ran at another time
-        result = {"cpu_count": os.cpu_count(), "load_avg_1m": load, "run_wall_s": wall,
+        result = {"cpu_count": os.cpu_count(), "load_avg_1m_before": before, "load_avg_1m": load, "run_wall_s": wall,
                   "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                   **read_run(run.resolve())}
         if args.pilot:
             result["pilot"] = pilot(folder)
+    busy = max(x for x in (result["load_avg_1m_before"], result["load_avg_1m"], 0.0) if x is not None)
+    if busy > 0.5:
+        print(f"note: load average {busy:.1f} on {os.cpu_count()} cores: other processes lengthen every measured "
+              "time; the 2x check is meant for idle cores")
     print(f"{'stage':10} {'planned s':>10} {'measured s':>11} {'ratio':>7}")
     for name, s in result["stages"].items():
         ratio = f"{s['ratio']:7.2f}" if s["ratio"] is not None else f"{'-':>7}"
