@@ -5,6 +5,7 @@
 Each repeat starts a fresh Python process that does, in the pipeline's order and timed one by one,
 what a stage does before and after its per-token work on the tiny recipe (recipes/tiny.yaml):
 open and finish an offline W&B run (twice: the first also imports W&B and starts its service),
+import pandas and pyarrow (which the pipeline imports at W&B's start),
 import torch and transformers, load the tiny target's tokenizer and weights (twice: the first load
 also imports the architecture's modeling code), import matplotlib (QC and eval plots), draw one QC histogram figure (twice: the first
 also sets matplotlib up), import datasets (tokenize), set up the one-rank process group (imports DeepSpeed), build the DeepSpeed engine around a fresh
@@ -68,6 +69,9 @@ def child(out: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         _timed(parts, "wandb_run_first", lambda: _wandb_run(Path(tmp), "a"))  # ingest: the first stage
         _timed(parts, "wandb_run", lambda: _wandb_run(Path(tmp), "b"))
+        # the tiny run imports pandas and pyarrow at W&B's start in its first stage (`python -X importtime` of
+        # it: ingest/stage.log, after W&B's exporters), so datasets is timed after them
+        _timed(parts, "import_pandas", lambda: (__import__("pandas"), __import__("pyarrow")))
         _timed(parts, "import_torch_transformers", lambda: __import__("transformers").AutoModelForCausalLM)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

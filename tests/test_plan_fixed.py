@@ -46,6 +46,7 @@ def test_the_tiny_run_imports_each_library_once_in_its_first_user():
     assert payers(costs, "figure_setup") == ["qc"] and payers(costs, "figure") == ["qc", "eval"]
     assert payers(costs, "datasets") == ["tokenize"]
     assert payers(costs, "wandb_service") == ["ingest"]
+    assert payers(costs, "pandas") == ["ingest"]  # W&B's start imports it before datasets needs it
     assert payers(costs, "wandb_run") == ["ingest", "generate", "qc", "tokenize", "train", "eval", "export"]
     assert payers(costs, "target_load") == ["generate", "train", "eval"]
     assert "backup" not in costs.parts  # disabled in recipes/tiny.yaml
@@ -53,7 +54,7 @@ def test_the_tiny_run_imports_each_library_once_in_its_first_user():
 
 def test_the_first_stage_pays_torch_when_it_needs_it():
     costs = fixed_costs(tiny(stages__ingest__enabled=False, stages__generate__backend="sglang"), steps=100)
-    assert costs.parts["generate"] == {"wandb_service": 1, "wandb_run": 1}  # servers' start-up: not measured
+    assert costs.parts["generate"] == {"wandb_service": 1, "pandas": 1, "wandb_run": 1}  # servers' start-up: not measured
     assert payers(costs, "torch") == []  # generate's provenance imported it before qc loads its tokenizer
     costs = fixed_costs(tiny(stages__ingest__enabled=False, stages__generate__enabled=False), steps=100)
     assert payers(costs, "torch") == ["qc"]  # its tokenizer load imports torch
@@ -72,6 +73,7 @@ def test_tracking_disabled_drops_every_wandb_part():
     costs = fixed_costs(tiny(tracking__mode="disabled"), steps=100)
     assert not payers(costs, "wandb_service") and not payers(costs, "wandb_run")
     assert costs.seconds["ingest"] == 0.0
+    assert payers(costs, "pandas") == ["tokenize"]  # then datasets imports it
 
 
 def test_launched_ranks_pay_their_own_process():

@@ -33,13 +33,13 @@ _SOURCE = "benchmarks/results/fixed_costs.json (python -m benchmarks.fixed_costs
 _WHERE = "the 2-core development machine, Python 3.11, torch 2.13 CPU, transformers 5, tiny-qwen3 target"
 
 # The JSON's medians of 3 fresh processes (measured 2026-12-05 while the 2 cores were shared, load average
-# about 14): the CPU time of the process and of the children it waited for (`<part>_cpu`; on a shared
+# about 5): the CPU time of the process and of the children it waited for (`<part>_cpu`; on a shared
 # machine, about what the part takes on an idle core, in 10 ms ticks), and the bare interpreter's wall time.
 MEDIANS_S = {
-    "wandb_run_first": 0.66, "wandb_run": 0.07, "import_torch_transformers": 2.03, "tokenizer_load": 0.0,
-    "model_load_first": 1.95, "model_load": 0.03, "import_matplotlib": 0.32, "figure_first": 0.19, "figure": 0.16,
-    "import_datasets": 0.61, "process_group": 0.25, "engine_build": 2.09, "checkpoint_save": 0.01,
-    "drafter_save": 0.0, "drafter_load": 0.02, "interpreter": 0.090,
+    "wandb_run_first": 0.56, "wandb_run": 0.06, "import_pandas": 0.23, "import_torch_transformers": 1.89,
+    "tokenizer_load": 0.01, "model_load_first": 1.53, "model_load": 0.02, "import_matplotlib": 0.5,
+    "figure_first": 0.15, "figure": 0.13, "import_datasets": 0.12, "process_group": 0.19, "engine_build": 2.5,
+    "checkpoint_save": 0.0, "drafter_save": 0.0, "drafter_load": 0.05, "interpreter": 0.04,
 }
 
 
@@ -55,6 +55,8 @@ PARTS: dict[str, Measured] = {
     "wandb_service": _part("importing W&B and starting its service: the first offline run less a second",
                            "wandb_run_first", "wandb_run"),
     "wandb_run": _part("offline wandb.init + finish, the service running", "wandb_run"),
+    "pandas": _part("import pandas and pyarrow (at W&B's start in the pipeline; else with datasets)",
+                    "import_pandas"),
     "torch": _part("import torch, transformers (AutoModelForCausalLM)", "import_torch_transformers"),
     "tokenizer": _part("AutoTokenizer.from_pretrained", "tokenizer_load"),
     "modeling": _part("the architecture's modeling code: the first from_pretrained less a second",
@@ -85,8 +87,8 @@ def target_read_seconds(recipe: ResolvedRecipe) -> float:
     return bytes_ / LOAD_RATE.value
 
 
-ONCE_PER_PROCESS = frozenset({"interpreter", "torch", "modeling", "matplotlib", "figure_setup", "datasets",
-                              "wandb_service"})
+ONCE_PER_PROCESS = frozenset({"interpreter", "torch", "modeling", "matplotlib", "figure_setup", "pandas",
+                              "datasets", "wandb_service"})
 # Imported by the orchestrator itself after the first stage ends (its provenance record names torch's version:
 # `dflashx.track.provenance.torch_facts`), outside every stage's timer.
 PROVENANCE_IMPORTS = frozenset({"torch"})
@@ -118,10 +120,11 @@ def stage_needs(recipe: ResolvedRecipe, stage: str, steps: int) -> dict[str, int
     elif stage == "qc":  # loading a tokenizer (AutoTokenizer) imports torch
         needs = {"torch": 1, "matplotlib": 1, "figure_setup": 1, "figure": FIGURES["qc"], "tokenizer": 1}
     elif stage == "tokenize":
-        needs = {"torch": 1, "datasets": 1, "tokenizer": 1}
+        needs = {"torch": 1, "pandas": 1, "datasets": 1, "tokenizer": 1}
     elif stage == "train":
-        needs = {"torch": 1, "modeling": 1, "datasets": 1, "process_group": 1, "target_load": 1, "tokenizer": 1,
-                 "engine": 1, "checkpoint": checkpoint_saves(steps, st.train.checkpoint_every), "drafter_save": 1}
+        needs = {"torch": 1, "modeling": 1, "pandas": 1, "datasets": 1, "process_group": 1, "target_load": 1,
+                 "tokenizer": 1, "engine": 1, "checkpoint": checkpoint_saves(steps, st.train.checkpoint_every),
+                 "drafter_save": 1}
     elif stage == "eval":
         needs = {"torch": 1, "modeling": 1, "matplotlib": 1, "figure_setup": 1, "figure": FIGURES["eval"],
                  "target_load": 1, "tokenizer": 1, "drafter_load": 1 + len(st.eval.baselines)}
@@ -131,8 +134,9 @@ def stage_needs(recipe: ResolvedRecipe, stage: str, steps: int) -> dict[str, int
 
 
 def tracking_needs(recipe: ResolvedRecipe) -> dict[str, int]:
-    """The `dflashx run` process opens a W&B run around every stage unless tracking is disabled."""
-    return {} if recipe.tracking.mode == "disabled" else {"wandb_service": 1, "wandb_run": 1}
+    """The `dflashx run` process opens a W&B run around every stage unless tracking is disabled; W&B's start
+    imports pandas and pyarrow (`python -X importtime` of the tiny run: in ingest, after W&B's exporters)."""
+    return {} if recipe.tracking.mode == "disabled" else {"wandb_service": 1, "pandas": 1, "wandb_run": 1}
 
 
 def fixed_costs(recipe: ResolvedRecipe, steps: int) -> FixedCosts:
