@@ -2,14 +2,17 @@
 
     python -m benchmarks.fixed_costs [--repeats 3]
 
-Each repeat starts a fresh Python process that does, in the pipeline's order and timed one by one,
-what a stage does before and after its per-token work on the tiny recipe (recipes/tiny.yaml):
-open and finish an offline W&B run (twice: the first also imports W&B and starts its service),
-import pandas and pyarrow (which the pipeline imports at W&B's start),
-import torch and transformers, load the tiny target's tokenizer and weights (twice: the first load
-also imports the architecture's modeling code), import matplotlib (QC and eval plots), draw one QC histogram figure (twice: the first
-also sets matplotlib up), import datasets (tokenize), set up the one-rank process group (imports DeepSpeed), build the DeepSpeed engine around a fresh
-drafter, save one training checkpoint, and write and read the drafter's safetensors. The parent
+Each repeat starts a fresh Python process that does, timed one by one and mostly in the pipeline's
+order, what a stage does besides its per-token work on the tiny recipe (recipes/tiny.yaml): open and
+finish an offline W&B run (twice: the first also imports W&B and starts its service), import pandas
+and pyarrow (which the pipeline imports at W&B's start), import torch and transformers, load the tiny
+target's tokenizer and weights (twice: the first load also imports the architecture's modeling code),
+import matplotlib (QC and eval plots), draw one QC histogram figure (twice: the first also sets
+matplotlib up), import datasets, set up the one-rank process group (imports DeepSpeed), build the
+DeepSpeed engine around a fresh drafter, save one training checkpoint, write and read the drafter's
+safetensors, then take the tokenize stage's datasets steps on 8 lines (load_dataset, map, filter,
+save_to_disk) and run the tokenize stage's function on 400 one-line completions (its cost per sample).
+The parent
 also times a bare interpreter (`python -c pass`). Each part is timed as wall time and as the
 process's CPU time with its waited-for children (`<part>_cpu`: on a shared machine, about what
 an idle core's wall time is). Medians over the repeats go to
@@ -83,6 +86,8 @@ def child(out: Path) -> None:
         _timed(parts, "figure", lambda: _figure(Path(tmp) / "b.png"))
         _timed(parts, "import_datasets", lambda: __import__("datasets"))
         _train_parts(parts, resolved, target, tokenizer, target_path, Path(tmp))
+        _timed(parts, "dataset_steps", lambda: _dataset_steps(Path(tmp)))
+        _timed(parts, "tokenize_samples", lambda: _tokenize_samples(Path(tmp), target_path))
     out.write_text(json.dumps(parts))
 
 
@@ -100,6 +105,41 @@ def _figure(path: Path) -> None:
     from dflashx.data.qc_report import _histogram
 
     _histogram([random.Random(0).randint(1, 120) for _ in range(284)], path, "words", "words", 4)
+
+
+def _dataset_steps(folder: Path) -> None:
+    """The datasets steps the tokenize stage takes, on 8 lines: load_dataset("text") into a cache, a batched map,
+    a filter, save_to_disk (their set-up, caching and fingerprints; the lines' work is negligible)."""
+    from datasets import disable_progress_bars, load_dataset
+
+    disable_progress_bars()
+    text = folder / "lines.jsonl"
+    text.write_text("".join(f'{{"id": {i}}}\n' for i in range(8)))
+    lines = load_dataset("text", data_files=[str(text)], split="train", cache_dir=str(folder / "cache"))
+    encoded = lines.map(lambda b: {"n": [len(t) for t in b["text"]]}, batched=True, remove_columns=["text"],
+                        cache_file_name=str(folder / "encoded.arrow"))
+    kept = encoded.filter(lambda n: [x > 0 for x in n], input_columns="n", batched=True,
+                          cache_file_name=str(folder / "kept.arrow"))
+    kept.save_to_disk(str(folder / "dataset"))
+
+
+TOKENIZE_SAMPLES = 400
+
+
+def _tokenize_samples(folder: Path, tokenizer: str) -> None:
+    """The tokenize stage's function on TOKENIZE_SAMPLES synthetic one-line completions (about 27 tokens each with
+    the chat template): its cost per sample (rendering, masking, writing) beside its cost per token."""
+    from dflashx.stages.tokenize import TokenizePolicy, tokenize_completions
+
+    shards = folder / "completions"
+    shards.mkdir()
+    record = {"source": "synthetic", "messages": [{"role": "user", "content": "Say hi."}], "reasoning": "hi",
+              "answer": "Hi.", "finish_reason": "stop", "usage": {"prompt_tokens": 8, "completion_tokens": 6}}
+    (shards / "shard-00000.jsonl").write_text("".join(json.dumps({"id": f"s{i}", **record}) + "\n"
+                                                      for i in range(TOKENIZE_SAMPLES)))
+    tokenize_completions(shards, folder / "tokenized", tokenizer, TokenizePolicy(max_length=256, overflow="drop",
+                                                                                 min_loss_tokens=1),
+                         enable_thinking=True, template_kwargs={}, num_proc=1, shard_size=100_000)
 
 
 def _wandb_run(folder: Path, name: str) -> None:

@@ -136,3 +136,15 @@ def test_a_target_load_reads_its_checkpoint_at_the_cited_rate():
     assert target_read_seconds(tiny()) < 0.05  # the tiny target's 11 MB: its measured load already holds it
     eval_fixed = fixed_costs(bf16, steps=10).seconds["eval"]
     assert eval_fixed > target_read_seconds(bf16) > 30  # tens of GB: most of the stage's fixed time
+
+
+def test_tokenize_per_sample_is_the_benchmarks_runs_share():
+    from benchmarks.fixed_costs import TOKENIZE_SAMPLES as measured_over
+    from dflashx.plan.estimates.fixed import TOKENIZE_PER_SAMPLE, TOKENIZE_SAMPLES
+
+    assert TOKENIZE_SAMPLES == measured_over
+    assert TOKENIZE_PER_SAMPLE.value == pytest.approx(
+        (MEDIANS_S["tokenize_samples"] - MEDIANS_S["dataset_steps"]) / TOKENIZE_SAMPLES, rel=1e-3)
+    plan = make_plan(tiny_recipe(), TINY).to_json(explain=True)
+    term = next(t for t in plan["explain"] if t["key"] == "tokenize.seconds")
+    assert term["value"] > term["inputs"]["per_sample_s"] * 256  # the recipe's 256 samples, each at the measured cost

@@ -33,13 +33,14 @@ _SOURCE = "benchmarks/results/fixed_costs.json (python -m benchmarks.fixed_costs
 _WHERE = "the 2-core development machine, Python 3.11, torch 2.13 CPU, transformers 5, tiny-qwen3 target"
 
 # The JSON's medians of 3 fresh processes (measured 2026-12-05 while the 2 cores were shared, load average
-# about 5): the CPU time of the process and of the children it waited for (`<part>_cpu`; on a shared
+# about 5-6): the CPU time of the process and of the children it waited for (`<part>_cpu`; on a shared
 # machine, about what the part takes on an idle core, in 10 ms ticks), and the bare interpreter's wall time.
 MEDIANS_S = {
-    "wandb_run_first": 0.56, "wandb_run": 0.06, "import_pandas": 0.23, "import_torch_transformers": 1.89,
-    "tokenizer_load": 0.01, "model_load_first": 1.53, "model_load": 0.02, "import_matplotlib": 0.5,
-    "figure_first": 0.15, "figure": 0.13, "import_datasets": 0.12, "process_group": 0.19, "engine_build": 2.5,
-    "checkpoint_save": 0.0, "drafter_save": 0.0, "drafter_load": 0.05, "interpreter": 0.04,
+    "wandb_run_first": 0.58, "wandb_run": 0.07, "import_pandas": 0.22, "import_torch_transformers": 1.84,
+    "tokenizer_load": 0.01, "model_load_first": 1.54, "model_load": 0.02, "import_matplotlib": 0.47,
+    "figure_first": 0.15, "figure": 0.12, "import_datasets": 0.12, "dataset_steps": 0.05, "tokenize_samples": 0.1,
+    "process_group": 0.2, "engine_build": 3.31, "checkpoint_save": 0.01, "drafter_save": 0.0, "drafter_load": 0.03,
+    "interpreter": 0.038,
 }
 
 
@@ -66,6 +67,8 @@ PARTS: dict[str, Measured] = {
     "figure_setup": _part("matplotlib's first figure less a second (fonts, backend)", "figure_first", "figure"),
     "figure": _part("one QC histogram figure drawn and written as PNG", "figure"),
     "datasets": _part("import datasets", "import_datasets"),
+    "dataset_steps": _part("the tokenize stage's datasets steps on 8 lines: load_dataset, map, filter, save_to_disk",
+                           "dataset_steps"),
     "process_group": _part("setup_distributed: imports DeepSpeed, a one-rank gloo group", "process_group"),
     "engine": _part("TrainStep around a fresh tiny drafter: deepspeed.initialize and its compiler probes",
                     "engine_build"),
@@ -73,6 +76,13 @@ PARTS: dict[str, Measured] = {
     "drafter_save": _part("checkpoint.save_drafter (config.json + model.safetensors)", "drafter_save"),
     "drafter_load": _part("checkpoint.load_drafter", "drafter_load"),
 }
+# The tokenize stage's work per sample beside its per-token rate (host.py): its function on synthetic one-line
+# completions (about 27 tokens each with the chat template), less the datasets steps it takes once.
+TOKENIZE_SAMPLES = 400
+TOKENIZE_PER_SAMPLE = Measured(
+    round((MEDIANS_S["tokenize_samples"] - MEDIANS_S["dataset_steps"]) / TOKENIZE_SAMPLES, 6), _SOURCE,
+    f"tokenize_completions on {TOKENIZE_SAMPLES} one-line completions: tokenize_samples "
+    f"{MEDIANS_S['tokenize_samples']:.2f} s - dataset_steps {MEDIANS_S['dataset_steps']:.2f} s", _WHERE)
 # A target's weights loaded at a cold start with the default safetensors loader (mmap through the page cache).
 LOAD_RATE = Measured(
     1.1e9, "github.com/mgoin/instanttensor README, model loading benchmark on inference engines",
@@ -120,7 +130,7 @@ def stage_needs(recipe: ResolvedRecipe, stage: str, steps: int) -> dict[str, int
     elif stage == "qc":  # loading a tokenizer (AutoTokenizer) imports torch
         needs = {"torch": 1, "matplotlib": 1, "figure_setup": 1, "figure": FIGURES["qc"], "tokenizer": 1}
     elif stage == "tokenize":
-        needs = {"torch": 1, "pandas": 1, "datasets": 1, "tokenizer": 1}
+        needs = {"torch": 1, "pandas": 1, "datasets": 1, "dataset_steps": 1, "tokenizer": 1}
     elif stage == "train":
         needs = {"torch": 1, "modeling": 1, "pandas": 1, "datasets": 1, "process_group": 1, "target_load": 1,
                  "tokenizer": 1, "engine": 1, "checkpoint": checkpoint_saves(steps, st.train.checkpoint_every),

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dflashx.config.schema import Recipe
 from dflashx.plan.estimates.deployment import drafter_window, predict_speedup
 from dflashx.plan.estimates.device import device_of
+from dflashx.plan.estimates.fixed import TOKENIZE_PER_SAMPLE
 from dflashx.plan.estimates.generation import Serving
 from dflashx.plan.estimates.lengths import OutputLengths
 from dflashx.plan.estimates.tokens import Tokens
@@ -29,8 +30,12 @@ def host_seconds(recipe: Recipe, tokens: Tokens, storage_total: float, export_by
                        "raw prompts / prompts per second", rate=INGEST_PROMPTS_PER_S),
         "qc": term("qc.seconds", tokens.samples / QC_SAMPLES_PER_S, "s", "samples / samples per second",
                    rate=QC_SAMPLES_PER_S),
-        "tokenize": term("tokenize.seconds", tokens.total / (TOKENIZE_TOKENS_PER_S_PER_PROC * num_proc), "s",
-                         "all tokens / (tokens per second per process x num_proc)",
+        "tokenize": term("tokenize.seconds",
+                         (tokens.samples * TOKENIZE_PER_SAMPLE.value + tokens.total / TOKENIZE_TOKENS_PER_S_PER_PROC)
+                         / num_proc, "s",
+                         "(samples x measured seconds per sample + all tokens / tokens per second per process) / "
+                         "num_proc", per_sample_s=TOKENIZE_PER_SAMPLE.value,
+                         per_sample_source=f"{TOKENIZE_PER_SAMPLE.source}: {TOKENIZE_PER_SAMPLE.figure}",
                          rate=TOKENIZE_TOKENS_PER_S_PER_PROC, num_proc=num_proc),
         "export": term("export.seconds", export_bytes / EXPORT_BYTES_PER_S, "s", "drafter bytes / write rate",
                        rate=EXPORT_BYTES_PER_S),
