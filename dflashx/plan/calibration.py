@@ -176,6 +176,7 @@ def predicted(recipe: Recipe, facts: TargetFacts, stats: dict[str, Any], **secti
 
 
 def predicted_tokens_per_s(ctx: PlanContext) -> float:
-    """Generated tokens per second of the whole generation (prefill included), as measured runs count them."""
-    seconds = ctx.seconds["generate"]
+    """Generated tokens per second of the whole generation (prefill included, the stage's fixed costs not: the
+    generate stage's meter starts after the backend is up), as measured runs count them."""
+    seconds = ctx.generation.seconds
     return ctx.tokens.output / seconds if seconds else 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflashx.plan.estimates.cost import gpu_hours, usd
+from dflashx.plan.estimates.fixed import fixed_costs
 from dflashx.plan.estimates.generation import Generation, estimate_generation
 from dflashx.plan.estimates.host import eval_seconds, host_seconds
 from dflashx.plan.estimates.lengths import Lengths, OutputLengths
@@ -31,8 +32,8 @@ class PlanContext:
     training: Training
     storage: Storage
     memory: dict[str, StageMemory]  # stage -> peak per-GPU memory
-    seconds: dict[str, float]  # stage -> wall time
-    time_terms: tuple[Term, ...]  # how the host-bound and eval times were derived
+    seconds: dict[str, float]  # stage -> wall time (its work + its fixed costs)
+    time_terms: tuple[Term, ...]  # how the host-bound and eval times and the fixed costs were derived
 
     @property
     def facts(self) -> TargetFacts:
@@ -65,8 +66,11 @@ def build_context(recipe: ResolvedRecipe) -> PlanContext:
     }
     seconds = {stage: t.value for stage, t in time_terms.items()}
     seconds.update(generate=gen.seconds, train=train.seconds)
+    fixed = fixed_costs(recipe, train.steps)  # a stage's time: its work + its fixed costs
+    for stage, s in fixed.seconds.items():
+        seconds[stage] = seconds.get(stage, 0.0) + s
     return PlanContext(recipe, lengths, tokens, gen, train, storage, memory, seconds,
-                       tuple(time_terms.values()))
+                       (*time_terms.values(), *fixed.terms.values()))
 
 
 ESTIMATE_KEYS = ("seconds", "gpu_hours", "usd", "storage_bytes", "peak_gpu_memory_bytes")

@@ -6,8 +6,11 @@ Throughputs are conservative assumptions for one node, listed in docs/planner.md
 from __future__ import annotations
 
 from dflashx.config.schema import Recipe
+from dflashx.plan.estimates.deployment import drafter_window, predict_speedup
 from dflashx.plan.estimates.device import device_of
+from dflashx.plan.estimates.fixed import TOKENIZE_PER_SAMPLE
 from dflashx.plan.estimates.generation import Serving
+from dflashx.plan.estimates.lengths import OutputLengths
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.explain import Term, term
 from dflashx.resolve.model import ResolvedRecipe
@@ -27,8 +30,12 @@ def host_seconds(recipe: Recipe, tokens: Tokens, storage_total: float, export_by
                        "raw prompts / prompts per second", rate=INGEST_PROMPTS_PER_S),
         "qc": term("qc.seconds", tokens.samples / QC_SAMPLES_PER_S, "s", "samples / samples per second",
                    rate=QC_SAMPLES_PER_S),
-        "tokenize": term("tokenize.seconds", tokens.total / (TOKENIZE_TOKENS_PER_S_PER_PROC * num_proc), "s",
-                         "all tokens / (tokens per second per process x num_proc)",
+        "tokenize": term("tokenize.seconds",
+                         (tokens.samples * TOKENIZE_PER_SAMPLE.value + tokens.total / TOKENIZE_TOKENS_PER_S_PER_PROC)
+                         / num_proc, "s",
+                         "(samples x measured seconds per sample + all tokens / tokens per second per process) / "
+                         "num_proc", per_sample_s=TOKENIZE_PER_SAMPLE.value,
+                         per_sample_source=f"{TOKENIZE_PER_SAMPLE.source}: {TOKENIZE_PER_SAMPLE.figure}",
                          rate=TOKENIZE_TOKENS_PER_S_PER_PROC, num_proc=num_proc),
         "export": term("export.seconds", export_bytes / EXPORT_BYTES_PER_S, "s", "drafter bytes / write rate",
                        rate=EXPORT_BYTES_PER_S),
@@ -39,10 +46,39 @@ def host_seconds(recipe: Recipe, tokens: Tokens, storage_total: float, export_by
 
 def eval_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
     """Batch-1 target decode of every eval token (an upper bound: speculation only shortens it):
-    each suite's prompts, once per drafter (`ResolvedEvalStage.decodes`)."""
+    each suite's prompts, once per drafter (`ResolvedEvalStage.decodes`). On the CPU the stage's decoder
+    is the measured in-process engine: `eval_in_process_seconds`."""
+    if recipe.hardware.gpu is None:
+        return eval_in_process_seconds(recipe)
     ev, dev = recipe.stages.eval, device_of(recipe.hardware)
     tokens = ev.decodes * ev.max_new_tokens
     per_token = s.weight_bytes / (dev.bandwidth_bps * s.tp) / EVAL_BANDWIDTH_EFFICIENCY
     return term("eval.seconds", tokens * per_token, "s",
                 "prompt decodes (suites x drafters) x max_new_tokens x weights / (bandwidth x tp x batch-1 "
                 "efficiency)", tokens=tokens, seconds_per_token=per_token, efficiency=EVAL_BANDWIDTH_EFFICIENCY)
+
+
+def eval_in_process_seconds(recipe: ResolvedRecipe) -> Term:
+    """The eval stage on the CPU: its speculative decoder is the in-process engine whose fixed time per
+    layer call was measured (engine.IN_PROCESS), decoding one prompt at a time, as `deploy.speedup` at
+    concurrency 1 predicts it. Each suite's prompts run once per drafter: the trained one at the recipe's
+    expected acceptance, each baseline at none (tau 1: the untrained drafter's; an upper bound for a
+    public one). A decode stops at the end of turn: the output-length distribution's mean, capped at
+    max_new_tokens (the suites' prompts taken as like the training prompts)."""
+    ev, block = recipe.stages.eval, recipe.drafter.block_size
+    prompts = ev.decodes / (1 + len(ev.baselines))
+    output = OutputLengths.of(recipe.dataset.stats).clipped_moment(1, ev.max_new_tokens)
+
+    def rate(acceptance: list[float | None]) -> float:
+        row = predict_speedup(recipe, acceptance, recipe.drafter.dims, window=drafter_window(recipe),
+                              concurrencies=[1]).rows[0]
+        return row.tokens_per_second_drafter
+
+    trained, baseline = rate(list(recipe.deploy.acceptance)), rate([0.0] * (block - 1))
+    seconds = prompts * output * (1 / trained + len(ev.baselines) / baseline)
+    return term("eval.seconds", seconds, "s",
+                "prompts per drafter x output tokens x (1 / trained tokens/s + baselines / tau-1 tokens/s), "
+                "in-process decoder at batch 1 (deploy.speedup's model at concurrency 1)",
+                prompts_per_drafter=prompts, output_tokens=output, baselines=len(ev.baselines),
+                tokens_per_s_trained=trained, tokens_per_s_baseline=baseline,
+                expected_tau=recipe.deploy.expected_tau, source="engine.IN_PROCESS (benchmarks/results/cpu_decode.json)")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from dflashx.config.fields import PRECISION_BYTES as BYTES
+from dflashx.plan.estimates.fixed import checkpoint_saves
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.estimates.training import Training
 from dflashx.plan.explain import Term, term
@@ -40,7 +40,7 @@ def estimate_storage(recipe: ResolvedRecipe, tokens: Tokens, tr: Training) -> St
     params = tr.drafter.trainable
     train_tokens = tokens.train_tokens_per_epoch
     hidden = train_tokens * layers * facts.hidden_size * 2
-    n_ckpt = math.ceil(tr.steps / train.checkpoint_every)
+    n_ckpt = checkpoint_saves(tr.steps, train.checkpoint_every)
     kept = n_ckpt if train.keep_checkpoints is None else min(n_ckpt, train.keep_checkpoints + 1)  # K newest + best
     checkpoints = kept * STATE_BYTES_PER_PARAM * params
     sizes = {

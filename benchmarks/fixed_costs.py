@@ -1,0 +1,209 @@
+"""The fixed costs of the pipeline's stages, each measured in isolation (not from a pipeline run).
+
+    python -m benchmarks.fixed_costs [--repeats 3]
+
+Each repeat starts a fresh Python process that does, timed one by one and mostly in the pipeline's
+order, what a stage does besides its per-token work on the tiny recipe (recipes/tiny.yaml): open and
+finish an offline W&B run (twice: the first also imports W&B and starts its service), import pandas
+and pyarrow (which the pipeline imports at W&B's start), import torch and transformers, load the tiny
+target's tokenizer and weights (twice: the first load also imports the architecture's modeling code),
+import matplotlib (QC and eval plots), draw one QC histogram figure (twice: the first also sets
+matplotlib up), import datasets, set up the one-rank process group (imports DeepSpeed), build the
+DeepSpeed engine around a fresh drafter, save one training checkpoint, write and read the drafter's
+safetensors, then take the tokenize stage's datasets steps on 8 lines (load_dataset, map, filter,
+save_to_disk) and run the tokenize stage's function on 400 one-line completions (its cost per sample).
+The parent
+also times a bare interpreter (`python -c pass`). Each part is timed as wall time and as the
+process's CPU time with its waited-for children (`<part>_cpu`: on a shared machine, about what
+an idle core's wall time is). Medians over the repeats go to
+benchmarks/results/fixed_costs.json with the machine they ran on; `dflashx/plan/estimates/fixed.py`
+cites them. Nothing here reads a pipeline run, so the planner's fixed-cost terms are not fitted to
+the tiny run they are checked against (benchmarks/tiny_run.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dflashx.store.atomic import atomic_write_text
+
+REPO = Path(__file__).resolve().parents[1]
+RESULT = REPO / "benchmarks" / "results" / "fixed_costs.json"
+RECIPE = REPO / "recipes" / "tiny.yaml"
+
+
+def _timed(parts: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
+    """Run `fn`; record its wall time as `name` and the CPU time of this process and of the child
+    processes it waited for (DeepSpeed's compiler probes) as `name`_cpu."""
+    start, cpu = time.perf_counter(), _cpu_seconds()
+    out = fn()
+    parts[name] = time.perf_counter() - start
+    parts[f"{name}_cpu"] = _cpu_seconds() - cpu
+    return out
+
+
+def _cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def child(out: Path) -> None:
+    """One fresh process: time each part in pipeline order; write {part: seconds} to `out`."""
+    from dflashx.config.load import load_recipe
+    from dflashx.resolve import resolve
+    from dflashx.targets.facts import facts_for
+    from dflashx.targets.resolve import resolve_target_path
+
+    recipe = load_recipe(RECIPE).recipe
+    resolved = resolve(recipe, facts_for(recipe.target))
+    target_path = str(resolve_target_path(recipe.target))  # built into the cache before anything is timed
+    parts: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        _timed(parts, "wandb_run_first", lambda: _wandb_run(Path(tmp), "a"))  # ingest: the first stage
+        _timed(parts, "wandb_run", lambda: _wandb_run(Path(tmp), "b"))
+        # the tiny run imports pandas and pyarrow at W&B's start in its first stage (`python -X importtime` of
+        # it: ingest/stage.log, after W&B's exporters), so datasets is timed after them
+        _timed(parts, "import_pandas", lambda: (__import__("pandas"), __import__("pyarrow")))
+        _timed(parts, "import_torch_transformers", lambda: __import__("transformers").AutoModelForCausalLM)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = _timed(parts, "tokenizer_load", lambda: AutoTokenizer.from_pretrained(target_path))
+        _timed(parts, "model_load_first", lambda: AutoModelForCausalLM.from_pretrained(target_path))
+        target = _timed(parts, "model_load", lambda: AutoModelForCausalLM.from_pretrained(target_path).eval())
+        _timed(parts, "import_matplotlib", _import_matplotlib)
+        _timed(parts, "figure_first", lambda: _figure(Path(tmp) / "a.png"))
+        _timed(parts, "figure", lambda: _figure(Path(tmp) / "b.png"))
+        _timed(parts, "import_datasets", lambda: __import__("datasets"))
+        _train_parts(parts, resolved, target, tokenizer, target_path, Path(tmp))
+        _timed(parts, "dataset_steps", lambda: _dataset_steps(Path(tmp)))
+        _timed(parts, "tokenize_samples", lambda: _tokenize_samples(Path(tmp), target_path))
+    out.write_text(json.dumps(parts))
+
+
+def _import_matplotlib() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+
+
+def _figure(path: Path) -> None:
+    """One QC histogram figure as the QC report draws and writes it (284 samples, as the tiny run's)."""
+    import random
+
+    from dflashx.data.qc_report import _histogram
+
+    _histogram([random.Random(0).randint(1, 120) for _ in range(284)], path, "words", "words", 4)
+
+
+def _dataset_steps(folder: Path) -> None:
+    """The datasets steps the tokenize stage takes, on 8 lines: load_dataset("text") into a cache, a batched map,
+    a filter, save_to_disk (their set-up, caching and fingerprints; the lines' work is negligible)."""
+    from datasets import disable_progress_bars, load_dataset
+
+    disable_progress_bars()
+    text = folder / "lines.jsonl"
+    text.write_text("".join(f'{{"id": {i}}}\n' for i in range(8)))
+    lines = load_dataset("text", data_files=[str(text)], split="train", cache_dir=str(folder / "cache"))
+    encoded = lines.map(lambda b: {"n": [len(t) for t in b["text"]]}, batched=True, remove_columns=["text"],
+                        cache_file_name=str(folder / "encoded.arrow"))
+    kept = encoded.filter(lambda n: [x > 0 for x in n], input_columns="n", batched=True,
+                          cache_file_name=str(folder / "kept.arrow"))
+    kept.save_to_disk(str(folder / "dataset"))
+
+
+TOKENIZE_SAMPLES = 400
+
+
+def _tokenize_samples(folder: Path, tokenizer: str) -> None:
+    """The tokenize stage's function on TOKENIZE_SAMPLES synthetic one-line completions (about 27 tokens each with
+    the chat template): its cost per sample (rendering, masking, writing) beside its cost per token."""
+    from dflashx.stages.tokenize import TokenizePolicy, tokenize_completions
+
+    shards = folder / "completions"
+    shards.mkdir()
+    record = {"source": "synthetic", "messages": [{"role": "user", "content": "Say hi."}], "reasoning": "hi",
+              "answer": "Hi.", "finish_reason": "stop", "usage": {"prompt_tokens": 8, "completion_tokens": 6}}
+    (shards / "shard-00000.jsonl").write_text("".join(json.dumps({"id": f"s{i}", **record}) + "\n"
+                                                      for i in range(TOKENIZE_SAMPLES)))
+    tokenize_completions(shards, folder / "tokenized", tokenizer, TokenizePolicy(max_length=256, overflow="drop",
+                                                                                 min_loss_tokens=1),
+                         enable_thinking=True, template_kwargs={}, num_proc=1, shard_size=100_000)
+
+
+def _wandb_run(folder: Path, name: str) -> None:
+    import wandb
+
+    run = wandb.init(project="fixed-costs", name=name, dir=str(folder), mode="offline", reinit="create_new",
+                     settings=wandb.Settings(silent=True, console="off", save_code=False, disable_git=True))
+    run.finish()
+
+
+def _train_parts(parts: dict[str, float], resolved: Any, target: Any, tokenizer: Any, target_path: str,
+                 tmp: Path) -> None:
+    """The train stage's set-up and write-out around its steps, and export's safetensors."""
+    import torch
+
+    from dflashx.dflash import checkpoint as ckpt
+    from dflashx.dflash.distributed import setup_distributed, teardown_distributed
+    from dflashx.dflash.job import TrainJob
+    from dflashx.dflash.step import TrainStep
+    from dflashx.dflash.trainer import build_drafter
+
+    _timed(parts, "process_group", setup_distributed)
+    job = TrainJob.of(resolved, tmp / "train", tmp / "dataset", target_path)
+    drafter = build_drafter(job, target.config, tokenizer)
+    step = _timed(parts, "engine_build", lambda: TrainStep(job, target, drafter, 10, torch.device("cpu")))
+    _timed(parts, "checkpoint_save", lambda: ckpt.save_training_state(step.engine, tmp / "ckpt", 1, {"micro": 1},
+                                                                     {}, loss=1.0, keep=2))
+    _timed(parts, "drafter_save", lambda: ckpt.save_drafter(drafter, tmp / "drafter"))
+    _timed(parts, "drafter_load", lambda: ckpt.load_drafter(tmp / "drafter"))
+    teardown_distributed()
+
+
+def interpreter_seconds() -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child)
+    runs: list[dict[str, float]] = []
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONPATH": str(REPO)}
+    for _ in range(args.repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "parts.json"
+            subprocess.run([sys.executable, "-m", "benchmarks.fixed_costs", "--child", str(out)], cwd=REPO, env=env,
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            runs.append(json.loads(out.read_text()) | {"interpreter": interpreter_seconds()})
+    median = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    print(f"{'part':28} {'median s':>9}   runs")
+    for k, v in median.items():
+        print(f"{k:28} {v:9.3f}   {', '.join(f'{r[k]:.3f}' for r in runs)}")
+    result = {"median_s": median, "runs_s": runs, "repeats": args.repeats, "cpu_count": os.cpu_count(),
+              "load_avg_1m": os.getloadavg()[0], "machine": platform.machine(), "python": platform.python_version(),
+              "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    atomic_write_text(RESULT, json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULT.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""Fixed costs: what a stage spends besides its per-prompt, per-sample and per-token work (pure).
+
+A stage's time is its work (host.py, generation.py, training.py) plus these parts, each measured in
+isolation by `python -m benchmarks.fixed_costs` (benchmarks/results/fixed_costs.json: a fresh process
+doing, one at a time and in the pipeline's order, what the stages do around their work), never read off
+a pipeline run:
+  imports      torch + transformers, the target architecture's modeling code, matplotlib, datasets,
+               W&B's service; once per process, by the first enabled stage that needs them
+  loads        the target (from_pretrained), its tokenizer, a drafter checkpoint; each time a stage does
+  training     the process group (imports DeepSpeed), the DeepSpeed engine, each training checkpoint,
+               the drafter's safetensors
+  tracking     one W&B run per stage (tracking.mode not disabled)
+Process model (`dflashx.run`): the stages run one after another in the `dflashx run` process, which
+imports torch itself once the first stage has ended (for its provenance record); a train stage of more
+than one rank starts one process per rank (in parallel), each paying the interpreter and
+its imports again. Not measured, so not in the plan: SGLang's server start-up (generate with
+`backend: sglang`) and S3 (backup). The parts were measured with the tiny target (11 MB of weights read
+from the page cache); a target load adds its checkpoint's bytes at a cited cold-start loading rate
+(LOAD_RATE): nothing for the tiny target, most of a large target's load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflashx.config.fields import PRECISION_BYTES
+from dflashx.config.schema import STAGE_ORDER
+from dflashx.plan.estimates.engine import Measured
+from dflashx.plan.explain import Term, term
+from dflashx.resolve.model import ResolvedRecipe
+
+_SOURCE = "benchmarks/results/fixed_costs.json (python -m benchmarks.fixed_costs)"
+_WHERE = "the 2-core development machine, Python 3.11, torch 2.13 CPU, transformers 5, tiny-qwen3 target"
+
+# The JSON's medians of 3 fresh processes (measured 2026-12-05 while the 2 cores were shared, load average
+# about 5-6): the CPU time of the process and of the children it waited for (`<part>_cpu`; on a shared
+# machine, about what the part takes on an idle core, in 10 ms ticks), and the bare interpreter's wall time.
+MEDIANS_S = {
+    "wandb_run_first": 0.58, "wandb_run": 0.07, "import_pandas": 0.22, "import_torch_transformers": 1.84,
+    "tokenizer_load": 0.01, "model_load_first": 1.54, "model_load": 0.02, "import_matplotlib": 0.47,
+    "figure_first": 0.15, "figure": 0.12, "import_datasets": 0.12, "dataset_steps": 0.05, "tokenize_samples": 0.1,
+    "process_group": 0.2, "engine_build": 3.31, "checkpoint_save": 0.01, "drafter_save": 0.0, "drafter_load": 0.03,
+    "interpreter": 0.038,
+}
+
+
+def _part(what: str, measured: str, less: str | None = None) -> Measured:
+    """A part: the median `measured`, less the median `less` where the first figure includes it."""
+    value = MEDIANS_S[measured] - (MEDIANS_S[less] if less else 0.0)
+    figure = f"{what}: {measured} {MEDIANS_S[measured]:.2f} s" + (f" - {less} {MEDIANS_S[less]:.2f} s" if less else "")
+    return Measured(round(value, 3), _SOURCE, figure, _WHERE)
+
+
+PARTS: dict[str, Measured] = {
+    "interpreter": _part("python -c pass (wall)", "interpreter"),
+    "wandb_service": _part("importing W&B and starting its service: the first offline run less a second",
+                           "wandb_run_first", "wandb_run"),
+    "wandb_run": _part("offline wandb.init + finish, the service running", "wandb_run"),
+    "pandas": _part("import pandas and pyarrow (at W&B's start in the pipeline; else with datasets)",
+                    "import_pandas"),
+    "torch": _part("import torch, transformers (AutoModelForCausalLM)", "import_torch_transformers"),
+    "tokenizer": _part("AutoTokenizer.from_pretrained", "tokenizer_load"),
+    "modeling": _part("the architecture's modeling code: the first from_pretrained less a second",
+                      "model_load_first", "model_load"),
+    "target_load": _part("AutoModelForCausalLM.from_pretrained of the tiny target (11 MB)", "model_load"),
+    "matplotlib": _part("import matplotlib (Agg) and pyplot", "import_matplotlib"),
+    "figure_setup": _part("matplotlib's first figure less a second (fonts, backend)", "figure_first", "figure"),
+    "figure": _part("one QC histogram figure drawn and written as PNG", "figure"),
+    "datasets": _part("import datasets", "import_datasets"),
+    "dataset_steps": _part("the tokenize stage's datasets steps on 8 lines: load_dataset, map, filter, save_to_disk",
+                           "dataset_steps"),
+    "process_group": _part("setup_distributed: imports DeepSpeed, a one-rank gloo group", "process_group"),
+    "engine": _part("TrainStep around a fresh tiny drafter: deepspeed.initialize and its compiler probes",
+                    "engine_build"),
+    "checkpoint": _part("checkpoint.save_training_state (engine, optimizer, RNG)", "checkpoint_save"),
+    "drafter_save": _part("checkpoint.save_drafter (config.json + model.safetensors)", "drafter_save"),
+    "drafter_load": _part("checkpoint.load_drafter", "drafter_load"),
+}
+# The tokenize stage's work per sample beside its per-token rate (host.py): its function on synthetic one-line
+# completions (about 27 tokens each with the chat template), less the datasets steps it takes once.
+TOKENIZE_SAMPLES = 400
+TOKENIZE_PER_SAMPLE = Measured(
+    round((MEDIANS_S["tokenize_samples"] - MEDIANS_S["dataset_steps"]) / TOKENIZE_SAMPLES, 6), _SOURCE,
+    f"tokenize_completions on {TOKENIZE_SAMPLES} one-line completions: tokenize_samples "
+    f"{MEDIANS_S['tokenize_samples']:.2f} s - dataset_steps {MEDIANS_S['dataset_steps']:.2f} s", _WHERE)
+# A target's weights loaded at a cold start with the default safetensors loader (mmap through the page cache).
+LOAD_RATE = Measured(
+    1.1e9, "github.com/mgoin/instanttensor README, model loading benchmark on inference engines",
+    "Qwen3-30B-A3B with the Safetensors backend: 57.4 s, 1.1 GB/s",
+    "1x H200, an inference engine's cold start (8x H200 loading DeepSeek-R1 together: 4.3 GB/s in all)")
+
+
+def target_read_seconds(recipe: ResolvedRecipe) -> float:
+    """Reading the target's checkpoint once: its parameters at the load precision's bytes, at least 16-bit (an
+    FP8 target is read from its bf16 checkpoint), at LOAD_RATE."""
+    bytes_ = recipe.target.facts.total_params * max(PRECISION_BYTES[recipe.target.load_precision], 2)
+    return bytes_ / LOAD_RATE.value
+
+
+ONCE_PER_PROCESS = frozenset({"interpreter", "torch", "modeling", "matplotlib", "figure_setup", "pandas",
+                              "datasets", "wandb_service"})
+# Imported by the orchestrator itself after the first stage ends (its provenance record names torch's version:
+# `dflashx.track.provenance.torch_facts`), outside every stage's timer.
+PROVENANCE_IMPORTS = frozenset({"torch"})
+# Figures a stage draws (the code's, checked by tests/test_plan_fixed.py): QC's histograms
+# (`dflashx.data.qc_report.HISTOGRAMS`) and eval's acceptance.png and speedup.png.
+FIGURES = {"qc": 3, "eval": 2}
+
+
+@dataclass(frozen=True)
+class FixedCosts:
+    """Per stage: the fixed parts it pays (part -> count) and their seconds."""
+
+    parts: dict[str, dict[str, int]]
+    seconds: dict[str, float]
+    terms: dict[str, Term]
+
+
+def checkpoint_saves(steps: int, every: int) -> int:
+    """Training checkpoints written: every `every` optimizer steps and at the last one."""
+    return -(-steps // every)
+
+
+def stage_needs(recipe: ResolvedRecipe, stage: str, steps: int) -> dict[str, int]:
+    """The fixed parts one stage does (its code's imports, loads and writes), before the process model."""
+    st = recipe.stages
+    needs: dict[str, int] = {}
+    if stage == "generate" and st.generate.backend == "transformers":
+        needs = {"torch": 1, "modeling": 1, "tokenizer": 1, "target_load": 1}
+    elif stage == "qc":  # loading a tokenizer (AutoTokenizer) imports torch
+        needs = {"torch": 1, "matplotlib": 1, "figure_setup": 1, "figure": FIGURES["qc"], "tokenizer": 1}
+    elif stage == "tokenize":
+        needs = {"torch": 1, "pandas": 1, "datasets": 1, "dataset_steps": 1, "tokenizer": 1}
+    elif stage == "train":
+        needs = {"torch": 1, "modeling": 1, "pandas": 1, "datasets": 1, "process_group": 1, "target_load": 1,
+                 "tokenizer": 1, "engine": 1, "checkpoint": checkpoint_saves(steps, st.train.checkpoint_every),
+                 "drafter_save": 1}
+    elif stage == "eval":
+        needs = {"torch": 1, "modeling": 1, "matplotlib": 1, "figure_setup": 1, "figure": FIGURES["eval"],
+                 "target_load": 1, "tokenizer": 1, "drafter_load": 1 + len(st.eval.baselines)}
+    elif stage == "export":
+        needs = {"torch": 1, "drafter_load": 1, "drafter_save": 1}
+    return needs
+
+
+def tracking_needs(recipe: ResolvedRecipe) -> dict[str, int]:
+    """The `dflashx run` process opens a W&B run around every stage unless tracking is disabled; W&B's start
+    imports pandas and pyarrow (`python -X importtime` of the tiny run: in ingest, after W&B's exporters)."""
+    return {} if recipe.tracking.mode == "disabled" else {"wandb_service": 1, "pandas": 1, "wandb_run": 1}
+
+
+def fixed_costs(recipe: ResolvedRecipe, steps: int) -> FixedCosts:
+    """Walk the enabled stages in order: a once-per-process part is paid by the first stage needing it
+    in the `dflashx run` process (torch: by none after the first stage, whose provenance imports it); a
+    train stage of several ranks pays its own in fresh processes."""
+    imported: set[str] = {"interpreter"}  # the dflashx run process is running
+    parts: dict[str, dict[str, int]] = {}
+    for stage in STAGE_ORDER:
+        if not getattr(recipe.stages, stage).enabled:
+            continue
+        work = stage_needs(recipe, stage, steps)
+        launched = stage == "train" and recipe.stages.train.world_size > 1
+        here = tracking_needs(recipe) if launched else {**work, **tracking_needs(recipe)}
+        parts[stage] = {p: n for p, n in here.items() if p not in ONCE_PER_PROCESS or p not in imported}
+        if launched:  # each rank: a fresh process doing the stage's work, in parallel with the others
+            parts[stage] |= {"interpreter": 1, **work}
+        imported |= (here.keys() & ONCE_PER_PROCESS) | PROVENANCE_IMPORTS
+    read = target_read_seconds(recipe)
+    each = {p: m.value + (read if p == "target_load" else 0.0) for p, m in PARTS.items()}
+    seconds = {s: sum(each[p] * n for p, n in ps.items()) for s, ps in parts.items()}
+    terms = {s: term(f"{s}.fixed_seconds", seconds[s], "s",
+                     "sum of the stage's fixed parts x count (imports once per process, loads, set-up, writes, "
+                     "its W&B run), each measured in isolation; a target load adds its checkpoint's bytes / "
+                     "cold-start loading rate",
+                     **{p: f"{n} x {each[p]:.3f} s ({PARTS[p].figure}"
+                           + (f" + checkpoint read {read:.3f} s" if p == "target_load" else "") + ")"
+                        for p, n in parts[s].items()},
+                     source=f"{_SOURCE}; {_WHERE}; load rate: {LOAD_RATE.source}: {LOAD_RATE.figure}")
+             for s in parts}
+    return FixedCosts(parts, seconds, terms)

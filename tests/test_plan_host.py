@@ -1,0 +1,48 @@
+"""CPU stage times beside the fixed costs: eval through the in-process decoder, the transformers backend's
+measured time per layer call."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from _plan_recipes import REPO, tiny_recipe
+
+from dflashx.plan.context import build_context
+from dflashx.plan.estimates.engine import TRANSFORMERS
+from dflashx.plan.plan import make_plan
+from dflashx.resolve import resolve
+from dflashx.targets.registry import lookup
+
+TINY = lookup("builtin:tiny-qwen3")
+
+
+def eval_term(**overrides):
+    ctx = build_context(resolve(tiny_recipe(**overrides), TINY))
+    return next(t for t in ctx.terms if t.key == "eval.seconds")
+
+
+def test_cpu_eval_decodes_at_the_deploy_models_batch_one_rate():
+    """The plan's deploy prediction at concurrency 1 and the eval time read the same tokens/s."""
+    plan = make_plan(tiny_recipe(), TINY).to_json(explain=True)
+    row = next(r for r in plan["deploy"]["rows"] if r["concurrency"] == 1)
+    term = next(t for t in plan["explain"] if t["key"] == "eval.seconds")
+    assert term["inputs"]["tokens_per_s_trained"] == pytest.approx(row["tokens_per_second_drafter"])
+    assert term["inputs"]["tokens_per_s_baseline"] < term["inputs"]["tokens_per_s_trained"]  # tau 1 < expected
+
+
+def test_cpu_eval_grows_with_its_baselines_and_output_cap():
+    full, alone = eval_term(), eval_term(stages__eval__baselines=[])
+    i = full.inputs
+    assert full.value - alone.value == pytest.approx(i["prompts_per_drafter"] * i["output_tokens"]
+                                                     / i["tokens_per_s_baseline"])
+    short = eval_term(stages__eval__max_new_tokens=8)
+    assert short.inputs["output_tokens"] == pytest.approx(8)
+    assert short.value < full.value
+
+
+def test_the_transformers_row_is_the_cited_measurement():
+    m = json.loads((REPO / "benchmarks/results/transformers_decode.json").read_text())
+    assert TRANSFORMERS.call_latency is not None
+    assert TRANSFORMERS.call_latency.value == pytest.approx(m["per_layer_call_s"], rel=1e-3)
+    assert TRANSFORMERS.decode.value == TRANSFORMERS.prefill.value == 1.0  # the call latency replaces the shares
