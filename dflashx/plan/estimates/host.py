@@ -81,4 +81,5 @@ def eval_in_process_seconds(recipe: ResolvedRecipe) -> Term:
                 "in-process decoder at batch 1 (deploy.speedup's model at concurrency 1)",
                 prompts_per_drafter=prompts, output_tokens=output, baselines=len(ev.baselines),
                 tokens_per_s_trained=trained, tokens_per_s_baseline=baseline,
-                expected_tau=recipe.deploy.expected_tau, source="engine.IN_PROCESS (benchmarks/results/cpu_decode.json)")
+                expected_tau=recipe.deploy.expected_tau,
+                source="engine.IN_PROCESS (benchmarks/results/cpu_decode.json)")

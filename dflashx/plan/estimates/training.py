@@ -98,13 +98,15 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
              anchors_per_seq=train.anchors_per_seq, block_size=recipe.drafter.block_size),
         term("train.flops_per_sample", per_sample, "FLOP",
              f"mean over {QUADRATURE} quantiles of the training length L: target forward to the deepest tapped layer "
-             "(labels: target — to its last layer, plus its LM head on the supervised positions) over L + drafter forward/backward over the block tokens and L context tokens + frozen LM head on the "
-             "supervised slots (dflashx.resolve.flops)",
+             "(labels: target — to its last layer, plus its LM head on the supervised positions) over L + drafter "
+             "forward/backward over the block tokens and L context tokens + frozen LM head on the supervised slots "
+             "(dflashx.resolve.flops)",
              target=target_f, drafter_and_head=drafter_f, L_mean=tokens.train_len_mean,
              last_target_layer=max(recipe.drafter.target_layer_ids), labels=train.labels,
              source="Kaplan et al. 2020 (2N forward / 6N training FLOPs per token), plus attention"),
         term("train.steps", steps, "optimizer steps", "max_steps, else ceil(epochs x steps per epoch), a step per "
-             "effective batch of the samples each rank's sampler keeps (dflashx.resolve.formulas, as the trainer counts)",
+             "effective batch of the samples each rank's sampler keeps (dflashx.resolve.formulas, as the trainer "
+             "counts)",
              samples=tokens.samples, epochs=train.epochs, steps_per_epoch=per_epoch, effective_batch=batch,
              global_batch=train.global_batch),
         sync.term,
