@@ -9,7 +9,7 @@
   between those points and along the end slopes beyond them, at least 1.
 - `lr_factor(schedule, step, total, warmup)`: the learning-rate factor of the trainer's schedule.
 - `effective_batch`, `steps_per_epoch`, `optimizer_steps`: the trainer's batch arithmetic, which the
-  planner's step count and time use on the rows it expects tokenize to keep.
+  planner's step count and time use on the samples it expects.
 - `min_loss_tokens(blocks, block_size)`: the fewest loss tokens a sample keeps (tokenize's drop rule).
 """
 
