@@ -63,11 +63,11 @@ def child(out: Path) -> None:
     from dflashx.config.load import load_recipe
     from dflashx.resolve import resolve
     from dflashx.targets.facts import facts_for
-    from dflashx.targets.resolve import resolve_target_path
+    from dflashx.targets.locate import locate_target
 
     recipe = load_recipe(RECIPE).recipe
     resolved = resolve(recipe, facts_for(recipe.target))
-    target_path = str(resolve_target_path(recipe.target))  # built into the cache before anything is timed
+    target_path = str(locate_target(recipe.target))  # built into the cache before anything is timed
     parts: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         _timed(parts, "wandb_run_first", lambda: _wandb_run(Path(tmp), "a"))  # ingest: the first stage

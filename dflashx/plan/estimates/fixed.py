@@ -32,15 +32,15 @@ from dflashx.resolve.model import ResolvedRecipe
 _SOURCE = "benchmarks/results/fixed_costs.json (python -m benchmarks.fixed_costs)"
 _WHERE = "the 2-core development machine, Python 3.11, torch 2.13 CPU, transformers 5, tiny-qwen3 target"
 
-# The JSON's medians of 3 fresh processes (measured 2026-12-05 while the 2 cores were shared, load average
-# about 5-6): the CPU time of the process and of the children it waited for (`<part>_cpu`; on a shared
+# The JSON's medians of 3 fresh processes (measured 2026-12-05 on the 2 idle cores, load average about 2
+# from the benchmark itself): the CPU time of the process and of the children it waited for (`<part>_cpu`; on a shared
 # machine, about what the part takes on an idle core, in 10 ms ticks), and the bare interpreter's wall time.
 MEDIANS_S = {
-    "wandb_run_first": 0.58, "wandb_run": 0.07, "import_pandas": 0.22, "import_torch_transformers": 1.84,
-    "tokenizer_load": 0.01, "model_load_first": 1.54, "model_load": 0.02, "import_matplotlib": 0.47,
-    "figure_first": 0.15, "figure": 0.12, "import_datasets": 0.12, "dataset_steps": 0.05, "tokenize_samples": 0.1,
-    "process_group": 0.2, "engine_build": 3.31, "checkpoint_save": 0.01, "drafter_save": 0.0, "drafter_load": 0.03,
-    "interpreter": 0.038,
+    "wandb_run_first": 0.71, "wandb_run": 0.06, "import_pandas": 0.24, "import_torch_transformers": 1.91,
+    "tokenizer_load": 0.01, "model_load_first": 1.55, "model_load": 0.02, "import_matplotlib": 0.5,
+    "figure_first": 0.16, "figure": 0.12, "import_datasets": 0.13, "dataset_steps": 0.06, "tokenize_samples": 0.11,
+    "process_group": 0.21, "engine_build": 3.35, "checkpoint_save": 0.01, "drafter_save": 0, "drafter_load": 0.02,
+    "interpreter": 0.024,
 }
 
 
