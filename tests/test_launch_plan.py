@@ -20,6 +20,7 @@ from dflashx.backends.servers import (
     NODE_HOSTS_ENV,
     NODE_RANK_ENV,
     ServerError,
+    node_hosts,
     node_rank,
 )
 from dflashx.backends.sglang import SGLangBackend
@@ -208,6 +209,17 @@ def test_the_generate_stage_on_node_1_serves_and_writes_nothing(fake_node, monke
     with pytest.raises(StageFailed, match="only serves generation for node 0.*exited with code 0"):
         generate(ctx, [], 0)
     assert len(FakePopen.launched) == 8 and not (ctx.out_dir / "completions").exists()
+
+
+def test_the_node_environment_is_read_at_call_time_after_os_environ_is_rebound(monkeypatch):
+    """`datasets`' multi-process map assigns a copy to `os.environ` (arrow_dataset.py); the node rank and
+    hosts set after that (as `dflashx run --node-rank` does) must still be seen."""
+    import os
+
+    monkeypatch.setattr(os, "environ", os.environ.copy())
+    os.environ[NODE_RANK_ENV] = "1"
+    os.environ[NODE_HOSTS_ENV] = "10.1.0.1, 10.1.0.2"
+    assert node_rank() == 1 and node_hosts() == {0: "10.1.0.1", 1: "10.1.0.2"}
 
 
 def test_dflashx_run_node_rank_sets_the_environment_the_launcher_reads(monkeypatch, tmp_path):

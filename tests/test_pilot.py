@@ -129,7 +129,9 @@ def test_pilot_over_http_stops_on_the_budget_and_the_run_reuses_its_completions(
         # the recipe guesses 4 samples where the ingest finds 28: the scaled stages dominate without eval
         http = dict(stages__generate__backend="sglang", stages__generate__urls=[server.url],
                     stages__generate__concurrency=4, dataset__stats__samples=4, stages__eval__enabled=False)
-        budget = plan_json(tiny_file(tmp_path, **http))["totals"]["days"] * 1.5
+        # fixed costs (model loads, process starts) do not scale with the samples: 7x the samples makes the
+        # plan about 1.4x (6.8 s -> 9.4 s with the pilot's figures), so the budget is 1.2x the guessed plan
+        budget = plan_json(tiny_file(tmp_path, **http))["totals"]["days"] * 1.2
         recipe = tiny_file(tmp_path, **http, budget__max_days=budget)
         stopped = invoke("pilot", str(recipe))
         assert stopped.exit_code == 1, stopped.output

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_good_credentials_put_read_and_delete_a_probe(s3_spec: S3Spec, s3_env: S3Server) -> None:
     check = check_s3(s3_spec, "tiny")
     assert check.status == "ok", check
-    assert check.detail.startswith(f"storage.s3: put, read back and deleted s3://{s3_spec.bucket}/runs/tiny/.preflight-")
+    assert check.message.startswith(f"storage.s3: put, read back and deleted s3://{s3_spec.bucket}/runs/tiny/.preflight-")
     assert s3_env.client().list_objects_v2(Bucket=s3_spec.bucket).get("KeyCount") == 0  # the probe is gone
 
 
@@ -29,7 +29,7 @@ def test_wrong_secret_names_the_credentials_and_the_fix(s3_spec: S3Spec, monkeyp
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     check = check_s3(s3_spec, "tiny")
     assert check.status == "fail"
-    assert "S3 rejected the credentials" in check.detail and s3_spec.endpoint_url in check.detail
+    assert "S3 rejected the credentials" in check.message and s3_spec.endpoint_url in check.message
     assert check.fix == (f"set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) to keys valid for "
                          f"{s3_spec.endpoint_url}, or name a profile in storage.s3.aws_profile")
 
@@ -38,7 +38,7 @@ def test_missing_bucket_names_storage_s3_bucket(s3_spec: S3Spec) -> None:
     missing = s3_spec.model_copy(update={"bucket": s3_spec.bucket + "-missing"})
     check = check_s3(missing, "tiny")
     assert check.status == "fail"
-    assert check.detail == f"storage.s3.bucket: bucket {missing.bucket!r} does not exist at {s3_spec.endpoint_url}"
+    assert check.message == f"storage.s3.bucket: bucket {missing.bucket!r} does not exist at {s3_spec.endpoint_url}"
     assert check.fix == "create the bucket, or fix storage.s3.bucket"
 
 

@@ -33,8 +33,11 @@ class ServerError(RuntimeError):
     """A server did not come up (exited, or not healthy before the startup timeout)."""
 
 
-def node_rank(env: Mapping[str, str] = os.environ) -> int:
-    """This machine's node: `DFLASHX_NODE_RANK` (set by `dflashx run --node-rank K`), else 0."""
+def node_rank(env: Mapping[str, str] | None = None) -> int:
+    """This machine's node: `DFLASHX_NODE_RANK` (set by `dflashx run --node-rank K`), else 0. The environment
+    is read at call time (`datasets` rebinds `os.environ` in multi-process maps; a default bound at import
+    would keep the old mapping)."""
+    env = os.environ if env is None else env
     raw = env.get(NODE_RANK_ENV, "0").strip() or "0"
     if not raw.isdigit():
         raise ValueError(f"{NODE_RANK_ENV}={raw!r} is not a node index: set it to 0 on the first node, 1 on the "
@@ -42,8 +45,9 @@ def node_rank(env: Mapping[str, str] = os.environ) -> int:
     return int(raw)
 
 
-def node_hosts(env: Mapping[str, str] = os.environ) -> dict[int, str]:
+def node_hosts(env: Mapping[str, str] | None = None) -> dict[int, str]:
     """The addresses `DFLASHX_NODE_HOSTS` gives (node 0 first); empty when unset."""
+    env = os.environ if env is None else env
     raw = env.get(NODE_HOSTS_ENV, "")
     return {i: h.strip() for i, h in enumerate(raw.split(",")) if h.strip()}
 
@@ -56,7 +60,7 @@ def resolvable(host: str) -> bool:
     return True
 
 
-def reachable(plan: LaunchPlan, env: Mapping[str, str] = os.environ) -> tuple[ServerSpec, ...]:
+def reachable(plan: LaunchPlan, env: Mapping[str, str] | None = None) -> tuple[ServerSpec, ...]:
     """The plan's servers as node 0 (the driver) reaches them: node 0's and attached ones at their planned
     address, node i's at `DFLASHX_NODE_HOSTS`'s i-th address, else the planned `node-<i>` name, which must
     resolve (else a clear error: nothing is waited for in vain)."""
@@ -127,7 +131,7 @@ class ServerPool:
     answer (node 0: all of them, node K: its own), stop what it started on exit."""
 
     def __init__(self, plan: LaunchPlan, node: int, log_dir: Path, startup_timeout_s: float, poll_s: float = 1.0,
-                 env: Mapping[str, str] = os.environ):
+                 env: Mapping[str, str] | None = None):
         if plan.nodes and node not in plan.nodes:
             raise ServerError(f"this is node {node} ({NODE_RANK_ENV}), but the plan's servers run on nodes "
                               f"{', '.join(map(str, plan.nodes))}: start node i with `dflashx run ... --node-rank i`")

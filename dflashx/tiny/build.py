@@ -9,6 +9,7 @@ the same folder twice. `<cache>` is `$DFLASHX_CACHE` or `~/.cache/dflashx`.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import fcntl
@@ -89,12 +90,13 @@ def cache_root() -> Path:
 
 
 def build_key(settings: BuildSettings | dict[str, Any]) -> str:
-    """sha256 of the settings and the source of the modules that make the build, 12 hex digits."""
+    """sha256 of the settings and the code of the modules that make the build, 12 hex digits. The code is
+    hashed as its syntax tree: re-wrapping lines or editing comments keeps the key (and the shipped build)."""
     fields = dataclasses.asdict(settings) if isinstance(settings, BuildSettings) else settings
     h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     for name in _BUILD_SOURCES:
         src = Path(__file__).parent / name
-        h.update(src.name.encode() + src.read_bytes())
+        h.update(src.name.encode() + ast.dump(ast.parse(src.read_text(), name)).encode())
     return h.hexdigest()[:12]
 
 
