@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
+from dflashx.config.fields import BY_FIELD, CALIBRATES, CALIBRATION_GROUPS
 from dflashx.config.load import load_recipe
-from dflashx.plan.calibration import conditions
+from dflashx.config.schema import Recipe
+from dflashx.plan.calibration import calibration_marker, conditions
 
 _TARGET = {"target.model", "target.tokenizer", "target.precision", "target.chat_template.enable_thinking",
            "target.chat_template.kwargs"}
@@ -41,3 +43,31 @@ def test_a_source_enters_the_data_group_without_its_expected_count() -> None:
     sources = conditions(recipe)["data"]["dataset.sources"]
     assert isinstance(sources, list) and len(sources) == len(recipe.dataset.sources)
     assert all("expected_count" not in s and "name" in s for s in sources)
+
+
+def _models(annotation) -> list[type[BaseModel]]:
+    from typing import get_args
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models(arg)]
+
+
+def _unmarked(model: type[BaseModel], where: str) -> list[str]:
+    """Fields the calibration walk reaches with no `calibrates` marker (or an unknown group)."""
+    missing = []
+    for name, info in model.model_fields.items():
+        marker, dotted = calibration_marker(info), f"{where}.{name}"
+        if marker == BY_FIELD[CALIBRATES]:
+            subs = _models(info.annotation)
+            assert subs, f"{dotted} walks its fields but holds no model"
+            for sub in subs:
+                missing += _unmarked(sub, dotted)
+        elif not isinstance(marker, list) or not set(marker) <= set(CALIBRATION_GROUPS):
+            missing.append(dotted)
+    return missing
+
+
+def test_every_field_the_calibration_walk_reaches_says_which_groups_it_conditions():
+    """A new field of a walked model must say calibrates(...), BY_FIELD or UNCALIBRATED: none is left out silently."""
+    assert _unmarked(Recipe, "recipe") == []
