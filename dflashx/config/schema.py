@@ -13,7 +13,19 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, ByteSize, FiniteFloat, Precision, Strict, parse_size
+from dflashx.config.fields import (
+    BY_FIELD,
+    OPERATIONAL,
+    OUTPUT,
+    PATH,
+    UNCALIBRATED,
+    ByteSize,
+    FiniteFloat,
+    Precision,
+    Strict,
+    calibrates,
+    parse_size,
+)
 from dflashx.config.eval_suites import BUILTIN_BASELINES, BUILTIN_SUITES
 from dflashx.config.speculative import DeploySpec, SpeculativeSpec
 from dflashx.config.stages import (  # the stage models are part of the schema
@@ -69,26 +81,31 @@ __all__ = [
 class SourceSpec(Strict):
     """One prompt source: a local JSONL/Parquet file or a `datasets` hub id."""
 
-    name: str = Field(description="Short name used in records and per-source counts.", json_schema_extra=OUTPUT)
-    path: str | None = Field(None, description="Local .jsonl/.json/.parquet file or folder.", json_schema_extra=PATH)
-    hf_id: str | None = Field(None, description="`datasets` id (needs network).", json_schema_extra=OUTPUT)
-    hf_config: str | None = Field(None, description="`datasets` configuration name.", json_schema_extra=OUTPUT)
-    split: str = Field("train", description="`datasets` split.", json_schema_extra=OUTPUT)
+    name: str = Field(description="Short name used in records and per-source counts.",
+                      json_schema_extra=OUTPUT | calibrates("data"))
+    path: str | None = Field(None, description="Local .jsonl/.json/.parquet file or folder.",
+                             json_schema_extra=PATH | calibrates("data"))
+    hf_id: str | None = Field(None, description="`datasets` id (needs network).",
+                              json_schema_extra=OUTPUT | calibrates("data"))
+    hf_config: str | None = Field(None, description="`datasets` configuration name.",
+                                  json_schema_extra=OUTPUT | calibrates("data"))
+    split: str = Field("train", description="`datasets` split.", json_schema_extra=OUTPUT | calibrates("data"))
     format: Literal["auto", "messages", "sharegpt", "alpaca", "function_calling", "prompt"] = Field(
-        "auto", description="Record layout; `auto` recognises it from the fields.", json_schema_extra=OUTPUT
+        "auto", description="Record layout; `auto` recognises it from the fields.",
+        json_schema_extra=OUTPUT | calibrates("data")
     )
     fields: dict[str, str] = Field(
         default_factory=dict,
         description="Field mapping for this source, e.g. {prompt: question, system: system_prompt}.",
-        json_schema_extra=OUTPUT
+        json_schema_extra=OUTPUT | calibrates("data")
     )
     system_prompt: str | None = Field(None, description="System prompt added when a sample has none.",
-                                      json_schema_extra=OUTPUT)
+                                      json_schema_extra=OUTPUT | calibrates("data"))
     cap: int | None = Field(None, ge=1, description="Keep at most this many prompts (after shuffle).",
-                            json_schema_extra=OUTPUT)
+                            json_schema_extra=OUTPUT | calibrates("data"))
     expected_count: int | None = Field(
         None, ge=0, description="Raw prompt count, for planning before the data is on disk.",
-        json_schema_extra=OPERATIONAL
+        json_schema_extra=OPERATIONAL | UNCALIBRATED
     )
 
     @model_validator(mode="after")
@@ -151,17 +168,18 @@ class DatasetStats(Strict):
 
 class DatasetSpec(Strict):
     sources: list[SourceSpec] = Field(min_length=1, description="Prompt sources, read in this order.",
-                                      json_schema_extra=OUTPUT)
+                                      json_schema_extra=OUTPUT | BY_FIELD)
     dedupe: bool = Field(True, description="Drop prompts seen before (same content, across all sources).",
-                         json_schema_extra=OUTPUT)
+                         json_schema_extra=OUTPUT | calibrates("data"))
     shuffle_seed: int = Field(
-        0, description="Seed of the prompt order (and so of caps and the eval holdout).", json_schema_extra=OUTPUT
+        0, description="Seed of the prompt order (and so of caps and the eval holdout).",
+        json_schema_extra=OUTPUT | UNCALIBRATED
     )
     eval_holdout: int = Field(0, ge=0, description="Prompts held out of training for evaluation.",
-                              json_schema_extra=OUTPUT)
+                              json_schema_extra=OUTPUT | calibrates("data"))
     stats: DatasetStats = Field(
         default_factory=DatasetStats, description="Planning figures used before the data exists.",
-        json_schema_extra=OPERATIONAL
+        json_schema_extra=OPERATIONAL | UNCALIBRATED
     )
 
 
@@ -179,22 +197,25 @@ class ChatTemplateSpec(Strict):
 
 class TargetSpec(Strict):
     model: str = Field(description="HF id, local folder, or `builtin:tiny-qwen3` / `builtin:tiny-qwen3_5` / "
-                                   "`builtin:tiny-qwen3_moe`.", json_schema_extra=PATH)
+                                   "`builtin:tiny-qwen3_moe`.",
+                                   json_schema_extra=PATH | calibrates("data", "serving", "training"))
     arch: str | None = Field(None, description="Registry key when `model` is not a known id.",
-                             json_schema_extra=OPERATIONAL)
+                             json_schema_extra=OPERATIONAL | UNCALIBRATED)
     tokenizer: str | None = Field(None, description="Tokenizer path/id when it differs from `model`.",
-                                  json_schema_extra=PATH)
+                                  json_schema_extra=PATH | calibrates("data", "serving", "training"))
     precision: Precision = Field(
         "bf16", description="Precision the target is loaded in; `fp8`: training and evaluation run its "
-        "decoder layers' linears in FP8 (per-token / per-channel scales), the rest in bf16.", json_schema_extra=OUTPUT
+        "decoder layers' linears in FP8 (per-token / per-channel scales), the rest in bf16.",
+        json_schema_extra=OUTPUT | calibrates("data", "serving", "training")
     )
     chat_template: ChatTemplateSpec = Field(
-        default_factory=ChatTemplateSpec, description="Chat-template options.", json_schema_extra=OUTPUT
+        default_factory=ChatTemplateSpec, description="Chat-template options.",
+        json_schema_extra=OUTPUT | calibrates("data", "serving", "training")
     )
     mtp: bool = Field(
         False, description="Generate with the target's MTP head (SGLang speculative decoding, settings in "
         "stages.generate.serving.speculative); the plan says whether it pays at the planned batch.",
-        json_schema_extra=OPERATIONAL)
+        json_schema_extra=OPERATIONAL | UNCALIBRATED)
 
 
 # --------------------------------------------------------------------------- drafter
@@ -245,29 +266,40 @@ class GpuSpec(Strict):
 
 
 class HardwareProfile(Strict):
-    name: str = Field(description="Profile name; a profile file's name is its file name without .yaml.")
-    description: str = Field("", description="Free text about the node.")
-    gpu: GpuSpec | None = Field(None, description="null for the CPU profile.")
-    gpus_per_node: int = Field(0, ge=0, description="GPUs per node (0 for the CPU profile).")
-    nodes: int = Field(1, ge=1, description="Nodes used together.")
-    interconnect: str = Field("none", description="GPU interconnect, e.g. `NVLink 5` or `PCIe 5`.")
+    name: str = Field(description="Profile name; a profile file's name is its file name without .yaml.",
+                      json_schema_extra=calibrates("serving", "training"))
+    description: str = Field("", description="Free text about the node.", json_schema_extra=UNCALIBRATED)
+    gpu: GpuSpec | None = Field(None, description="null for the CPU profile.",
+                                json_schema_extra=calibrates("serving", "training"))
+    gpus_per_node: int = Field(0, ge=0, description="GPUs per node (0 for the CPU profile).",
+                               json_schema_extra=calibrates("serving", "training"))
+    nodes: int = Field(1, ge=1, description="Nodes used together.", json_schema_extra=calibrates("serving", "training"))
+    interconnect: str = Field("none", description="GPU interconnect, e.g. `NVLink 5` or `PCIe 5`.",
+                              json_schema_extra=calibrates("serving", "training"))
     interconnect_gbs: FiniteFloat | None = Field(
-        None, gt=0, description="GPU-to-GPU bandwidth inside a node, per GPU and direction, GB/s; null = one GPU."
+        None, gt=0, description="GPU-to-GPU bandwidth inside a node, per GPU and direction, GB/s; null = one GPU.",
+        json_schema_extra=calibrates("serving", "training")
     )
     internode_gbs: FiniteFloat | None = Field(
-        None, gt=0, description="Network bandwidth between nodes, per GPU and direction, GB/s; null = one node."
+        None, gt=0, description="Network bandwidth between nodes, per GPU and direction, GB/s; null = one node.",
+        json_schema_extra=calibrates("serving", "training")
     )
     host_memory_gb: FiniteFloat | None = Field(None, gt=0,
-                                               description="Host (CPU) memory per node, GB; null = unknown.")
-    usd_per_gpu_hour: FiniteFloat = Field(0.0, ge=0, description="Rental price per GPU-hour, for cost estimates.")
-    usd_source: str = Field("", description="Where the price comes from (provider, list or quote).")
-    usd_date: str = Field("", description="When the price was read (YYYY-MM).")
-    cpu_tflops: FiniteFloat = Field(0.2, gt=0, description="Used when `gpu` is null.")
+                                               description="Host (CPU) memory per node, GB; null = unknown.",
+                                               json_schema_extra=calibrates("serving", "training"))
+    usd_per_gpu_hour: FiniteFloat = Field(0.0, ge=0, description="Rental price per GPU-hour, for cost estimates.",
+                                          json_schema_extra=UNCALIBRATED)
+    usd_source: str = Field("", description="Where the price comes from (provider, list or quote).",
+                            json_schema_extra=UNCALIBRATED)
+    usd_date: str = Field("", description="When the price was read (YYYY-MM).", json_schema_extra=UNCALIBRATED)
+    cpu_tflops: FiniteFloat = Field(0.2, gt=0, description="Used when `gpu` is null.",
+                                    json_schema_extra=calibrates("serving", "training"))
     cpu_bandwidth_tbs: FiniteFloat = Field(0.02, gt=0,
-                                           description="Host memory bandwidth, TB/s; used when `gpu` is null.")
+                                           description="Host memory bandwidth, TB/s; used when `gpu` is null.",
+                                           json_schema_extra=calibrates("serving", "training"))
     calibrated: dict[str, FiniteFloat] = Field(
         default_factory=dict, description="Measured factors written by `dflashx calibrate` (serving_ratio: "
-        "measured / predicted generation throughput; training_mfu: measured MFU)."
+        "measured / predicted generation throughput; training_mfu: measured MFU).", json_schema_extra=UNCALIBRATED
     )
 
     @property
@@ -353,30 +385,38 @@ class PilotSpec(Strict):
 class Recipe(Strict):
     name: str = Field(
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-        description="Run name: names the run directory under storage.root.",
+        description="Run name: names the run directory under storage.root.", json_schema_extra=UNCALIBRATED
     )
-    description: str = Field("", description="Free text about the project.")
-    dataset: DatasetSpec = Field(description="Prompt sources and planning figures.")
-    target: TargetSpec = Field(description="The target model the drafter learns to draft for.")
+    description: str = Field("", description="Free text about the project.", json_schema_extra=UNCALIBRATED)
+    dataset: DatasetSpec = Field(description="Prompt sources and planning figures.", json_schema_extra=BY_FIELD)
+    target: TargetSpec = Field(description="The target model the drafter learns to draft for.",
+                               json_schema_extra=BY_FIELD)
     drafter: DrafterSpec = Field(
-        default_factory=DrafterSpec, description="The DFlash drafter's architecture."
+        default_factory=DrafterSpec, description="The DFlash drafter's architecture.",
+        json_schema_extra=calibrates("training")
     )
     hardware: HardwareProfile = Field(
-        description="A profile name (hardware_profiles/NAME.yaml) or an inline profile."
+        description="A profile name (hardware_profiles/NAME.yaml) or an inline profile.", json_schema_extra=BY_FIELD
     )
-    stages: Stages = Field(default_factory=Stages, description="Each stage's parameters and on/off switch.")
-    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Weights & Biases settings.")
+    stages: Stages = Field(default_factory=Stages, description="Each stage's parameters and on/off switch.",
+                           json_schema_extra=BY_FIELD)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Weights & Biases settings.",
+                                   json_schema_extra=UNCALIBRATED)
     storage: StorageSpec = Field(
-        default_factory=StorageSpec, description="Where run directories and backups live."
+        default_factory=StorageSpec, description="Where run directories and backups live.",
+        json_schema_extra=UNCALIBRATED
     )
-    budget: BudgetSpec = Field(default_factory=BudgetSpec, description="Limits the plan is checked against.")
-    pilot: PilotSpec = Field(default_factory=PilotSpec, description="The calibrating pilot run (`dflashx pilot`).")
+    budget: BudgetSpec = Field(default_factory=BudgetSpec, description="Limits the plan is checked against.",
+                               json_schema_extra=UNCALIBRATED)
+    pilot: PilotSpec = Field(default_factory=PilotSpec, description="The calibrating pilot run (`dflashx pilot`).",
+                             json_schema_extra=UNCALIBRATED)
     deploy: DeploySpec = Field(
         default_factory=DeploySpec, description="Where the trained drafter will be served: concurrencies and expected "
-        "tau of the predicted speed-up.")
+        "tau of the predicted speed-up.", json_schema_extra=UNCALIBRATED)
     acknowledge: list[str] = Field(
         default_factory=list,
         description="Blocking plan findings accepted on purpose, by code (e.g. [thinking_off]); reviewed in PRs.",
+        json_schema_extra=UNCALIBRATED
     )
 
 

@@ -10,7 +10,16 @@ from pydantic import Field, field_validator, model_validator
 from dflashx.config.eval_suites import (
     BUILTIN_BASELINES, BUILTIN_SUITES, HELDOUT, TRAINED, UNTRAINED, known_names, template_fields, unique_names,
 )
-from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, FiniteFloat, Strict
+from dflashx.config.fields import (
+    BY_FIELD,
+    OPERATIONAL,
+    OUTPUT,
+    PATH,
+    UNCALIBRATED,
+    FiniteFloat,
+    Strict,
+    calibrates,
+)
 from dflashx.config.speculative import SpeculativeSpec
 
 AUTO: Final = "auto"
@@ -20,7 +29,8 @@ AUTO: Final = "auto"
 
 
 class StageBase(Strict):
-    enabled: bool = Field(True, description="Run this stage; false skips it.", json_schema_extra=OPERATIONAL)
+    enabled: bool = Field(True, description="Run this stage; false skips it.",
+                          json_schema_extra=OPERATIONAL | UNCALIBRATED)
 
 
 class IngestStage(StageBase):
@@ -64,46 +74,52 @@ class GenerateStage(StageBase):
     backend: Literal["sglang", "transformers"] = Field(
         "sglang",
         description="`sglang` servers (GPU nodes) or local `transformers` generation (CPU, small targets).",
-        json_schema_extra=OUTPUT
+        json_schema_extra=OUTPUT | calibrates("data", "serving")
     )
     urls: list[str] = Field(default_factory=list, description="Attach to running servers instead of starting them.",
-                            json_schema_extra=OPERATIONAL)
+                            json_schema_extra=OPERATIONAL | UNCALIBRATED)
     max_tokens: int = Field(8192, ge=1, description="Most generated tokens per prompt (reasoning + answer).",
-                            json_schema_extra=OUTPUT)
-    temperature: FiniteFloat = Field(0.6, ge=0, description="Sampling temperature.", json_schema_extra=OUTPUT)
-    top_p: FiniteFloat = Field(0.95, gt=0, le=1, description="Nucleus-sampling threshold.", json_schema_extra=OUTPUT)
+                            json_schema_extra=OUTPUT | calibrates("data", "serving"))
+    temperature: FiniteFloat = Field(0.6, ge=0, description="Sampling temperature.",
+                                     json_schema_extra=OUTPUT | calibrates("data", "serving"))
+    top_p: FiniteFloat = Field(0.95, gt=0, le=1, description="Nucleus-sampling threshold.",
+                               json_schema_extra=OUTPUT | calibrates("data", "serving"))
     concurrency: int | None = Field(
         None, ge=1, description="In-flight requests per replica; default: the running batch the plan assumed "
-        "(docs/planner.md), so the servers run what was planned.", json_schema_extra=OPERATIONAL)
+        "(docs/planner.md), so the servers run what was planned.",
+        json_schema_extra=OPERATIONAL | calibrates("serving"))
     request_timeout_s: FiniteFloat = Field(
-        1800, gt=0, description="Seconds before one request is given up and retried.", json_schema_extra=OPERATIONAL
+        1800, gt=0, description="Seconds before one request is given up and retried.",
+        json_schema_extra=OPERATIONAL | UNCALIBRATED
     )
     retries: int = Field(
         5, ge=0, description="Retries of a failed request before it is recorded with an error.",
-        json_schema_extra=OPERATIONAL
+        json_schema_extra=OPERATIONAL | UNCALIBRATED
     )
     retry_backoff_s: FiniteFloat = Field(
         1.0, gt=0, description="First retry delay; doubles per attempt (capped at 60 s), with jitter.",
-        json_schema_extra=OPERATIONAL
+        json_schema_extra=OPERATIONAL | UNCALIBRATED
     )
     batch_size: int = Field(8, ge=1, description="transformers backend: prompts per generate() call.",
-                            json_schema_extra=OPERATIONAL)
-    flush_every: int = Field(64, ge=1, description="Records per fsync'ed batch.", json_schema_extra=OPERATIONAL)
+                            json_schema_extra=OPERATIONAL | calibrates("serving"))
+    flush_every: int = Field(64, ge=1, description="Records per fsync'ed batch.",
+                             json_schema_extra=OPERATIONAL | UNCALIBRATED)
     shard_size: int = Field(50_000, ge=1, description="Completions per output JSONL shard.",
-                            json_schema_extra=OPERATIONAL)
+                            json_schema_extra=OPERATIONAL | UNCALIBRATED)
     hierarchical_cache: bool = Field(
         True, description="Start SGLang with --enable-hierarchical-cache (KV cache spills to host memory).",
-        json_schema_extra=OPERATIONAL
+        json_schema_extra=OPERATIONAL | calibrates("serving")
     )
     context_length: int | None = Field(
         None, ge=1, description="SGLang --context-length; default: the target's own (a longer prompt + max_tokens "
-        "is refused by the server with HTTP 400).", json_schema_extra=OUTPUT
+        "is refused by the server with HTTP 400).", json_schema_extra=OUTPUT | calibrates("data", "serving")
     )
     serving: ServingSpec = Field(
         default_factory=ServingSpec, description="SGLang serving settings (parallelism, precision, memory).",
-        json_schema_extra=OUTPUT)
+        json_schema_extra=OUTPUT | calibrates("serving"))
     server_startup_timeout_s: FiniteFloat = Field(
-        1800, gt=0, description="Seconds to wait for started servers to report healthy.", json_schema_extra=OPERATIONAL
+        1800, gt=0, description="Seconds to wait for started servers to report healthy.",
+        json_schema_extra=OPERATIONAL | UNCALIBRATED
     )
 
 
@@ -157,67 +173,74 @@ class QCStage(StageBase):
 
 class TokenizeStage(StageBase):
     max_length: int = Field(3072, ge=8, description="Tokens per sample (prompt + completion).",
-                            json_schema_extra=OUTPUT)
+                            json_schema_extra=OUTPUT | calibrates("training"))
     overflow: Literal["truncate", "drop"] = Field("truncate", description="What happens to longer samples.",
-                                                  json_schema_extra=OUTPUT)
+                                                  json_schema_extra=OUTPUT | UNCALIBRATED)
     min_loss_tokens_blocks: FiniteFloat = Field(2.0, ge=0,
                                                 description="Drop samples with < this x block_size loss tokens.",
-                                                json_schema_extra=OUTPUT)
-    num_proc: int = Field(2, ge=1, description="Worker processes for `datasets.map`.", json_schema_extra=OPERATIONAL)
-    shard_size: int = Field(10_000, ge=1, description="Samples per Arrow shard.", json_schema_extra=OUTPUT)
+                                                json_schema_extra=OUTPUT | UNCALIBRATED)
+    num_proc: int = Field(2, ge=1, description="Worker processes for `datasets.map`.",
+                          json_schema_extra=OPERATIONAL | UNCALIBRATED)
+    shard_size: int = Field(10_000, ge=1, description="Samples per Arrow shard.",
+                            json_schema_extra=OUTPUT | UNCALIBRATED)
 
 
 class TrainStage(StageBase):
     mode: Literal["online", "offline"] = Field(
         "online",
         description="`online` recomputes the target's hidden states each step; `offline` stores them first (large).",
-        json_schema_extra=OUTPUT
+        json_schema_extra=OUTPUT | calibrates("training")
     )
-    epochs: FiniteFloat = Field(6, gt=0, description="Passes over the training set.", json_schema_extra=OUTPUT)
+    epochs: FiniteFloat = Field(6, gt=0, description="Passes over the training set.",
+                                json_schema_extra=OUTPUT | UNCALIBRATED)
     max_steps: int | None = Field(
         None, ge=1, description="Stop after this many optimizer steps (before the epochs end).",
-        json_schema_extra=OUTPUT
+        json_schema_extra=OUTPUT | UNCALIBRATED
     )
-    lr: FiniteFloat = Field(6e-4, gt=0, description="Peak learning rate.", json_schema_extra=OUTPUT)
-    weight_decay: FiniteFloat = Field(0.0, ge=0, description="Optimizer weight decay.", json_schema_extra=OUTPUT)
+    lr: FiniteFloat = Field(6e-4, gt=0, description="Peak learning rate.", json_schema_extra=OUTPUT | UNCALIBRATED)
+    weight_decay: FiniteFloat = Field(0.0, ge=0, description="Optimizer weight decay.",
+                                      json_schema_extra=OUTPUT | UNCALIBRATED)
     warmup_ratio: FiniteFloat = Field(
-        0.04, ge=0, lt=1, description="Share of the steps spent warming the learning rate up.", json_schema_extra=OUTPUT
+        0.04, ge=0, lt=1, description="Share of the steps spent warming the learning rate up.",
+        json_schema_extra=OUTPUT | UNCALIBRATED
     )
-    grad_clip: FiniteFloat = Field(1.0, gt=0, description="Gradient-norm clipping.", json_schema_extra=OUTPUT)
+    grad_clip: FiniteFloat = Field(1.0, gt=0, description="Gradient-norm clipping.",
+                                   json_schema_extra=OUTPUT | UNCALIBRATED)
     global_batch: int = Field(64, ge=1, description="Sequences per optimizer step across all GPUs.",
-                              json_schema_extra=OUTPUT)
+                              json_schema_extra=OUTPUT | calibrates("training"))
     micro_batch: int | None = Field(None, ge=1, description="Default: the hardware profile's.",
-                                    json_schema_extra=OPERATIONAL)
+                                    json_schema_extra=OPERATIONAL | calibrates("training"))
     zero_stage: Literal[0, 1, 2] | None = Field(None, description="Default: the hardware profile's.",
-                                                json_schema_extra=OPERATIONAL)
+                                                json_schema_extra=OPERATIONAL | calibrates("training"))
     shard_target: Literal["auto", "always", "never"] = Field(
         "auto",
         description="Shard the frozen online target over the node's GPUs (DeepSpeed ZeRO-3, the drafter stays "
                     "data-parallel): `auto` when the target does not fit one GPU beside the drafter; `always` / "
                     "`never` force or forbid it.",
-        json_schema_extra=OPERATIONAL,
+        json_schema_extra=OPERATIONAL | UNCALIBRATED,
     )
     anchors_per_seq: int = Field(512, ge=1, description="Anchor positions (blocks) sampled per sequence.",
-                                 json_schema_extra=OUTPUT)
+                                 json_schema_extra=OUTPUT | calibrates("training"))
     loss_gamma: FiniteFloat | None = Field(None, gt=0, description="Slot decay; default 7/5/4 for B=16/10/8.",
-                                           json_schema_extra=OUTPUT)
-    max_length: int | None = Field(None, ge=8, description="Default: tokenize.max_length.", json_schema_extra=OUTPUT)
+                                           json_schema_extra=OUTPUT | UNCALIBRATED)
+    max_length: int | None = Field(None, ge=8, description="Default: tokenize.max_length.",
+                                   json_schema_extra=OUTPUT | calibrates("training"))
     checkpoint_every: int = Field(500, ge=1, description="Optimizer steps between checkpoints.",
-                                  json_schema_extra=OPERATIONAL)
+                                  json_schema_extra=OPERATIONAL | UNCALIBRATED)
     keep_checkpoints: int | None = Field(
         2, ge=1,
         description="DeepSpeed training states kept under train/checkpoints/: the K newest plus the one with the best "
                     "logged loss (each holds the weights and optimizer state); null keeps all.",
-        json_schema_extra=OPERATIONAL,
+        json_schema_extra=OPERATIONAL | UNCALIBRATED,
     )
     log_every: int = Field(10, ge=1, description="Optimizer steps between logged metrics.",
-                           json_schema_extra=OPERATIONAL)
-    seed: int = Field(0, description="Random seed.", json_schema_extra=OUTPUT)
+                           json_schema_extra=OPERATIONAL | UNCALIBRATED)
+    seed: int = Field(0, description="Random seed.", json_schema_extra=OUTPUT | UNCALIBRATED)
     compile: bool | Literal["auto"] = Field(
         "auto",
         description="torch.compile the drafter's layers (fuses norms, RoPE, SwiGLU and FP8 casts); `auto`: on GPUs "
                     "only. Context lengths and block counts are padded to buckets so lengths do not recompile.",
-        json_schema_extra=OPERATIONAL,
+        json_schema_extra=OPERATIONAL | UNCALIBRATED,
     )
     loss_kernel: Literal["auto", "liger", "torch"] = Field(
         "auto",
@@ -225,47 +248,48 @@ class TrainStage(StageBase):
                     "in the forward pass) or `liger` (liger-kernel's Triton kernel, CUDA, when installed; else torch; "
                     "`decay_ce` only); `auto`: liger on GPUs for `decay_ce`, else torch. Logits never exist for all "
                     "tokens at once.",
-        json_schema_extra=OPERATIONAL,
+        json_schema_extra=OPERATIONAL | UNCALIBRATED,
     )
     loss: Literal["decay_ce", "dpace"] = Field(
         "dpace",
         description="Training objective over a block's slots: `decay_ce`, cross-entropy weighted by the fixed decay "
                     "exp(-(k-1)/loss_gamma) (DFlash paper); `dpace`, D-PACE (arXiv 2605.18810): each slot weighted "
                     "by the accepted length it leads on to under the drafter's own smoothed confidence.",
-        json_schema_extra=OUTPUT,
+        json_schema_extra=OUTPUT | UNCALIBRATED,
     )
     dpace_alpha: FiniteFloat = Field(
         0.5, gt=0, le=1, description="D-PACE confidence smoothing: q~ = (1 - alpha) q + alpha (SpecForge's and "
-        "speculators' default 0.5).", json_schema_extra=OUTPUT)
+        "speculators' default 0.5).", json_schema_extra=OUTPUT | UNCALIBRATED)
     labels: Literal["data", "target"] = Field(
         "data",
         description="What a slot is trained to predict: `data`, the token in the training data; `target`, the "
                     "target's argmax at that position (what greedy verification accepts; differs from the data where "
                     "it was sampled at temperature > 0). `target` runs the target's forward to its last layer and "
                     "its LM head on the supervised positions.",
-        json_schema_extra=OUTPUT,
+        json_schema_extra=OUTPUT | UNCALIBRATED,
     )
     optimizer: Literal["adamw", "muon"] = Field(
         "muon",
         description="`adamw` for every weight, or `muon`: Muon (DeepSpeed's built-in, Newton-Schulz orthogonalised "
-                    "momentum) for the 2-D matrices and AdamW for the rest (norms).", json_schema_extra=OUTPUT)
+                    "momentum) for the 2-D matrices and AdamW for the rest (norms).",
+                    json_schema_extra=OUTPUT | UNCALIBRATED)
     muon_lr: FiniteFloat | None = Field(
         None, gt=0,
         description="Peak learning rate of the Muon matrices, in AdamW-matched units (the update's RMS scaled to "
                     "AdamW's, as torch.optim.Muon's `match_rms_adamw`); default: `lr` x the resolved factor "
-                    "(docs/training.md).", json_schema_extra=OUTPUT)
+                    "(docs/training.md).", json_schema_extra=OUTPUT | UNCALIBRATED)
     muon_momentum: FiniteFloat = Field(0.95, gt=0, lt=1, description="Muon's Nesterov momentum.",
-                                       json_schema_extra=OUTPUT)
+                                       json_schema_extra=OUTPUT | UNCALIBRATED)
     schedule: Literal["cosine", "linear"] = Field(
         "cosine", description="Learning-rate decay after the linear warm-up, to 0 at the last step (every group).",
-        json_schema_extra=OUTPUT)
+        json_schema_extra=OUTPUT | UNCALIBRATED)
     master_weights: Literal["fp32", "bf16"] = Field(
         "fp32",
         description="Precision of the optimizer's master weights, gradients and Adam moments on GPUs: `bf16` keeps "
                     "all in bf16 (DeepSpeed ZeRO 1 or 2 only; per drafter parameter 10 fewer bytes under AdamW, 6 "
                     "under Muon, on one GPU about 18 / 11 GB for a 27B target's 1.8B-parameter drafter) at some "
                     "risk to convergence late in a long run.",
-        json_schema_extra=OUTPUT,
+        json_schema_extra=OUTPUT | UNCALIBRATED,
     )
 
 
@@ -386,30 +410,31 @@ class BackupStage(StageBase):
 class Stages(Strict):
     ingest: IngestStage = Field(
         default_factory=IngestStage, description="Read, normalise, dedupe and shard the prompts.",
-        json_schema_extra=OUTPUT
+        json_schema_extra=OUTPUT | UNCALIBRATED
     )
     generate: GenerateStage = Field(
         default_factory=GenerateStage, description="Target completions (SGLang or transformers).",
-        json_schema_extra=OUTPUT
+        json_schema_extra=OUTPUT | BY_FIELD
     )
     qc: QCStage = Field(default_factory=QCStage, description="Quality gate on the completions.",
-                        json_schema_extra=OUTPUT)
+                        json_schema_extra=OUTPUT | UNCALIBRATED)
     tokenize: TokenizeStage = Field(
         default_factory=TokenizeStage, description="Chat template and loss masks into an Arrow dataset.",
-        json_schema_extra=OUTPUT
+        json_schema_extra=OUTPUT | BY_FIELD
     )
     train: TrainStage = Field(default_factory=TrainStage, description="DFlash drafter training (DeepSpeed).",
-                              json_schema_extra=OUTPUT)
+                              json_schema_extra=OUTPUT | BY_FIELD)
     eval: EvalStage = Field(
-        default_factory=EvalStage, description="Acceptance evaluation of the trained drafter.", json_schema_extra=OUTPUT
+        default_factory=EvalStage, description="Acceptance evaluation of the trained drafter.",
+        json_schema_extra=OUTPUT | UNCALIBRATED
     )
     export: ExportStage = Field(
         default_factory=ExportStage, description="The drafter as config.json + model.safetensors.",
-        json_schema_extra=OUTPUT
+        json_schema_extra=OUTPUT | UNCALIBRATED
     )
     backup: BackupStage = Field(
         default_factory=BackupStage, description="Copy the run's artifacts to S3 and verify them.",
-        json_schema_extra=OUTPUT
+        json_schema_extra=OUTPUT | UNCALIBRATED
     )
 
 

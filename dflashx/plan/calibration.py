@@ -22,7 +22,9 @@ values differ from the recipe being planned is not applied, and the plan says wh
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.fields import FieldInfo
 
+from dflashx.config.fields import BY_FIELD, CALIBRATES, CALIBRATION_GROUPS
 from dflashx.config.schema import DatasetStats, Recipe
 from dflashx.plan.context import PlanContext, build_context
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
@@ -31,11 +33,6 @@ from dflashx.resolve.speculative import geometric_profile
 from dflashx.targets.registry import TargetFacts
 
 CALIBRATION_VERSION = 1
-_HARDWARE_NOT_FACTS = {"description", "calibrated", "usd_per_gpu_hour", "usd_source", "usd_date"}
-_TRAIN_KEPT = {"mode", "global_batch", "micro_batch", "zero_stage", "anchors_per_seq", "max_length"}
-_GENERATE_RUNTIME = {"enabled", "urls", "request_timeout_s", "retries", "retry_backoff_s", "flush_every", "shard_size",
-                     "server_startup_timeout_s"}
-_GENERATE_LENGTHS = {"backend", "max_tokens", "temperature", "top_p", "context_length"}
 
 
 class PilotCalibration(BaseModel):
@@ -68,25 +65,37 @@ def _flat(value: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def calibration_marker(info: FieldInfo) -> list[str] | str | None:
+    """A field's calibration marker: the groups its value conditions, BY_FIELD's "fields", or None (no marker)."""
+    extra = info.json_schema_extra
+    return extra.get(CALIBRATES) if isinstance(extra, dict) else None  # type: ignore[return-value]
+
+
+def _walk(model: BaseModel, dumped: dict[str, Any], group: str) -> dict[str, Any]:
+    """The fields of `model` (with `dumped`, its JSON dump) whose markers put them in `group`, nested as dumped;
+    a BY_FIELD field's sub-model, or each model of its list, is walked the same way."""
+    kept: dict[str, Any] = {}
+    for name, info in type(model).model_fields.items():
+        marker, value = calibration_marker(info), getattr(model, name)
+        if marker == BY_FIELD[CALIBRATES]:
+            if isinstance(value, list):
+                items = [_walk(item, d, group) for item, d in zip(value, dumped[name], strict=True)]
+                if any(items):
+                    kept[name] = items
+            elif isinstance(value, BaseModel) and (sub := _walk(value, dumped[name], group)):
+                kept[name] = sub
+        elif isinstance(marker, list) and group in marker:
+            kept[name] = dumped[name]
+    return kept
+
+
 def conditions(recipe: Recipe) -> dict[str, dict[str, Any]]:
-    """The recipe values each group of figures depends on, flattened to dotted keys (JSON values)."""
+    """The recipe values each group of figures depends on, flattened to dotted keys (JSON values): the fields
+    whose `calibrates` markers (`dflashx.config.fields`) name the group."""
     data = recipe.model_dump(mode="json")
-    target = {k: data["target"][k] for k in ("model", "tokenizer", "precision", "chat_template")}
-    generate = {k: v for k, v in data["stages"]["generate"].items() if k not in _GENERATE_RUNTIME}
-    sampling = {k: v for k, v in generate.items() if k in _GENERATE_LENGTHS}
-    hardware = {k: v for k, v in data["hardware"].items() if k not in _HARDWARE_NOT_FACTS}
-    kept = [{k: v for k, v in src.items() if k != "expected_count"} for src in data["dataset"]["sources"]]
-    sources = {"sources": kept, "dedupe": data["dataset"]["dedupe"],
-               "eval_holdout": data["dataset"]["eval_holdout"]}
-    train = {k: v for k, v in data["stages"]["train"].items() if k in _TRAIN_KEPT}
-    groups = {
-        "data": {"dataset": sources, "target": target, "stages.generate": sampling},
-        "serving": {"hardware": hardware, "target": target, "stages.generate": generate},
-        "training": {"hardware": hardware, "target": target, "drafter": data["drafter"], "stages.train": train,
-                     "stages.tokenize.max_length": data["stages"]["tokenize"]["max_length"]},
-    }
-    return {name: {k: v for section, value in g.items() for k, v in _flat(value, section, {}).items()}
-            for name, g in groups.items()}
+    return {group: {k: v for section, value in _walk(recipe, data, group).items()
+                    for k, v in _flat(value, section, {}).items()}
+            for group in CALIBRATION_GROUPS}
 
 
 def changed(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
