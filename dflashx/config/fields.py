@@ -66,3 +66,10 @@ UNCALIBRATED: JsonDict = {CALIBRATES: []}
 def calibrates(*groups: Literal["data", "serving", "training"]) -> JsonDict:
     """The marker of a field whose value conditions these calibration groups."""
     return {CALIBRATES: list(groups)}
+
+
+class StageBase(Strict):
+    """What every stage has: its on/off switch."""
+
+    enabled: bool = Field(True, description="Run this stage; false skips it.",
+                          json_schema_extra=OPERATIONAL | UNCALIBRATED)

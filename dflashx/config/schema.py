@@ -26,12 +26,13 @@ from dflashx.config.fields import (
     calibrates,
     parse_size,
 )
+from dflashx.config.eval_stage import EvalBaseline, EvalSuite
 from dflashx.config.eval_suites import BUILTIN_BASELINES, BUILTIN_SUITES
+from dflashx.config.hardware import GpuSpec, HardwareProfile
 from dflashx.config.speculative import DeploySpec, SpeculativeSpec
 from dflashx.config.stages import (  # the stage models are part of the schema
     STAGE_ORDER, StageBase, IngestStage, GenerateStage, ServingSpec, QCThresholds, QCStage, TokenizeStage, TrainStage,
     EvalStage, ExportStage, BackupStage, Stages,
-    EvalBaseline, EvalSuite,
 )
 
 __all__ = [
@@ -250,61 +251,6 @@ class DrafterSpec(Strict):
                     "weights, optimizer states and the exported drafter stay bf16.",
         json_schema_extra=OUTPUT,
     )
-
-
-# --------------------------------------------------------------------------- hardware
-
-
-class GpuSpec(Strict):
-    name: str = Field(description="GPU model, e.g. `H200`.")
-    memory_gb: FiniteFloat = Field(gt=0, description="Per-GPU memory, GB (1e9 bytes).")
-    bandwidth_tbs: FiniteFloat = Field(gt=0, description="Per-GPU memory bandwidth, TB/s.")
-    bf16_tflops: FiniteFloat = Field(gt=0, description="Dense BF16 TFLOP/s (not the sparse headline).")
-    fp8_tflops: FiniteFloat | None = Field(None, gt=0, description="Dense FP8 TFLOP/s; null = no FP8.")
-
-
-
-
-class HardwareProfile(Strict):
-    name: str = Field(description="Profile name; a profile file's name is its file name without .yaml.",
-                      json_schema_extra=calibrates("serving", "training"))
-    description: str = Field("", description="Free text about the node.", json_schema_extra=UNCALIBRATED)
-    gpu: GpuSpec | None = Field(None, description="null for the CPU profile.",
-                                json_schema_extra=calibrates("serving", "training"))
-    gpus_per_node: int = Field(0, ge=0, description="GPUs per node (0 for the CPU profile).",
-                               json_schema_extra=calibrates("serving", "training"))
-    nodes: int = Field(1, ge=1, description="Nodes used together.", json_schema_extra=calibrates("serving", "training"))
-    interconnect: str = Field("none", description="GPU interconnect, e.g. `NVLink 5` or `PCIe 5`.",
-                              json_schema_extra=calibrates("serving", "training"))
-    interconnect_gbs: FiniteFloat | None = Field(
-        None, gt=0, description="GPU-to-GPU bandwidth inside a node, per GPU and direction, GB/s; null = one GPU.",
-        json_schema_extra=calibrates("serving", "training")
-    )
-    internode_gbs: FiniteFloat | None = Field(
-        None, gt=0, description="Network bandwidth between nodes, per GPU and direction, GB/s; null = one node.",
-        json_schema_extra=calibrates("serving", "training")
-    )
-    host_memory_gb: FiniteFloat | None = Field(None, gt=0,
-                                               description="Host (CPU) memory per node, GB; null = unknown.",
-                                               json_schema_extra=calibrates("serving", "training"))
-    usd_per_gpu_hour: FiniteFloat = Field(0.0, ge=0, description="Rental price per GPU-hour, for cost estimates.",
-                                          json_schema_extra=UNCALIBRATED)
-    usd_source: str = Field("", description="Where the price comes from (provider, list or quote).",
-                            json_schema_extra=UNCALIBRATED)
-    usd_date: str = Field("", description="When the price was read (YYYY-MM).", json_schema_extra=UNCALIBRATED)
-    cpu_tflops: FiniteFloat = Field(0.2, gt=0, description="Used when `gpu` is null.",
-                                    json_schema_extra=calibrates("serving", "training"))
-    cpu_bandwidth_tbs: FiniteFloat = Field(0.02, gt=0,
-                                           description="Host memory bandwidth, TB/s; used when `gpu` is null.",
-                                           json_schema_extra=calibrates("serving", "training"))
-    calibrated: dict[str, FiniteFloat] = Field(
-        default_factory=dict, description="Measured factors written by `dflashx calibrate` (serving_ratio: "
-        "measured / predicted generation throughput; training_mfu: measured MFU).", json_schema_extra=UNCALIBRATED
-    )
-
-    @property
-    def num_gpus(self) -> int:
-        return self.gpus_per_node * self.nodes
 
 
 # --------------------------------------------------------------------------- tracking, storage, budget

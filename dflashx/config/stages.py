@@ -5,18 +5,16 @@
 
 from typing import Final, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field
 
-from dflashx.config.eval_suites import (
-    BUILTIN_BASELINES, BUILTIN_SUITES, HELDOUT, TRAINED, UNTRAINED, known_names, template_fields, unique_names,
-)
+from dflashx.config.eval_stage import EvalStage
 from dflashx.config.fields import (
     BY_FIELD,
     OPERATIONAL,
     OUTPUT,
-    PATH,
     UNCALIBRATED,
     FiniteFloat,
+    StageBase,
     Strict,
     calibrates,
 )
@@ -26,11 +24,6 @@ AUTO: Final = "auto"
 
 
 # --------------------------------------------------------------------------- stages
-
-
-class StageBase(Strict):
-    enabled: bool = Field(True, description="Run this stage; false skips it.",
-                          json_schema_extra=OPERATIONAL | UNCALIBRATED)
 
 
 class IngestStage(StageBase):
@@ -291,108 +284,6 @@ class TrainStage(StageBase):
                     "risk to convergence late in a long run.",
         json_schema_extra=OUTPUT | UNCALIBRATED,
     )
-
-
-_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
-def _named(value: object) -> object:
-    """A bare name in a list of suites or baselines is short for `{name: ...}`."""
-    return {"name": value} if isinstance(value, str) else value
-
-
-class EvalSuite(Strict):
-    """A named prompt set the eval stage decodes: a local file, a `datasets` id, or (by its name) a
-    built-in suite whose definition the other keys override (docs/evaluation.md, "Suites")."""
-
-    name: str = Field(pattern=_NAME, description="Suite name in eval.json, the plot and `dflashx compare`; a "
-                      "built-in's name (heldout, gsm8k, math500, humaneval, mbpp, mt-bench, alpaca) takes its "
-                      "definition. A bare name in the list is short for {name: ...}.", json_schema_extra=OUTPUT)
-    path: str | None = Field(None, description="Local .jsonl/.json/.parquet file or folder of records (or a "
-                             "`builtin:` prompt file).", json_schema_extra=PATH)
-    hf_id: str | None = Field(None, description="`datasets` id (needs network).", json_schema_extra=OUTPUT)
-    hf_config: str | None = Field(None, description="`datasets` configuration name.", json_schema_extra=OUTPUT)
-    split: str = Field("test", description="`datasets` split.", json_schema_extra=OUTPUT)
-    format: Literal["auto", "messages", "sharegpt", "alpaca", "function_calling", "prompt"] = Field(
-        "auto", description="Record layout, as for dataset.sources (unused with `template`).", json_schema_extra=OUTPUT)
-    fields: dict[str, str] = Field(default_factory=dict, description="Field mapping, as for dataset.sources, e.g. "
-                                   "{prompt: question}.", json_schema_extra=OUTPUT)
-    template: str | None = Field(None, description="The user turn written from the record's fields, e.g. "
-                                 "'{question}\\nAnswer briefly.' or '{prompt[0]}'; replaces format and fields.",
-                                 json_schema_extra=OUTPUT)
-    count: int | None = Field(None, ge=1, description="Most prompts decoded; default stages.eval.num_prompts.",
-                              json_schema_extra=OUTPUT)
-    sample_seed: int | None = Field(None, description="Pick the prompts as z-lab's benchmark script does: the "
-                                    "records shuffled by random.Random(seed), then the first `count`; null: the "
-                                    "first `count` records.", json_schema_extra=OUTPUT)
-
-    @model_validator(mode="after")
-    def _location(self) -> "EvalSuite":
-        if self.path is not None and self.hf_id is not None:
-            raise ValueError(f"suite {self.name!r}: give one of `path` (local file) or `hf_id` (datasets id)")
-        if self.name == HELDOUT and (self.path or self.hf_id):
-            raise ValueError(f"suite {HELDOUT!r} is the run's held-out prompts: set stages.eval.prompts to read "
-                             "them from a file, or give this suite another name")
-        if self.path is None and self.hf_id is None:
-            known_names([self.name], BUILTIN_SUITES, "suite", "give it a `path` (local file) or an `hf_id`")
-        if self.template is not None:
-            template_fields(self.template)
-        return self
-
-
-class EvalBaseline(Strict):
-    """A drafter evaluated beside the trained one: `untrained`, or a folder in the z-lab / SGLang
-    layout or the speculators layout (e.g. a drafter published for the same target)."""
-
-    name: str = Field(pattern=_NAME, description="Drafter name in eval.json, the plot and `dflashx compare`; "
-                      "`untrained` is the built-in baseline (a bare name is short for {name: ...}).",
-                      json_schema_extra=OUTPUT)
-    path: str | None = Field(None, description="Drafter folder (config.json + model.safetensors) or a hub id "
-                             "such as z-lab/Qwen3.6-27B-DFlash (downloaded on first use).", json_schema_extra=PATH)
-
-    @model_validator(mode="after")
-    def _location(self) -> "EvalBaseline":
-        if self.name == UNTRAINED and self.path is not None:
-            raise ValueError(f"baseline {UNTRAINED!r} is built in (the trained drafter's config, seeded init); "
-                             "give your folder another name")
-        if self.path is None:
-            known_names([self.name], BUILTIN_BASELINES, "baseline", "give it a `path` (a drafter folder)")
-        return self
-
-
-class EvalStage(StageBase):
-    num_prompts: int = Field(64, ge=1, description="Prompts evaluated per suite (unless the suite sets `count`).",
-                             json_schema_extra=OUTPUT)
-    max_new_tokens: int = Field(
-        256, ge=1, description="Tokens generated per prompt while measuring acceptance.", json_schema_extra=OUTPUT
-    )
-    temperature: FiniteFloat = Field(0.0, ge=0, description="Sampling temperature (0 = greedy).",
-                                     json_schema_extra=OUTPUT)
-    prompts: str | None = Field(None, description="JSONL of held-out prompts (the `heldout` suite); default: "
-                                "dataset.eval_holdout.", json_schema_extra=PATH)
-    suites: list[EvalSuite] = Field(
-        default_factory=lambda: [HELDOUT], validate_default=True, min_length=1,
-        description="Prompt sets to decode, each a built-in name (heldout, gsm8k, math500, humaneval, mbpp, "
-                    "mt-bench, alpaca) or {name, path | hf_id, ...}; the first is the headline one.",
-        json_schema_extra=OUTPUT)
-    baselines: list[EvalBaseline] = Field(
-        default_factory=lambda: [UNTRAINED], validate_default=True,
-        description="Drafters decoded beside the trained one on every suite: `untrained` or {name, path} of a "
-                    "drafter folder (z-lab or speculators layout).",
-        json_schema_extra=OUTPUT)
-
-    @field_validator("suites", "baselines", mode="before")
-    @classmethod
-    def _bare_names(cls, items: object) -> object:
-        return [_named(item) for item in items] if isinstance(items, list) else items
-
-    @field_validator("suites")
-    @classmethod
-    def _unique_suites(cls, suites: list[EvalSuite]) -> list[EvalSuite]:
-        return unique_names(suites, "suite")
-
-    @field_validator("baselines")
-    @classmethod
-    def _unique_baselines(cls, baselines: list[EvalBaseline]) -> list[EvalBaseline]:
-        return unique_names(baselines, "baseline", reserved=(TRAINED,))
 
 
 class ExportStage(StageBase):
