@@ -58,7 +58,7 @@ def test_validate_bad_recipe_exits_2_without_traceback() -> None:
 def test_validate_missing_file_exits_2() -> None:
     result = runner.invoke(app, ["validate", "recipes/tinny.yaml"])
     assert result.exit_code == 2
-    assert "did you mean 'tiny.yaml'" in result.stderr
+    assert "did you mean 'tiny.yaml' or 'tiny_moe.yaml'?" in result.stderr
 
 
 def test_validate_plan_errors_exit_1() -> None:
