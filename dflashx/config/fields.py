@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.config import JsonDict
+from pydantic.fields import FieldInfo
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -66,6 +67,12 @@ UNCALIBRATED: JsonDict = {CALIBRATES: []}
 def calibrates(*groups: Literal["data", "serving", "training"]) -> JsonDict:
     """The marker of a field whose value conditions these calibration groups."""
     return {CALIBRATES: list(groups)}
+
+
+def marker(info: FieldInfo, kind: str) -> Any:
+    """The value a field's `kind` marker (STAGE_KEY or CALIBRATES) holds, or None when it has none."""
+    extra = info.json_schema_extra
+    return extra.get(kind) if isinstance(extra, dict) else None
 
 
 class StageBase(Strict):

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.fields import FieldInfo
 
-from dflashx.config.fields import BY_FIELD, CALIBRATES, CALIBRATION_GROUPS
+from dflashx.config.fields import BY_FIELD, CALIBRATES, CALIBRATION_GROUPS, marker
 from dflashx.config.schema import DatasetStats, Recipe
 from dflashx.plan.context import PlanContext, build_context
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
@@ -67,8 +67,7 @@ def _flat(value: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
 
 def calibration_marker(info: FieldInfo) -> list[str] | str | None:
     """A field's calibration marker: the groups its value conditions, BY_FIELD's "fields", or None (no marker)."""
-    extra = info.json_schema_extra
-    return extra.get(CALIBRATES) if isinstance(extra, dict) else None  # type: ignore[return-value]
+    return marker(info, CALIBRATES)
 
 
 def _walk(model: BaseModel, dumped: dict[str, Any], group: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from dflashx.config.fields import STAGE_KEY
+from dflashx.config.fields import STAGE_KEY, marker
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.stages.graph import GRAPH
 from dflashx.store.hashing import fingerprint
@@ -42,8 +42,7 @@ class StageKey:
 
 def role(info: FieldInfo) -> str | None:
     """A field's stage-key marker: output, operational or path (None when it has none)."""
-    extra = info.json_schema_extra
-    return extra.get(STAGE_KEY) if isinstance(extra, dict) else None  # type: ignore[return-value]
+    return marker(info, STAGE_KEY)
 
 
 def _path_identity(value: Any) -> Any:
