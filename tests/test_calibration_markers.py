@@ -21,8 +21,9 @@ _SERVING = {"stages.generate." + k for k in (
     "serving.kv_cache_dtype", "serving.max_running_requests", "serving.mem_fraction_static", "serving.tp",
     "serving.weight_dtype", "serving.speculative.acceptance", "serving.speculative.algorithm",
     "serving.speculative.eagle_topk", "serving.speculative.num_draft_tokens", "serving.speculative.num_steps")}
-_DRAFTER = {"drafter." + k for k in ("block_size", "init_from", "intermediate_size", "layer_types", "mask_token_id",
-                                     "num_layers", "num_target_layers", "precision", "sliding_window",
+_DRAFTER = {"drafter." + k for k in ("architecture", "conv_kernel_size", "conv_group_size", "selector_rank",
+                                     "selector_top_k", "block_size", "init_from", "intermediate_size", "layer_types",
+                                     "mask_token_id", "num_layers", "num_target_layers", "precision", "sliding_window",
                                      "target_layer_ids")}
 _TRAIN = {"stages.train." + k for k in ("anchors_per_seq", "global_batch", "max_length", "micro_batch", "mode",
                                         "zero_stage")} | {"stages.tokenize.max_length"}

@@ -28,6 +28,7 @@ from dflashx.config.fields import (
 )
 from dflashx.config.eval_stage import EvalBaseline, EvalSuite
 from dflashx.config.eval_suites import BUILTIN_BASELINES, BUILTIN_SUITES
+from dflashx.config.drafter import DrafterSpec
 from dflashx.config.hardware import GpuSpec, HardwareProfile
 from dflashx.config.speculative import DeploySpec, SpeculativeSpec
 from dflashx.config.stages import (  # the stage models are part of the schema
@@ -217,40 +218,6 @@ class TargetSpec(Strict):
         False, description="Generate with the target's MTP head (SGLang speculative decoding, settings in "
         "stages.generate.serving.speculative); the plan says whether it pays at the planned batch.",
         json_schema_extra=OPERATIONAL | UNCALIBRATED)
-
-
-# --------------------------------------------------------------------------- drafter
-
-
-class DrafterSpec(Strict):
-    """DFlash block-diffusion drafter (arXiv 2602.06036)."""
-
-    num_layers: int = Field(5, ge=1, description="Transformer layers of the drafter.", json_schema_extra=OUTPUT)
-    block_size: int = Field(16, ge=2, description="Anchor + (B-1) mask tokens (at least 2: one to draft).",
-                            json_schema_extra=OUTPUT)
-    num_target_layers: int = Field(5, ge=1, description="k target layers fused by `fc`.", json_schema_extra=OUTPUT)
-    target_layer_ids: list[int] | None = Field(
-        None, description="Explicit target layer ids; default spreads k over the target.", json_schema_extra=OUTPUT
-    )
-    mask_token_id: int | None = Field(None, description="Unused embedding row; default from the target.",
-                                      json_schema_extra=OUTPUT)
-    layer_types: list[Literal["full_attention", "sliding_attention"]] | None = Field(
-        None, description="Attention type per drafter layer; default: all full attention.", json_schema_extra=OUTPUT
-    )
-    sliding_window: int | None = Field(
-        None, ge=1, description="Window of `sliding_attention` layers, tokens.", json_schema_extra=OUTPUT
-    )
-    intermediate_size: int | None = Field(None, ge=1, description="Default: the target's FFN size.",
-                                          json_schema_extra=OUTPUT)
-    init_from: str | None = Field(None, description="Folder of a DFlash checkpoint to continue training.",
-                                  json_schema_extra=PATH)
-    precision: Literal["bf16", "fp8"] = Field(
-        "bf16",
-        description="Matmuls of the drafter's linear layers in training: `fp8` runs them in float8 with row-wise "
-                    "scales (torchao float8 training; Hopper or Blackwell GPUs, the plan checks the profile); "
-                    "weights, optimizer states and the exported drafter stay bf16.",
-        json_schema_extra=OUTPUT,
-    )
 
 
 # --------------------------------------------------------------------------- tracking, storage, budget

@@ -276,6 +276,19 @@ class TrainStage(StageBase):
     schedule: Literal["cosine", "linear"] = Field(
         "cosine", description="Learning-rate decay after the linear warm-up, to 0 at the last step (every group).",
         json_schema_extra=OUTPUT | UNCALIBRATED)
+    selector_weight: FiniteFloat = Field(
+        1.0, ge=0, description="DFlash2: weight of the path selector's k-way cross-entropy beside the backbone's "
+        "loss (total = backbone + weight x ramp x selector; SpecForge, speculators and NeMo use 1.0).",
+        json_schema_extra=OUTPUT | UNCALIBRATED)
+    selector_warmup_ratio: FiniteFloat = Field(
+        0.04, ge=0, lt=1, description="DFlash2: share of the steps over which the selector loss's weight ramps "
+        "linearly from 0 to `selector_weight`.", json_schema_extra=OUTPUT | UNCALIBRATED)
+    selector_gold_missing: Literal["skip", "swap"] = Field(
+        "skip",
+        description="DFlash2: a position whose label is not among the top-k candidates: `skip` leaves it out of the "
+                    "selector loss (NeMo; SpecForge's docs), `swap` puts the label in place of the k-th candidate "
+                    "(speculators).",
+        json_schema_extra=OUTPUT | UNCALIBRATED)
     master_weights: Literal["fp32", "bf16"] = Field(
         "fp32",
         description="Precision of the optimizer's master weights, gradients and Adam moments on GPUs: `bf16` keeps "

@@ -27,7 +27,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dflashx.resolve.flops import DrafterDims
+from dflashx.config.drafter import Architecture
+from dflashx.resolve.flops import DrafterDims, dflash2_dims
 from dflashx.resolve.formulas import spread_layer_ids
 from dflashx.resolve.model import ResolvedDrafter
 
@@ -83,6 +84,11 @@ class DFlashConfig(BaseModel):
                                           "text stack (qwen3, qwen3_moe, gpt_oss ...); the drafter is dense either "
                                           "way.")
     target_architectures: list[str] = Field(default_factory=list, description="The target config's architectures.")
+    architecture: Architecture = "dflash"
+    conv_kernel_size: int = Field(2, ge=1, description="DFlash2: convolution taps.")
+    conv_group_size: int = Field(16, ge=1, description="DFlash2: channels per dynamic-kernel group.")
+    selector_rank: int = Field(256, ge=1, description="DFlash2: the selector's codebook rank.")
+    selector_top_k: int = Field(16, ge=2, description="DFlash2: candidates per block position.")
 
     @model_validator(mode="after")
     def _coherent(self) -> "DFlashConfig":
@@ -115,7 +121,7 @@ class DFlashConfig(BaseModel):
     def dims(self) -> DrafterDims:
         """The shapes the FLOP model counts (`dflashx.resolve.flops`)."""
         return DrafterDims(self.num_layers, self.hidden_size, self.num_attention_heads, self.num_key_value_heads,
-                           self.head_dim, self.intermediate_size, self.vocab_size, self.k)
+                           self.head_dim, self.intermediate_size, self.vocab_size, self.k, **dflash2_dims(self))
 
     @classmethod
     def from_target(cls, drafter: ResolvedDrafter, target_config: Any, mask_token: str | None = None) -> "DFlashConfig":
@@ -152,6 +158,11 @@ class DFlashConfig(BaseModel):
             attention_bias=bool(t.get("attention_bias", False)),
             target_model_type=t.get("model_type"),
             target_architectures=list(_config_dict(target_config).get("architectures") or []),
+            architecture=drafter.architecture,
+            conv_kernel_size=drafter.conv_kernel_size,
+            conv_group_size=drafter.conv_group_size,
+            selector_rank=drafter.selector_rank,
+            selector_top_k=drafter.selector_top_k,
         )
 
     def to_hf_dict(self) -> dict[str, Any]:

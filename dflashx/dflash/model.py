@@ -33,6 +33,7 @@ from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from dflashx.dflash.config import DFlashConfig
+from dflashx.dflash.dflash2 import GroupedDynamicConv, PathSelector
 from dflashx.dflash.masks import DraftMask, attend
 
 
@@ -90,17 +91,35 @@ class DFlashAttention(nn.Module):
 
 
 class DFlashDecoderLayer(nn.Module):
+    """norm -> [conv side 0] -> sublayer -> [conv side 1] -> residual add, for attention then the MLP
+    (the convolutions are DFlash2's, `dflash2.GroupedDynamicConv`; DFlash has none)."""
+
     def __init__(self, config: DFlashConfig, qwen3_config, layer_idx: int):
         super().__init__()
         self.self_attn = DFlashAttention(config, layer_idx)
         self.mlp = Qwen3MLP(qwen3_config)
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.block_size = config.block_size
+        self.attention_conv: GroupedDynamicConv | None = None
+        self.mlp_conv: GroupedDynamicConv | None = None
+        if config.architecture == "dflash2":
+            self.attention_conv = GroupedDynamicConv(config.hidden_size, config.conv_kernel_size,
+                                                     config.conv_group_size)
+            self.mlp_conv = GroupedDynamicConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
+
+    def _around(self, conv: GroupedDynamicConv | None, sublayer: Callable[[torch.Tensor], torch.Tensor],
+                x: torch.Tensor) -> torch.Tensor:
+        if conv is None:
+            return sublayer(x)
+        x, dynamic = conv.prepare(x, self.block_size)
+        return conv.finish(sublayer(x), dynamic, self.block_size)
 
     def forward(self, hidden: torch.Tensor, context_kv: KV, rope_block: tuple[torch.Tensor, torch.Tensor],
                 mask: Any) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), context_kv, rope_block, mask)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        hidden = hidden + self._around(self.attention_conv, lambda x: self.self_attn(x, context_kv, rope_block, mask),
+                                       self.input_layernorm(hidden))
+        return hidden + self._around(self.mlp_conv, self.mlp, self.post_attention_layernorm(hidden))
 
 
 def block_input_ids(anchor_ids: torch.Tensor, block_size: int, mask_token_id: int) -> torch.Tensor:
@@ -120,6 +139,10 @@ class DFlashDrafter(nn.Module):
         self.fc = nn.Linear(config.k * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(qwen3)
+        self.candidate_selector: PathSelector | None = None
+        if config.architecture == "dflash2":
+            self.candidate_selector = PathSelector(config.hidden_size, config.vocab_size, config.selector_rank,
+                                                   config.selector_top_k)
         self.reset_parameters()
 
     def restore_rope(self) -> None:
@@ -136,6 +159,9 @@ class DFlashDrafter(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, Qwen3RMSNorm):
                 nn.init.ones_(module.weight)
+        for module in self.modules():  # DFlash2's modules start as their trainers start them
+            if isinstance(module, (GroupedDynamicConv, PathSelector)):
+                module.reset_parameters()
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """Concatenated target features [b, T, k*H] -> fused context [b, T, H]."""

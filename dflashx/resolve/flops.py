@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from dflashx.targets.registry import TargetFacts
 
@@ -39,6 +40,12 @@ class DrafterDims:
     intermediate_size: int
     vocab_size: int
     k: int  # tapped target layers fused by `fc`
+    # DFlash2's modules (0: DFlash, which has none): the convolutions' taps and channels per group, the
+    # selector's rank and candidates
+    conv_kernel_size: int = 0
+    conv_group_size: int = 1
+    selector_rank: int = 0
+    selector_top_k: int = 0
 
     @property
     def q_o_params(self) -> int:
@@ -64,6 +71,28 @@ class DrafterDims:
     @property
     def trainable(self) -> int:
         return self.num_layers * self.layer_params + self.fc_params
+
+
+class _DFlash2Keys(Protocol):
+    @property
+    def architecture(self) -> str: ...
+    @property
+    def conv_kernel_size(self) -> int: ...
+    @property
+    def conv_group_size(self) -> int: ...
+    @property
+    def selector_rank(self) -> int: ...
+    @property
+    def selector_top_k(self) -> int: ...
+
+
+def dflash2_dims(drafter: _DFlash2Keys) -> dict[str, int]:
+    """The DrafterDims fields of DFlash2's modules for a drafter description (the resolved recipe's or a
+    checkpoint's config); none for DFlash."""
+    if drafter.architecture != "dflash2":
+        return {}
+    return {"conv_kernel_size": drafter.conv_kernel_size, "conv_group_size": drafter.conv_group_size,
+            "selector_rank": drafter.selector_rank, "selector_top_k": drafter.selector_top_k}
 
 
 def causal_pairs(lengths: Sequence[float]) -> float:
