@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,3 +112,47 @@ def test_gated_deltanet_variant_builds_and_generates(cache, monkeypatch):
     prompt = train.prompt_text(tok, [{"role": "user", "content": corpus.examples("eval", 1, 0)[0].user}], True)
     text = train.generate(model, tok, [prompt], 48)[0]
     assert text.startswith("<think>")  # the hybrid model learned the format's first step at least
+
+
+def _other_pythons() -> list[str]:
+    """Interpreters of the supported versions found on this machine (pyenv's or the system's)."""
+    import glob
+    import subprocess
+
+    found = {}
+    for exe in sorted(glob.glob(str(Path.home() / ".pyenv/versions/3.1[123]*/bin/python3"))
+                      + glob.glob("/usr/bin/python3.1[123]")):
+        version = subprocess.run([exe, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                                 text=True).stdout.strip()
+        found.setdefault(version, exe)
+    return list(found.values())
+
+
+def test_the_build_key_is_the_same_on_every_supported_python():
+    """The shipped tiny target is used on Python 3.11 to 3.13 alike (Ubuntu 24.04's is 3.12, Debian 13's
+    3.13): each interpreter computes the same key from the build modules' syntax trees. Only the
+    standard library runs there (syntax_text read out of build.py), so no dflashx install is needed."""
+    import subprocess
+
+    import dflashx.tiny.build as build
+
+    pythons = _other_pythons()
+    if len(pythons) < 2:
+        pytest.skip("fewer than two of Python 3.11-3.13 on this machine")
+    script = (
+        "import ast, hashlib, sys\n"
+        "from typing import Any\n"
+        f"folder = {str(Path(build.__file__).parent)!r}\n"
+        "tree = ast.parse(open(folder + '/build.py').read())\n"
+        "fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == 'syntax_text')\n"
+        "ns = {'ast': ast, 'Any': Any}\n"
+        "exec(compile(ast.Module([fn], []), 'build.py', 'exec'), ns)\n"
+        f"for name in {build._BUILD_SOURCES!r}:\n"
+        "    print(hashlib.sha256(ns['syntax_text'](ast.parse(open(folder + '/' + name).read())).encode())"
+        ".hexdigest())\n"
+    )
+    mine = [hashlib.sha256(build.syntax_text(ast.parse((Path(build.__file__).parent / n).read_text())).encode())
+            .hexdigest() for n in build._BUILD_SOURCES]
+    for exe in pythons:
+        out = subprocess.run([exe, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+        assert out == mine, exe

@@ -89,14 +89,28 @@ def cache_root() -> Path:
     return Path(os.environ.get("DFLASHX_CACHE") or Path.home() / ".cache" / "dflashx") / "tiny"
 
 
+def syntax_text(node: Any) -> str:
+    """A syntax tree as text that every supported Python (3.11 to 3.13) writes alike: node names and
+    their fields, leaving out empty and unset ones (`ast.dump` does not: 3.12 adds `type_params=[]` to
+    every function and class, 3.13 drops empty fields), never line numbers or comments."""
+    if isinstance(node, ast.AST):
+        fields = ((f, getattr(node, f, None)) for f in node._fields)
+        return f"{type(node).__name__}(" + ",".join(f"{f}={syntax_text(v)}" for f, v in fields
+                                                     if v is not None and v != []) + ")"
+    if isinstance(node, list):
+        return "[" + ",".join(syntax_text(v) for v in node) + "]"
+    return repr(node)
+
+
 def build_key(settings: BuildSettings | dict[str, Any]) -> str:
     """sha256 of the settings and the code of the modules that make the build, 12 hex digits. The code is
-    hashed as its syntax tree: re-wrapping lines or editing comments keeps the key (and the shipped build)."""
+    hashed as its syntax tree (`syntax_text`): re-wrapping lines or editing comments keeps the key (and the
+    shipped build), and so does the Python version."""
     fields = dataclasses.asdict(settings) if isinstance(settings, BuildSettings) else settings
     h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     for name in _BUILD_SOURCES:
         src = Path(__file__).parent / name
-        h.update(src.name.encode() + ast.dump(ast.parse(src.read_text(), name)).encode())
+        h.update(src.name.encode() + syntax_text(ast.parse(src.read_text(), name)).encode())
     return h.hexdigest()[:12]
 
 
