@@ -9,7 +9,8 @@ once) and is evaluated on the same 16 held-out prompts: greedy, 96 new tokens, �
 DFlash loop counts it. Equal optimizer steps is the comparison; each row's training seconds (and
 the machine's load while it ran) give the comparison at equal time.
 
-Usage: python -m benchmarks.drafter_quality [--seeds 3] [--jobs 2] [--root DIR]
+Usage: python -m benchmarks.drafter_quality [--seeds 3] [--jobs 2] [--root DIR] [--ablation architecture]
+(`--ablation architecture`: DFlash against DFlash2 instead, benchmarks/quality_architecture.py.)
 Each (variant, seed) is one worker process writing its own JSON under --root, so a killed
 ablation resumes where it stopped. Prints a table as rows finish; writes
 benchmarks/results/drafter_quality.json and drafter_quality.png.
@@ -37,9 +38,13 @@ def _row_file(root: Path, name: str, seed: int) -> Path:
     return root / "rows" / f"{name.replace(' ', '_').replace('+', '-')}-s{seed}.json"
 
 
-def _run_all(root: Path, variants: dict[str, dict[str, Any]], seeds: int, jobs: int) -> list[dict[str, Any]]:
-    """Every (variant, seed) not yet on disk, `jobs` worker processes at a time (one thread each)."""
-    todo = [(n, s) for n in variants for s in range(seeds) if not _row_file(root, n, s).exists()]
+def _run_all(root: Path, variants: dict[str, dict[str, Any]], seeds: int | dict[str, int],
+             jobs: int) -> list[dict[str, Any]]:
+    """Every (variant, seed) not yet on disk, `jobs` worker processes at a time (one thread each);
+    `seeds` per variant where it is a dict. The longest runs start first."""
+    count = seeds if isinstance(seeds, dict) else dict.fromkeys(variants, seeds)
+    todo = sorted(((n, s) for n in variants for s in range(count[n]) if not _row_file(root, n, s).exists()),
+                  key=lambda t: -float(variants[t[0]].get("epochs", 0)))
     running: list[tuple[subprocess.Popen, str, int]] = []
     env = os.environ | {"OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     while todo or running:
@@ -50,7 +55,8 @@ def _run_all(root: Path, variants: dict[str, dict[str, Any]], seeds: int, jobs: 
             argv = [sys.executable, "-m", "benchmarks.drafter_quality", "--root", str(root), "--one", name,
                     "--train", json.dumps(variants[name]), "--seed", str(seed)]
             log = out.with_suffix(".log").open("w")
-            running.append((subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), name, seed))
+            proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+            running.append((proc, name, seed))
         time.sleep(2)
         for proc, name, seed in [r for r in running if r[0].poll() is not None]:
             running.remove((proc, name, seed))
@@ -58,9 +64,9 @@ def _run_all(root: Path, variants: dict[str, dict[str, Any]], seeds: int, jobs: 
             if proc.returncode or not out.exists():
                 raise SystemExit(f"{name} seed {seed} failed: see {out.with_suffix('.log')}")
             row = json.loads(out.read_text())
-            print(f"{name:<34} seed {seed}  τ {row['tau']:.3f}  loss {row['final_loss']:.3f}  "
+            print(f"{name:<46} seed {seed}  τ {row['tau']:.3f}  loss {row['final_loss']:.3f}  "
                   f"{row['train_s']:.0f} s train", flush=True)
-    return [json.loads(_row_file(root, n, s).read_text()) for n in variants for s in range(seeds)]
+    return [json.loads(_row_file(root, n, s).read_text()) for n in variants for s in range(count[n])]
 
 
 def steps_to_90(curve: list[dict[str, Any]]) -> int:
@@ -110,10 +116,10 @@ def summarize(rows: list[dict[str, Any]], order: list[str]) -> list[dict[str, An
 
 
 def _print(table: list[dict[str, Any]]) -> None:
-    print(f"\n{'variant':<34} {'τ mean ± sd':>14} {'acc@1':>6} {'acc@4':>6} {'acc@7':>6} {'s/step':>7}")
+    print(f"\n{'variant':<46} {'τ mean ± sd':>14} {'acc@1':>6} {'acc@4':>6} {'acc@7':>6} {'s/step':>7}")
     for t in table:
         acc = t["acceptance_by_position"]
-        print(f"{t['variant']:<34} {t['tau_mean']:>7.3f} ± {t['tau_sd']:.3f} {acc[0]:>6.3f} {acc[3]:>6.3f} "
+        print(f"{t['variant']:<46} {t['tau_mean']:>7.3f} ± {t['tau_sd']:.3f} {acc[0]:>6.3f} {acc[3]:>6.3f} "
               f"{acc[-1]:>6.3f} {t['s_per_step_mean']:>7.3f}")
 
 
@@ -146,6 +152,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes at once (one thread each)")
     parser.add_argument("--root", type=Path, default=REPO / ".cache" / "drafter_quality")
+    parser.add_argument("--ablation", choices=["objective", "architecture"], default="objective",
+                        help="objective: loss x optimizer x labels; architecture: DFlash vs DFlash2 "
+                             "(benchmarks/quality_architecture.py)")
+    parser.add_argument("--long-seeds", type=int, default=1, help="seeds of the architecture ablation's long runs")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--train", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
@@ -153,6 +163,14 @@ def main() -> None:
     data = prepare(args.root)
     if args.one:  # a worker: one variant, one seed
         run_one(args.one, json.loads(args.train), args.seed, data, _row_file(args.root, args.one, args.seed))
+        return
+    if args.ablation == "architecture":
+        from benchmarks import quality_architecture
+
+        table = quality_architecture.run(args.root, args.seeds, args.long_seeds, args.jobs, _run_all, summarize,
+                                         _print)["table"]
+        plot(table, quality_architecture.RESULT.with_suffix(".png"))
+        print(f"\nwrote {quality_architecture.RESULT} and its plot")
         return
     from dflashx.config.load import load_recipe
 

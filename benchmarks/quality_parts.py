@@ -1,7 +1,8 @@
 """The parts of benchmarks/drafter_quality.py: the variants, the shared tiny data, and one variant
 trained and evaluated with one seed (the product's trainer and speculative decoder, in-process).
 
-A variant is a set of recipe overrides on recipes/tiny.yaml; every variant trains on the same
+A variant is a set of recipe overrides on recipes/tiny.yaml (a plain key is a stages.train key, a dotted one a
+whole recipe key); every variant trains on the same
 tokenized data and is evaluated on the same held-out prompts (the tiny recipe's 16, greedy, 96 new
 tokens, τ counted as the reference DFlash loop counts it: `dflashx.dflash.acceptance.summarize`).
 """
@@ -48,8 +49,27 @@ def around(name: str, base: dict[str, Any], lr: float, anchors: int) -> dict[str
     return out
 
 
+# The architecture ablation (`--ablation architecture`): DFlash against DFlash2 at blocks 8 and 16, DFlash2
+# with both policies for a label outside the selector's top-k. Keys with a dot are whole recipe keys.
+BLOCKS = (8, 16)
+GOLD_MISSING = ("skip", "swap")
+LONG_FACTOR = 3  # the long runs train this many times the tiny recipe's epochs
+
+
+def architecture_variants() -> dict[str, dict[str, Any]]:
+    """Stage A of the architecture ablation (equal optimizer steps): name -> overrides."""
+    out: dict[str, dict[str, Any]] = {}
+    for block in BLOCKS:
+        out[f"dflash b{block}"] = {"drafter.block_size": block}
+        for policy in GOLD_MISSING:
+            out[f"dflash2 b{block} {policy}"] = {"drafter.block_size": block, "drafter.architecture": "dflash2",
+                                                  "selector_gold_missing": policy}
+    return out
+
+
 def overrides(train: dict[str, Any], seed: int) -> list[str]:
-    return [f"stages.train.{k}={v}" for k, v in train.items()] + [f"stages.train.seed={seed}"]
+    """Recipe overrides: a key with a dot as it is, any other a stages.train key; the seed last."""
+    return [f"{k if '.' in k else 'stages.train.' + k}={v}" for k, v in train.items()] + [f"stages.train.seed={seed}"]
 
 
 def prepare(root: Path) -> dict[str, Path]:
@@ -92,7 +112,8 @@ def _evaluate(recipe: Any, checkpoint: Path, prompts_file: Path) -> dict[str, An
     decoder = SpecDecoder(target, drafter)
     results = []
     for prompt in load_prompts(prompts_file, ev.num_prompts):
-        ids = tokenizer(render_prompt(tokenizer, prompt, recipe.target.chat_template), add_special_tokens=False)["input_ids"]
+        text = render_prompt(tokenizer, prompt, recipe.target.chat_template)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         results.append(decoder.generate(ids, ev.max_new_tokens, 0.0, stops))
     return summarize(results, drafter.config.block_size)
 

@@ -12,7 +12,8 @@ fits one GPU; the tapped layers follow the DFlash spread over that many layers. 
             resolved recipe (one-GPU H200 profile, ZeRO 2), stepped on the same batch; one row per
             recipe variant (`VARIANTS`: eager with the torch loss; the GPU defaults — compiled drafter,
             liger loss —; the same after two other lengths (`--vary`); the torch loss; bf16 master
-            weights; `drafter.precision: fp8`; then `target.precision: fp8` too).
+            weights; `drafter.precision: fp8`; then `target.precision: fp8` too; DFlash2, eager and with
+            the defaults).
 Useful FLOPs (`dflashx.dflash.metrics.step_flops`, the one FLOP model) divide every row's time, so
 the naive step's extra work counts as waste; MFU is against a bf16 8192^3 matmul measured first.
 `--curve-steps N` then trains N steps on a learnable synthetic stream with a bf16 and an fp8 drafter
@@ -102,6 +103,11 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("trainer, bf16 master", {"stages": {"train": {"master_weights": "bf16"}}}),
     ("trainer, fp8 drafter", {"drafter": {"precision": "fp8"}}),
     ("trainer, fp8 drafter + target", {"drafter": {"precision": "fp8"}, "target": {"precision": "fp8"}}),
+    # DFlash2 (the published keys' defaults: convolutions of 2 taps over groups of 16, selector rank 256, top-16)
+    # beside DFlash's rows above: `--variants "trainer eager" "trainer eager, dflash2" trainer "trainer, dflash2"`
+    ("trainer eager, dflash2", {"drafter": {"architecture": "dflash2"},
+                                "stages": {"train": {"compile": False, "loss_kernel": "torch"}}}),
+    ("trainer, dflash2", {"drafter": {"architecture": "dflash2"}}),
 ]
 
 
@@ -179,7 +185,8 @@ def run_shape(name: str, shape: dict[str, Any], args, device: str, peaks: dict[s
         for variant, overrides in VARIANTS:
             if "target" in overrides and (not peaks["fp8"] or args.no_fp8):
                 continue
-            if ("drafter" in overrides and args.no_fp8) or (variant == VARY and not args.vary):
+            fp8_drafter = overrides.get("drafter", {}).get("precision") == "fp8"
+            if (fp8_drafter and args.no_fp8) or (variant == VARY and not args.vary):
                 continue
             if args.variants and variant not in args.variants:
                 continue
