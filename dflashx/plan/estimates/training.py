@@ -91,8 +91,14 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
                   + (f" — borrowed: {row.borrowed}" if row.borrowed else ""))
     terms = (
         term("train.drafter_params", drafter.trainable, "params",
-             "num_layers x (2 h q + 2 h kv + 3 h ffn) + k h^2 (fc)",
-             layer_params=drafter.layer_params, fc_params=drafter.fc_params, num_layers=drafter.num_layers),
+             "num_layers x (2 h q + 2 h kv + 3 h ffn) + k h^2 (fc) + norms (num_layers x (2 h + 2 head_dim) + 2 h)"
+             + ("; DFlash2: + num_layers x 2 convolutions x (h x 2 K G kernel projection + 2 K h base kernel) "
+                "+ selector (2 V r codebooks + h r hidden projection)" if drafter.conv_kernel_size else ""),
+             layer_params=drafter.layer_params, fc_params=drafter.fc_params, norm_params=drafter.norm_params,
+             num_layers=drafter.num_layers, adamw_params=drafter.adamw_params,
+             **({"conv_params": drafter.conv_params, "codebook_params": drafter.codebook_params,
+                 "selector_projection_params": drafter.selector_projection_params} if drafter.conv_kernel_size
+                else {})),
         term("train.drafter_tokens_per_sample", dtoks, "tokens",
              "E[min(anchors_per_seq, loss tokens)] x block_size over the length distribution",
              anchors_per_seq=train.anchors_per_seq, block_size=recipe.drafter.block_size),
