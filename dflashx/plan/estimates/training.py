@@ -25,7 +25,10 @@ from dflashx.plan.estimates.lengths import Lengths
 from dflashx.plan.estimates.mfu import mfu_row
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.explain import Term, term
-from dflashx.resolve.flops import DrafterDims, block_pairs, drafter_step_flops, target_pass_flops
+from dflashx.resolve.flops import (
+    DrafterDims, block_pairs, dflash2_layer_flops_per_token, drafter_step_flops, selector_flops_per_slot,
+    target_pass_flops,
+)
 from dflashx.resolve.formulas import effective_batch, optimizer_steps, steps_per_epoch
 from dflashx.resolve.model import ResolvedRecipe
 
@@ -106,8 +109,12 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
              f"mean over {QUADRATURE} quantiles of the training length L: target forward to the deepest tapped layer "
              "(labels: target — to its last layer, plus its LM head on the supervised positions) over L + drafter "
              "forward/backward over the block tokens and L context tokens + frozen LM head on the supervised slots "
-             "(dflashx.resolve.flops)",
+             + ("+ DFlash2: per layer and block token two convolutions (kernel projections 2 h 2KG + 2 sides x 2 K "
+                "h), per supervised slot the selector (2 h r + r + 2 k r + k), both x3 " if drafter.conv_kernel_size
+                else "") + "(dflashx.resolve.flops)",
              target=target_f, drafter_and_head=drafter_f, L_mean=tokens.train_len_mean,
+             **({"conv_flops_per_token_layer": dflash2_layer_flops_per_token(drafter),
+                 "selector_flops_per_slot": selector_flops_per_slot(drafter)} if drafter.conv_kernel_size else {}),
              last_target_layer=max(recipe.drafter.target_layer_ids), labels=train.labels,
              source="Kaplan et al. 2020 (2N forward / 6N training FLOPs per token), plus attention"),
         term("train.steps", steps, "optimizer steps", "max_steps, else ceil(epochs x steps per epoch), a step per "
