@@ -17,8 +17,9 @@ Rule = Callable[[PlanContext], Iterable[Finding]]
 # after 1.5 supervised slots per trainable drafter parameter (the plan's own count of slots per
 # step; parameters as `DrafterDims.matrices` counts them: the weight matrices each slot's gradient
 # reaches whole, which for DFlash is the count the figure was measured in — DFlash2's codebooks, of
-# which a slot reaches k + 1 rows, are not in it). A run planned below a quarter of either has not learnt what the tiny run learnt;
-# speculators' defaults make 60 optimizer steps on a data set of the tiny's size, below it.
+# which a slot reaches k + 1 rows, are not in it). A run planned below a quarter of either has not
+# learnt what the tiny run learnt; speculators' defaults make 60 optimizer steps on a data set of the
+# tiny's size, below it.
 MEASURED_STEPS_TO_90 = 260
 MEASURED_SLOTS_PER_PARAM_TO_90 = 1.5
 FAR_BELOW = 0.25
