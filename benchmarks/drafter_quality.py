@@ -93,8 +93,8 @@ def training_needed(variant: dict[str, Any]) -> dict[str, Any]:
     per_step = supervised_slots(ctx) / ctx.training.steps
     steps = variant["steps_to_90_mean"]
     return {"variant": variant["variant"], "steps_to_90": steps, "planned_steps": ctx.training.steps,
-            "slots_per_param_to_90": steps * per_step / ctx.training.drafter.trainable,
-            "trainable_params": ctx.training.drafter.trainable}
+            "slots_per_param_to_90": steps * per_step / ctx.training.drafter.matrices,
+            "trainable_params": ctx.training.drafter.matrices}
 
 
 def summarize(rows: list[dict[str, Any]], order: list[str]) -> list[dict[str, Any]]:

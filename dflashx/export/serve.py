@@ -30,6 +30,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from dflashx.config.drafter import HF_ARCHITECTURE
 from dflashx.targets.parsers import reasoning_parser
 from dflashx.targets.registry import TargetFacts
 
@@ -51,6 +52,13 @@ class Serving:
     vllm_reasoning_parser: str | None
     tp: int = 1  # GPUs the target spans (the plan's serving layout)
     moe: bool = False  # the target routes tokens to experts: expert parallelism over the tp GPUs
+    dflash2: bool = False  # a DFlash2 drafter (architectures: DFlash2DraftModel)
+
+    @property
+    def vllm_model(self) -> str:
+        """The folder vLLM loads: the speculators one for DFlash; for DFlash2 the DFlash-layout one, whose
+        `dflash_config` vLLM's DFlash2DraftModel reads (PR #52816; no speculators DFlash2 type is known)."""
+        return self.sglang_dir if self.dflash2 else self.vllm_dir
 
     @classmethod
     def of(cls, config: Mapping[str, Any], facts: TargetFacts, target: str, sglang_dir: str,
@@ -64,7 +72,8 @@ class Serving:
                    every_layer_slides=slides and all(t == "sliding_attention" for t in types),
                    hybrid="linear_attention" in facts.layer_types,
                    sglang_reasoning_parser=reasoning_parser(family, "sglang"),
-                   vllm_reasoning_parser=reasoning_parser(family, "vllm"), tp=tp, moe=facts.is_moe)
+                   vllm_reasoning_parser=reasoning_parser(family, "vllm"), tp=tp, moe=facts.is_moe,
+                   dflash2=config.get("architectures") == [HF_ARCHITECTURE["dflash2"]])
 
 
 def sglang_argv(s: Serving) -> list[str]:
@@ -83,7 +92,9 @@ def sglang_argv(s: Serving) -> list[str]:
 
 
 def vllm_argv(s: Serving) -> list[str]:
-    spec = {"method": "dflash", "model": s.vllm_dir, "num_speculative_tokens": s.block_size - 1}
+    # DFlash2 too: vLLM picks DFlash2 from the checkpoint's architectures and sizes its convolution's
+    # block as num_speculative_tokens + 1, so B - 1 it must stay (PR #52816, qwen3_dflash2.py)
+    spec = {"method": "dflash", "model": s.vllm_model, "num_speculative_tokens": s.block_size - 1}
     argv = ["vllm", "serve", s.target, "--speculative-config", json.dumps(spec)]
     if s.tp > 1:
         argv += ["--tensor-parallel-size", str(s.tp)] + (["--enable-expert-parallel"] if s.moe else [])
@@ -120,6 +131,11 @@ def _notes(s: Serving) -> list[str]:
         notes.append(f"`--speculative-draft-window-size {s.sliding_window}`: the drafter's trained window ({scope}). "
                      "For vLLM, the z-lab README installs vLLM from PR 40898 to serve interleaved sliding-window "
                      "drafters.")
+    if s.dflash2:
+        notes.append("DFlash2 (`DFlash2DraftModel`: convolutions and a path selector on the DFlash backbone): SGLang "
+                     "serves it from PR 35371 on (merged after v0.5.18), vLLM from PR 52816 on, which loads the "
+                     f"DFlash-layout folder `{s.sglang_dir}` and sizes the convolution's block as "
+                     "num_speculative_tokens + 1: keep it at the trained block - 1.")
     if s.hybrid:
         notes.append("The target has Gated DeltaNet (linear attention) layers: "
                      f"`{' '.join(HYBRID_FLAG)}` as in the z-lab README's hybrid SGLang example (the radix cache "

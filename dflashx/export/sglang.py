@@ -6,6 +6,9 @@ worker's mask check in `dflash_worker.py`) and what the z-lab reference reads (z
 `dflash/model.py`: `config.block_size`, `config.num_target_layers`, `dflash_config.get(...)`,
 `config.layer_types[i]`). Commits and the rule-by-rule table: docs/export.md.
 
+A DFlash2 config (`architectures: ["DFlash2DraftModel"]`) meets the same rules, except causality
+(its sliding layers are bidirectional: `export.dflash2`), plus DFlash2's own (`check_dflash2`).
+
 `check_sglang(config, facts, shapes=None) -> list[Violation]`, pure.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from dflashx.config.drafter import HF_ARCHITECTURE
 from dflashx.export.contract import (
     Violation,
     get,
@@ -24,6 +28,8 @@ from dflashx.export.contract import (
     need_mask_id,
     need_weights,
 )
+from dflashx.export.dflash2 import KEYS as DFLASH2_KEYS
+from dflashx.export.dflash2 import check_dflash2
 from dflashx.targets.registry import TargetFacts
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -77,9 +83,15 @@ def check_sglang(config: Mapping[str, Any], facts: TargetFacts,
                  shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[Violation]:
     """Every rule of the SGLang / z-lab DFlash loader this config breaks for `facts`' target."""
     n_target = facts.num_layers
-    out = need_equal(config.get("architectures"), [ARCHITECTURE], "architectures",
-                     "SGLang and transformers pick the draft model class from it",
-                     f'write architectures: ["{ARCHITECTURE}"]')
+    dflash2 = config.get("architectures") == [HF_ARCHITECTURE["dflash2"]]
+    out = [] if dflash2 else need_equal(config.get("architectures"), [ARCHITECTURE], "architectures",
+                                        "SGLang and transformers pick the draft model class from it",
+                                        f'write architectures: ["{ARCHITECTURE}"] (or ["{HF_ARCHITECTURE["dflash2"]}"] '
+                                        "for a DFlash2 drafter)")
+    if not dflash2 and any(not missing(get(config, f"dflash_config.{key}")) for key in DFLASH2_KEYS):
+        out.append(Violation("architectures", "DFlashDraftModel with DFlash2 keys in dflash_config: the engines would "
+                             "build a DFlash drafter without the convolutions and the selector",
+                             f'write architectures: ["{HF_ARCHITECTURE["dflash2"]}"] (drafter.architecture: dflash2)'))
     out += need_equal(config.get("model_type"), "qwen3", "model_type",
                       "the drafter's layers are Qwen3 decoder layers (q/k norm, SwiGLU)", "write model_type: qwen3")
     if not isinstance(config.get("dflash_config"), Mapping):
@@ -100,7 +112,8 @@ def check_sglang(config: Mapping[str, Any], facts: TargetFacts,
         out.append(Violation("dflash_config.mask_token", f"{token!r}; SGLang needs a non-empty string",
                              "drop it or write the mask token's text"))
     out += need_layer_stack(config, "", facts.hidden_size)
-    out += _causality(config) + _family(config, facts)
+    out += (check_dflash2(config, facts.hidden_size, facts.vocab_size, shapes) if dflash2 else _causality(config))
+    out += _family(config, facts)
     k = len(ids) if isinstance(ids, list) else 0
     out += need_weights(shapes, config.get("num_hidden_layers"), facts.hidden_size, k,
                         "dflash_config.target_layer_ids")

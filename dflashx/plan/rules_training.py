@@ -15,8 +15,11 @@ Rule = Callable[[PlanContext], Iterable[Finding]]
 # `training_needed`: the tiny recipe's default variant, D-PACE + Muon, all 3 seeds): its logged
 # expected acceptance length first reached 90% of its final value at optimizer step 260 of 350,
 # after 1.5 supervised slots per trainable drafter parameter (the plan's own count of slots per
-# step). A run planned below a quarter of either has not learnt what the tiny run learnt;
-# speculators' defaults make 60 optimizer steps on a data set of the tiny's size, below it.
+# step; parameters as `DrafterDims.matrices` counts them: the weight matrices each slot's gradient
+# reaches whole, which for DFlash is the count the figure was measured in — DFlash2's codebooks, of
+# which a slot reaches k + 1 rows, are not in it). A run planned below a quarter of either has not
+# learnt what the tiny run learnt; speculators' defaults make 60 optimizer steps on a data set of the
+# tiny's size, below it.
 MEASURED_STEPS_TO_90 = 260
 MEASURED_SLOTS_PER_PARAM_TO_90 = 1.5
 FAR_BELOW = 0.25
@@ -57,7 +60,7 @@ def supervised_slots(ctx: PlanContext) -> float:
 def long_enough_to_learn(ctx: PlanContext) -> Iterable[Finding]:
     if not ctx.recipe.stages.train.enabled:
         return
-    steps, params = ctx.training.steps, ctx.training.drafter.trainable
+    steps, params = ctx.training.steps, ctx.training.drafter.matrices
     per_param = supervised_slots(ctx) / params
     short = []
     if steps < FAR_BELOW * MEASURED_STEPS_TO_90:

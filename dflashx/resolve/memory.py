@@ -3,8 +3,8 @@
 (`dflashx.plan.estimates.memory.training_memory`).
 
 Drafter model states: bytes per trainable parameter from what DeepSpeed allocates for the resolved
-precision, `master_weights`, optimizer and ZeRO stage (`dflashx.resolve.model_states`), partitioned
-over the data-parallel ranks.
+precision, `master_weights`, optimizer and ZeRO stage (`dflashx.resolve.model_states`; under Muon the
+norms, base kernels and codebooks at AdamW's bytes), partitioned over the data-parallel ranks.
 Activations of one sequence at the longest sample the run can see (a micro batch is padded to its
 longest row, and the peak is reached by the longest): L = min(stages.train.max_length,
 stages.tokenize.max_length) tokens (tokenize truncates or drops longer ones, the trainer cuts at its
@@ -13,6 +13,11 @@ max_length) with n = min(anchors_per_seq, L) anchors, so D = n x B drafter block
                    Activation Recomputation in Large Transformer Models": s b h (34 + 5 a s / h) per
                    layer, whose attention-score term flash attention never stores), scaled by the
                    element size, x D x layers;
+  DFlash2          per layer and block token, each of the two convolutions keeps for its backward
+                   the convolved sublayer input and the sublayer's output (h each) and its dynamic
+                   kernels (2 K G); its own input is the norm's output, already among the 34; the
+                   selector per supervised slot P(h), A[a] * P(h) and the k successor rows (r each) and
+                   the k scores, (2 + k) r + k elements;
   logits           fp32 D x V (the LM head's output over the block tokens);
   captured states  the k tapped target layers' hidden states, k x L x h elements.
 Target weights (frozen, at its load precision): a whole copy per GPU (`target_sharding: none`), or
@@ -29,7 +34,7 @@ from dataclasses import dataclass
 
 from dflashx.config.fields import PRECISION_BYTES
 from dflashx.resolve.flops import DrafterDims
-from dflashx.resolve.model_states import state_bytes, zero_model_state_bytes
+from dflashx.resolve.model_states import model_state_bytes
 from dflashx.targets.registry import TargetFacts
 
 GATHER_UNITS = 2  # gathered at once under ZeRO-3: the unit computing and the one prefetched
@@ -66,9 +71,14 @@ def sequence_activations(facts: TargetFacts, drafter: DrafterDims, precision: st
     """Activation bytes of one training sequence of `length` tokens (module doc), elements in `precision`."""
     tokens = min(anchors_per_seq, length) * block_size
     element = activation_bytes(precision)
-    per_token_layer = KORTHIKANTI_BYTES_PER_TOKEN_PER_H / 2 * element * facts.hidden_size
+    conv = 2 * (2 * drafter.hidden_size + 2 * drafter.conv_kernel_size * drafter.conv_groups) \
+        if drafter.conv_kernel_size else 0
+    per_token_layer = KORTHIKANTI_BYTES_PER_TOKEN_PER_H / 2 * element * facts.hidden_size + element * conv
+    r, k = drafter.selector_rank, drafter.selector_top_k
+    selector = element * ((2 + k) * r + k) * tokens * (block_size - 1) / block_size if r else 0.0
     return SequenceActivations(
-        length=length, drafter_tokens=tokens, drafter_layers=per_token_layer * tokens * drafter.num_layers,
+        length=length, drafter_tokens=tokens,
+        drafter_layers=per_token_layer * tokens * drafter.num_layers + selector,
         logits=4.0 * facts.vocab_size * tokens, captured=float(drafter.k * length * facts.hidden_size * element))
 
 
@@ -94,9 +104,9 @@ def train_memory_parts(facts: TargetFacts, drafter: DrafterDims, *, online: bool
                        train_precision: str, master_weights: str, optimizer: str, sharding: str, ranks: int,
                        zero_stage: int, micro_batch: int, sample: SequenceActivations) -> dict[str, float]:
     """Per-GPU training memory by part (the planner's `train.peak_memory` and resolve's decisions)."""
-    per_param = state_bytes(train_precision, master_weights, optimizer, zero_stage)
     return {
         "target_weights": target_weight_bytes(facts, load_precision, sharding, ranks) if online else 0.0,
-        "drafter_model_states": zero_model_state_bytes(drafter.trainable, zero_stage, ranks, per_param),
+        "drafter_model_states": model_state_bytes(drafter.trainable, drafter.adamw_params, train_precision,
+                                                  master_weights, optimizer, zero_stage, ranks),
         "activations": micro_batch * sample.total,
     }

@@ -10,11 +10,15 @@ Counted from what DeepSpeed 0.19 allocates (no offload), one term per tensor fam
                 partition (`single_partition_of_fp32_groups`, runtime/zero/stage_1_and_2.py); at
                 ZeRO 0 the optimizer steps the module's own parameters when m == w (no copy);
   optimizer     AdamW: two moments in m (`bf16_optimizer_states` with bf16 master, else fp32).
-                Muon (every parameter the drafter counts is a 2-D matrix, which DeepSpeed tags
-                `use_muon`): one momentum buffer; under ZeRO 1/2 it follows the gradient's dtype w
-                and a staged copy of it is kept beside it (`_muon_momentum_buffer`,
-                `_muon_staging_momentum`, stage_1_and_2.py); at ZeRO 0 it is `zeros_like` the
-                stepped parameter (m; runtime/zero/muon/muon_optimizer.py).
+                Muon (the drafter's weight matrices, which DeepSpeed tags `use_muon`): one momentum
+                buffer; under ZeRO 1/2 it follows the gradient's dtype w and a staged copy of it is
+                kept beside it (`_muon_momentum_buffer`, `_muon_staging_momentum`,
+                stage_1_and_2.py); at ZeRO 0 it is `zeros_like` the stepped parameter (m;
+                runtime/zero/muon/muon_optimizer.py).
+Under Muon the rest of the drafter (norm vectors; DFlash2's base kernels and its two V x r codebooks,
+embedding tables Muon does not orthogonalise) is stepped by DeepSpeed's auxiliary AdamW and so holds
+AdamW's bytes: `model_state_bytes` counts the two groups apart (`DrafterDims.adamw_params`). For
+DFlash2 on Qwen3.6 the codebooks are 127M of those parameters (2 x 248,320 x 256).
 bf16 weights, fp32 master and AdamW give 2 + 2 + (4 + 4) + 8 = 20 bytes, DeepSpeed's own estimate
 (`estimate_zero2_model_states_mem_needs`: 2 P + 18 P / N); bf16 master weights give 2 + 2 + 2 + 4
 = 10. `drafter.precision: fp8` changes none of these: torchao's float8 training casts the matmul
@@ -78,3 +82,14 @@ def zero_model_state_bytes(params: float, stage: int, ranks: int, per_param: Sta
         2: (b.weights, b.gradients + optimizer_side),
     }[stage]
     return full * params + parted * params / n
+
+
+def model_state_bytes(params: float, adamw_params: float, precision: str, master_weights: str, optimizer: str,
+                      zero_stage: int, ranks: int) -> float:
+    """Model-state bytes per rank of a drafter of `params` parameters, `adamw_params` of which an optimizer
+    of `optimizer` leaves to AdamW (all of them are AdamW's when `optimizer` is adamw; module doc)."""
+    main = state_bytes(precision, master_weights, optimizer, zero_stage)
+    aux = state_bytes(precision, master_weights, "adamw", zero_stage)
+    rest = adamw_params if optimizer == "muon" else 0.0
+    return (zero_model_state_bytes(params - rest, zero_stage, ranks, main)
+            + zero_model_state_bytes(rest, zero_stage, ranks, aux))

@@ -65,8 +65,11 @@ def training_memory(recipe: ResolvedRecipe, tr: Training) -> StageMemory:
     total = sum(parts.values())
     target = ("1/N of the target weights + 2 gathered units + whole embedding/head (ZeRO-3 sharded)"
               if d.target_sharding == "zero3" else "target weights")
+    aux = state_bytes(d.precision, d.master_weights, "adamw", d.zero_stage)
+    split = (f" ({tr.drafter.adamw_params} of them — norms, base kernels, codebooks — in Muon's auxiliary AdamW at "
+             f"{aux.total:g})" if d.optimizer == "muon" else "")
     formula = (f"{target} (online) + ZeRO-{d.zero_stage} model states of {tr.drafter.trainable} drafter "
-               f"params at {per_param.total:g} bytes each ({d.precision} weights, {d.master_weights} master, "
+               f"params at {per_param.total:g} bytes each{split} ({d.precision} weights, {d.master_weights} master, "
                f"{d.optimizer}) over {d.world_size} ranks + micro_batch x activations of the longest sample (34 h "
                "bytes/token/layer x drafter tokens x layers + fp32 logits + captured states)")
     inputs = {"micro_batch": d.micro_batch, "target_sharding": d.target_sharding, "longest_sample": longest.length,

@@ -9,6 +9,14 @@ block), then one target forward verifying `verify_tokens` tokens per sequence. P
   draft   = forwards x (roofline of the draft's weights (16-bit; of an MoE MTP layer, the experts the
             batch's draft tokens touch, as decode.py) + LM head + b x its KV at the context, and its
             FLOPs) + the engine overhead at the same decode share as the target's
+  DFlash2   the DFlash forward plus, per block token, each layer's two convolutions (resolve.flops,
+            `dflash2_layer_flops_per_token`) and, per drafted position, the path selector as vLLM
+            serves it (PR #52816, `qwen3_dflash2.py` `_score_edges`: the whole k x k lattice of
+            edges between adjacent positions' top-k candidates, before the walk): the hidden
+            projection 2 h r, A[p] * P(h) for the k predecessors k r, the k x k pair scores 2 k^2 r
+            and the unary k^2. Its weights are read once per forward except the two V x r codebooks,
+            of which each drafted position reads 2 k rows (its k candidates' successor rows and the
+            previous position's k predecessor rows), at most the codebooks themselves per forward
   tau     = 1 + sum of the acceptance shares of the drafted positions (resolve.speculative)
   tokens/s per replica = O / (O x (verify + draft) / (b x tau) + prefill), prefill with the draft's own
             pass over the prompt, against O / (O x step / b + prefill) without it.
@@ -27,7 +35,7 @@ from dflashx.plan.estimates.decode import (
 from dflashx.plan.estimates.device import Device
 from dflashx.plan.estimates.engine import EngineRow
 from dflashx.plan.estimates.serving import Batch, SpecMemory
-from dflashx.resolve.flops import DrafterDims
+from dflashx.resolve.flops import DrafterDims, dflash2_layer_flops_per_token
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.resolve.serving import kv_elem_bytes
 from dflashx.resolve.speculative import accepted_length
@@ -36,7 +44,9 @@ from dflashx.resolve.speculative import accepted_length
 # A launch-bound engine's layer calls of a draft forward beyond the draft's own layers: the LM head for an
 # MTP head; for a DFlash drafter the embedding with its norm and the LM head of the block forward, plus the
 # context projection of the accepted features (`fc` and k/v, `DFlashDrafter.extend_context`, its own pass).
-DRAFT_EXTRA_CALLS = {"mtp": 1, "dflash": 3}
+# DFlash2: the same three, plus the selector (`Drafter.extra_calls`: the in-process walk scores one drafted
+# position per call, `dflash.dflash2.PathSelector.walk`).
+DRAFT_EXTRA_CALLS = {"mtp": 1, "dflash": 3, "dflash2": 3}
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,9 @@ class Drafter:
     drafts: int
     memory: SpecMemory
     moe_layers: int = 0  # draft layers with routed experts: their touched experts are read per forward
+    row_bytes: float = 0.0  # table rows read per sequence and forward (DFlash2's codebooks)
+    table_bytes: float = 0.0  # the tables those rows come from: a forward reads at most all of them
+    extra_calls: int = 0  # launch-bound layer calls beyond DRAFT_EXTRA_CALLS (DFlash2's walk)
 
 
 def mtp_drafter(recipe: ResolvedRecipe) -> Drafter:
@@ -81,20 +94,32 @@ def mtp_drafter(recipe: ResolvedRecipe) -> Drafter:
                    facts.mtp_layers if facts.is_moe else 0)
 
 
+def selector_serving_flops(dims: DrafterDims) -> float:
+    """FLOPs of DFlash2's selector per drafted position as vLLM serves it (module doc; 0 for DFlash)."""
+    h, r, k = dims.hidden_size, dims.selector_rank, dims.selector_top_k
+    return 2.0 * h * r + k * r + 2.0 * k * k * r + k * k if r else 0.0
+
+
 def dflash_drafter(recipe: ResolvedRecipe, dims: DrafterDims, block_size: int, window: int | None,
                    tau: float) -> Drafter:
-    """A DFlash drafter as SGLang's DFLASH serves it: one forward of the block (anchor + B-1 masks) through
-    its layers, the LM head on the B-1 drafted slots, and `fc` + k/v projections of the tau accepted tokens
-    per cycle (the context features). Weights and KV in 16 bits."""
+    """A DFlash (or DFlash2) drafter as SGLang's DFLASH serves it: one forward of the block (anchor + B-1
+    masks) through its layers, the LM head on the B-1 drafted slots, and `fc` + k/v projections of the
+    tau accepted tokens per cycle (the context features); DFlash2's convolutions on the block and its
+    selector on the drafted slots (module doc). Weights and KV in 16 bits."""
     width = dims.num_attention_heads * dims.head_dim
     head = dims.hidden_size * dims.vocab_size
     dense = dims.num_layers * dims.layer_params
     kv_per_token = dims.num_layers * 2 * dims.num_key_value_heads * dims.head_dim * 2
     context = 2.0 * (dims.fc_params + dims.num_layers * dims.kv_params)
-    return Drafter("dflash", 1, block_size, dims.num_layers, (dims.trainable + head) * 2,
-                   2.0 * dense + 2.0 * head * (block_size - 1) / block_size, 4.0 * width * dims.num_layers,
+    per_token = (2.0 * dense + 2.0 * head * (block_size - 1) / block_size
+                 + dims.num_layers * dflash2_layer_flops_per_token(dims)
+                 + selector_serving_flops(dims) * (block_size - 1) / block_size)
+    rows = (block_size - 1) * 2 * dims.selector_top_k * dims.selector_rank * 2
+    return Drafter("dflash2" if dims.selector_rank else "dflash", 1, block_size, dims.num_layers,
+                   (dims.trainable - dims.codebook_params + head) * 2, per_token, 4.0 * width * dims.num_layers,
                    kv_per_token, window, context * tau, context, block_size, block_size - 1,
-                   SpecMemory(dims.trainable * 2, kv_per_token, block_size))
+                   SpecMemory(dims.trainable * 2, kv_per_token, block_size), row_bytes=rows,
+                   table_bytes=dims.codebook_params * 2, extra_calls=block_size - 1 if dims.selector_rank else 0)
 
 
 def draft_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, d: Drafter) -> Step:
@@ -103,12 +128,13 @@ def draft_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, d:
     context = min(b.mean_context, d.context_cap) if d.context_cap else b.mean_context
     facts = recipe.target.facts
     experts = d.moe_layers * facts.expected_experts_touched(batch * d.tokens) * facts.expert_params * 2
-    step_bytes = d.weight_bytes + experts + batch * d.kv_bytes_per_context * context
+    step_bytes = (d.weight_bytes + experts + batch * d.kv_bytes_per_context * context
+                  + min(batch * d.row_bytes, d.table_bytes))
     flops = batch * (d.tokens * (d.flops_per_token + d.attention_flops_per_context * context)
                      + d.cycle_flops / d.forwards)
     r = roofline(recipe, dev, step_bytes, flops, sixteen_bit(recipe.stages.generate.serving.weight_dtype))
     share = d.layers / recipe.target.facts.num_layers
-    return Step(r, overhead_seconds(r, row, d.layers + DRAFT_EXTRA_CALLS[d.method]),
+    return Step(r, overhead_seconds(r, row, d.layers + DRAFT_EXTRA_CALLS[d.method] + d.extra_calls),
                 allreduce_seconds(recipe, batch * d.tokens) * share)
 
 
