@@ -112,8 +112,8 @@ def _oracle(drafter, continuation: list[int], vocab: int):
     """The drafter's real forward is paid; its proposals are replaced by the target's continuation."""
     forward = drafter.draft_block
 
-    def draft_block(ctx, anchor, embed, head):
-        forward(ctx, anchor, embed, head)
+    def draft_block(ctx, anchor, embed, head, rows=None):
+        forward(ctx, anchor, embed, head, rows)
         start = ctx.length - len(PROMPT)
         want = (continuation + [0] * drafter.config.block_size)[start + 1: start + drafter.config.block_size]
         return torch.nn.functional.one_hot(torch.tensor(want), vocab).float() * 10

@@ -54,7 +54,7 @@ def oracle(drafter: DFlashDrafter, prompt: list[int], continuation: list[int], c
     """Make the drafter propose the target's greedy continuation (slot `corrupt_slot(cycle)` made wrong)."""
     vocab, cycle = drafter.config.vocab_size, [0]
 
-    def draft_block(ctx, anchor_id, embed, lm_head):
+    def draft_block(ctx, anchor_id, embed, lm_head, rows=None):
         start = ctx.length - len(prompt)  # index of the anchor in the continuation
         want = (continuation + [0] * drafter.config.block_size)[start + 1 : start + drafter.config.block_size]
         bad = corrupt_slot(cycle[0]) if corrupt_slot else None

@@ -3,7 +3,11 @@
 Exported layout (what the z-lab `dflash` package and SGLang load): a folder with `config.json`
 (`DFlashConfig.to_hf_dict()`) and `model.safetensors` whose keys are the drafter's own parameter
 names (`layers.N.self_attn.q_proj.weight`, ..., `norm.weight`, `fc.weight`, `hidden_norm.weight`);
-the target's embedding and LM head are not in it.
+the target's embedding and LM head are not in it. DFlash2 adds `layers.N.attention_conv.*`,
+`layers.N.mlp_conv.*` and `candidate_selector.*`, whose two codebooks are stored as the published
+checkpoints store them, without `.weight` (`candidate_selector.predecessor_codebook`,
+`candidate_selector.successor_codebook`; the reference maps them back with `key_mapping`, and so
+does `load_weights_into`).
 
 Training checkpoints: `engine.save_checkpoint` writes into a temporary tag, which is put in place
 as `step-XXXXXXXX` once every rank is done; then `latest` is replaced atomically (both through
@@ -40,6 +44,10 @@ WEIGHTS_FILE = "model.safetensors"
 LATEST = "latest"
 STEP_GLOB = "step-*"
 META_FILE = "dflashx_state.json"  # in each training state: {"step", "loss"} (the logged window loss)
+# parameters stored under another name than the module's: the DFlash2 selector's codebooks
+FILE_NAMES = {f"candidate_selector.{book}.weight": f"candidate_selector.{book}"
+              for book in ("predecessor_codebook", "successor_codebook")}
+PARAMETER_NAMES = {file: own for own, file in FILE_NAMES.items()}
 
 
 def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
@@ -48,7 +56,8 @@ def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype
     hf = drafter.config.to_hf_dict()
     if dtype is not None:
         hf["torch_dtype"] = str(dtype).removeprefix("torch.")
-    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in drafter.state_dict().items()}
+    state = {FILE_NAMES.get(k, k): v.detach().to(dtype or v.dtype).contiguous().cpu()
+             for k, v in drafter.state_dict().items()}
     needed = sum(v.numel() * v.element_size() for v in state.values())
     with (stop_when_full(out_dir.parent, f"the drafter {out_dir.name}/", needed, "its weights"),
           atomic_dir(out_dir) as tmp):
@@ -69,9 +78,10 @@ def _read_config(path: Path) -> DFlashConfig:
 
 
 def load_weights_into(drafter: DFlashDrafter, path: str | Path) -> None:
-    """Copy a checkpoint folder's weights into `drafter`; names and shapes must match exactly."""
+    """Copy a checkpoint folder's weights into `drafter`; names (as stored, `FILE_NAMES`) and shapes
+    must match exactly."""
     file = Path(path) / WEIGHTS_FILE
-    state = load_file(str(file))
+    state = {PARAMETER_NAMES.get(k, k): v for k, v in load_file(str(file)).items()}
     own = drafter.state_dict()
     missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     bad = [k for k in own.keys() & state.keys() if own[k].shape != state[k].shape]
@@ -84,7 +94,8 @@ def load_weights_into(drafter: DFlashDrafter, path: str | Path) -> None:
 
 
 def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of a checkpoint folder's weights, from the safetensors header (nothing loaded)."""
+    """Name (as stored) -> shape of a checkpoint folder's weights, from the safetensors header (nothing
+    loaded)."""
     from safetensors import safe_open
 
     with safe_open(str(Path(path) / WEIGHTS_FILE), "pt") as f:
@@ -93,7 +104,7 @@ def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
 
 def load_drafter(path: str | Path, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None) -> DFlashDrafter:
-    """Build a drafter from a DFlash checkpoint folder (ours or a public one)."""
+    """Build a drafter from a DFlash or DFlash2 checkpoint folder (ours or a public one)."""
     path = Path(path)
     drafter = DFlashDrafter(_read_config(path))
     load_weights_into(drafter, path)

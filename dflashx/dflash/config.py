@@ -13,12 +13,21 @@ Public API (stable; used by training, speculative decoding, eval and export):
   (`architectures: ["DFlashDraftModel"]`, `block_size`, `num_target_layers`,
   `dflash_config: {mask_token_id, target_layer_ids, target_model_type, target_architectures}`,
   `layer_types`, Qwen3 fields; the target's family is recorded, the drafter is dense for MoE targets too).
+  DFlash2 in the published layout (z-lab/Qwen3.8-27B-DFlash2): `architectures: ["DFlash2DraftModel"]`
+  and `dflash_config` also holds `block_size`, `conv_kernel_size`, `conv_group_size`,
+  `selector_rank` and `selector_top_k` (the reference reads each from `dflash_config` first, then the
+  top level); the architecture names are `config.drafter.HF_ARCHITECTURE`.
 - `DFlashConfig.to_qwen3_config()` — a transformers `Qwen3Config` for the building blocks.
 
 Per-layer causality: the reference makes a layer causal when config `is_causal` says so, otherwise
 when the layer is a sliding-window layer. We store every layer's flag in
 `dflash_config.causal_layers` and also write the top-level `is_causal` when all layers agree, so
 the reference derives the same flags; mixes the reference cannot express are rejected.
+DFlash2 layers are all bidirectional within a block (the published checkpoints: sliding layers
+with `is_causal: false`; the causal part of DFlash2 is its convolution, which never looks ahead):
+`from_target` makes them so, the validator refuses a causal DFlash2 layer, and its config.json
+always carries `is_causal: false` (without it the reference, SGLang and vLLM make sliding layers
+causal).
 """
 
 from __future__ import annotations
@@ -27,13 +36,29 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dflashx.config.drafter import Architecture
+from dflashx.config.drafter import HF_ARCHITECTURE, Architecture
 from dflashx.resolve.flops import DrafterDims, dflash2_dims
 from dflashx.resolve.formulas import spread_layer_ids
 from dflashx.resolve.model import ResolvedDrafter
 
 LayerType = Literal["full_attention", "sliding_attention"]
-ARCHITECTURE = "DFlashDraftModel"
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+def served_causality(architecture: Architecture, layer_types: list[LayerType]) -> list[bool]:
+    """Each layer's causality as trained and served: DFlash makes sliding layers causal and full
+    layers bidirectional (what the engines derive without `is_causal`); DFlash2 makes every layer
+    bidirectional (its config.json says `is_causal: false`)."""
+    return [architecture == "dflash" and t == "sliding_attention" for t in layer_types]
+
+
+def _architecture(d: dict[str, Any]) -> Architecture:
+    """`dflash` or `dflash2` from a config.json's `architectures` (DFlash when absent)."""
+    names = list(d.get("architectures") or [HF_ARCHITECTURE["dflash"]])
+    known = [arch for arch, name in HF_ARCHITECTURE.items() if name in names]
+    if len(known) != 1:
+        raise ValueError(f"architectures {names}: expected one of {sorted(HF_ARCHITECTURE.values())}")
+    return known[0]  # type: ignore[return-value]
 
 
 def _config_dict(target_config: Any) -> dict[str, Any]:
@@ -104,6 +129,11 @@ class DFlashConfig(BaseModel):
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} outside the vocabulary ({self.vocab_size})")
+        if self.architecture == "dflash2" and any(self.causal_layers):
+            raise ValueError(
+                "DFlash2 layers are bidirectional within a block (served with is_causal: false); "
+                f"causal_layers {self.causal_layers} would train what the engines do not run"
+            )
         derived = [t == "sliding_attention" for t in self.layer_types]
         if len(set(self.causal_layers)) > 1 and self.causal_layers != derived:
             raise ValueError(
@@ -153,7 +183,7 @@ class DFlashConfig(BaseModel):
             mask_token_id=drafter.mask_token_id,
             mask_token=mask_token,
             layer_types=list(drafter.layer_types),
-            causal_layers=[x == "sliding_attention" for x in drafter.layer_types],
+            causal_layers=served_causality(drafter.architecture, list(drafter.layer_types)),
             sliding_window=drafter.sliding_window,
             attention_bias=bool(t.get("attention_bias", False)),
             target_model_type=t.get("model_type"),
@@ -179,8 +209,10 @@ class DFlashConfig(BaseModel):
             dflash["target_model_type"] = self.target_model_type
         if self.target_architectures:
             dflash["target_architectures"] = list(self.target_architectures)
+        if self.architecture == "dflash2":
+            dflash |= {"block_size": self.block_size} | {key: getattr(self, key) for key in DFLASH2_KEYS}
         out: dict[str, Any] = {
-            "architectures": [ARCHITECTURE],
+            "architectures": [HF_ARCHITECTURE[self.architecture]],
             "model_type": "qwen3",
             "block_size": self.block_size,
             "num_target_layers": self.num_target_layers,
@@ -206,14 +238,19 @@ class DFlashConfig(BaseModel):
             "max_window_layers": self.num_layers,
             "torch_dtype": "bfloat16",
         }
-        if len(set(self.causal_layers)) == 1:
+        if len(set(self.causal_layers)) == 1:  # always so for DFlash2 (all bidirectional)
             out["is_causal"] = self.causal_layers[0]
         return out
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> "DFlashConfig":
-        """Read a DFlash config.json (ours or a public z-lab checkpoint's)."""
+        """Read a DFlash or DFlash2 config.json (ours or a public z-lab checkpoint's)."""
         dflash = dict(d.get("dflash_config") or {})
+        architecture = _architecture(d)
+        # DFlash2 keys as the reference reads them (dflash_config first, then the top level); required,
+        # as the reference has no default for them
+        dflash2 = {key: int(dflash[key] if key in dflash else d[key])
+                   for key in DFLASH2_KEYS} if architecture == "dflash2" else {}
         n = int(d["num_hidden_layers"])
         types = list(d.get("layer_types") or ["full_attention"] * n)
         if "causal_layers" in dflash:
@@ -253,6 +290,8 @@ class DFlashConfig(BaseModel):
             attention_bias=bool(d.get("attention_bias", False)),
             target_model_type=dflash.get("target_model_type"),
             target_architectures=list(dflash.get("target_architectures") or []),
+            architecture=architecture,
+            **dflash2,
         )
 
     def to_qwen3_config(self):

@@ -18,8 +18,11 @@ Public API:
            context_positions [b, T], mask: DraftMask) -> hidden [b, Q, H]` (after the final norm);
   `extend_context(ctx | None, features [1, n, k*H]) -> DraftContext` — decoding: the next n context
   positions fused and projected to each layer's keys/values once (a cache that only grows);
-  `draft_block(ctx, anchor_id, embed, lm_head) -> logits [B-1, V]` — one block
-  [anchor, MASK x (B-1)] at positions T..T+B-1 over the T = ctx.length context positions;
+  `block_hidden(ctx, anchor_id, embed, rows=None) -> hidden [rows-1, H]` — one block
+  [anchor, MASK x (rows-1)] at positions T..T+rows-1 over the T = ctx.length context positions
+  (rows: the block size, or fewer for a block cut short at the end of generation, as the reference
+  drafts it), the drafted rows' final hidden states (DFlash2's selector walks them);
+  `draft_block(ctx, anchor_id, embed, lm_head, rows=None) -> logits [rows-1, V]` — their logits;
   `block_input_ids(anchor_ids [..], block_size, mask_token_id)` — [anchor, MASK, ...] rows.
 """
 
@@ -112,8 +115,9 @@ class DFlashDecoderLayer(nn.Module):
                 x: torch.Tensor) -> torch.Tensor:
         if conv is None:
             return sublayer(x)
-        x, dynamic = conv.prepare(x, self.block_size)
-        return conv.finish(sublayer(x), dynamic, self.block_size)
+        block = min(self.block_size, x.shape[1])  # fewer rows: one decode block cut short at the end
+        x, dynamic = conv.prepare(x, block)
+        return conv.finish(sublayer(x), dynamic, block)
 
     def forward(self, hidden: torch.Tensor, context_kv: KV, rope_block: tuple[torch.Tensor, torch.Tensor],
                 mask: Any) -> torch.Tensor:
@@ -202,18 +206,25 @@ class DFlashDrafter(nn.Module):
         return DraftContext(new, start + fused.shape[1])
 
     @torch.no_grad()
+    def block_hidden(self, ctx: DraftContext, anchor_id: int, embed: Callable[[torch.Tensor], torch.Tensor],
+                     rows: int | None = None) -> torch.Tensor:
+        """Final hidden states [rows-1, H] of the drafted rows of the block [anchor, MASK x (rows-1)]
+        placed at position `ctx.length` (rows: the block size unless given)."""
+        cfg, t, rows = self.config, ctx.length, rows or self.config.block_size
+        device = ctx.kv[0][0].device
+        ids = block_input_ids(torch.tensor([anchor_id], device=device), rows, cfg.mask_token_id)
+        # one block: a dense mask is cheaper than building a flex block mask every cycle
+        mask = DraftMask(torch.tensor([[t]], device=device), t, rows, backend="sdpa")
+        return self._decode(embed(ids), torch.arange(t, t + rows, device=device)[None], mask, ctx.kv)[0, 1:]
+
+    @torch.no_grad()
     def draft_block(
         self,
         ctx: DraftContext,
         anchor_id: int,
         embed: Callable[[torch.Tensor], torch.Tensor],
         lm_head: Callable[[torch.Tensor], torch.Tensor],
+        rows: int | None = None,
     ) -> torch.Tensor:
-        """Logits [B-1, V] for the block drafted after `anchor_id`, placed at position `ctx.length`."""
-        cfg, t = self.config, ctx.length
-        device = ctx.kv[0][0].device
-        ids = block_input_ids(torch.tensor([anchor_id], device=device), cfg.block_size, cfg.mask_token_id)
-        # one block: a dense mask is cheaper than building a flex block mask every cycle
-        mask = DraftMask(torch.tensor([[t]], device=device), t, cfg.block_size, backend="sdpa")
-        hidden = self._decode(embed(ids), torch.arange(t, t + cfg.block_size, device=device)[None], mask, ctx.kv)
-        return lm_head(hidden[0, 1:])
+        """Logits [rows-1, V] of the drafted rows (`block_hidden`)."""
+        return lm_head(self.block_hidden(ctx, anchor_id, embed, rows))

@@ -1,13 +1,17 @@
-"""Speculative decoding with a DFlash drafter and its HF target, batch size 1 (the eval stage's loop).
+"""Speculative decoding with a DFlash or DFlash2 drafter and its HF target, batch size 1 (the eval
+stage's loop).
 
 One cycle (DFlash, arXiv 2602.06036; verification as in Leviathan et al. 2023 / Chen et al. 2023):
   1. the drafter drafts a block [anchor = last accepted token, MASK x (B-1)] at positions
-     start..start+B-1 from the target features of every position before the anchor;
+     start..start+B-1 from the target features of every position before the anchor (fewer rows
+     at the end of generation, as the reference drafts them); DFlash2's path selector walks the
+     block's rows (`dflashx.dflash.proposal`);
   2. the target verifies anchor + B-1 drafts in ONE cached forward, with hooks on the tapped decoder
      layers recording the features of those positions (the same layer outputs training captures);
   3. greedy: accept the longest prefix where draft == target argmax, plus the target's token after
      it (the bonus); sampling: accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i)), on the
-     first rejection sample from norm(max(0, p_i - q_i)), after a full accept sample the bonus from p;
+     first rejection sample from norm(max(0, p_i - q_i)), after a full accept sample the bonus from p
+     (DFlash2's q is softmax(S / T) over its k candidates, zero elsewhere);
   4. the features of the anchor and the accepted drafts join the drafter's context (fused and
      projected to keys/values once: `DFlashDrafter.extend_context`); the target's cache is rolled
      back to the accepted length.
@@ -43,6 +47,7 @@ from transformers.cache_utils import (
 
 from dflashx.dflash.capture import find_decoder_layers
 from dflashx.dflash.model import DFlashDrafter, DraftContext
+from dflashx.dflash.proposal import probs, propose, sample
 
 
 @dataclass
@@ -95,14 +100,6 @@ def _tapped(model: nn.Module, layer_ids: Sequence[int]) -> Iterator[dict[int, to
             h.remove()
 
 
-def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    return torch.softmax(logits.float() / temperature, dim=-1)
-
-
-def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-
-
 def rejection_sample(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,
@@ -121,11 +118,11 @@ def rejection_sample(
     u = torch.rand(n, generator=generator, device=draft_tokens.device)
     accepted = int((u * q < p).int().cumprod(0).sum())
     if accepted == n:
-        return n, int(_sample(target_probs[n], generator))
+        return n, int(sample(target_probs[n], generator))
     residual = (target_probs[accepted] - draft_probs[accepted]).clamp_min(0)
     total = residual.sum()
     residual = residual / total if total > 0 else target_probs[accepted]
-    return accepted, int(_sample(residual, generator))
+    return accepted, int(sample(residual, generator))
 
 
 class _CacheRollback:
@@ -202,15 +199,11 @@ class SpecDecoder:
         feats = torch.cat([store[i] for i in self.layer_ids], dim=-1)
         return out.logits[0].float(), feats
 
-    def _draft(self, context: DraftContext, anchor: int, n: int, temperature: float, generator):
+    def _draft(self, context: DraftContext, anchor: int, n: int, rows: int, temperature: float, generator):
         """n drafted tokens after `anchor` and their proposal distributions (None when greedy)."""
         if n == 0:
             return torch.empty(0, dtype=torch.long, device=self.device), None
-        logits = self.drafter.draft_block(context, anchor, self._embed, self._lm_head)[:n].float()
-        if temperature <= 0:
-            return logits.argmax(-1), None
-        probs = _probs(logits, temperature)
-        return _sample(probs, generator), probs
+        return propose(self.drafter, context, anchor, n, rows, self._embed, self._lm_head, temperature, generator)
 
     @staticmethod
     def _verify(drafts: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor, temperature: float, generator):
@@ -220,7 +213,7 @@ class SpecDecoder:
             accepted = int((drafts == best[: drafts.shape[0]]).int().cumprod(0).sum())
             return accepted, int(best[accepted])
         q = q.to(logits.device) if q is not None else logits.new_zeros(0, logits.shape[-1])
-        return rejection_sample(drafts, q, _probs(logits, temperature), generator)
+        return rejection_sample(drafts, q, probs(logits, temperature), generator)
 
     @torch.no_grad()
     def generate(
@@ -241,13 +234,14 @@ class SpecDecoder:
         logits, prompt_feats = self._forward(list(prompt_ids), 0, cache, keep_all=False)
         context = self.drafter.extend_context(None, prompt_feats)
         first = (int(logits[-1].argmax()) if temperature <= 0
-                 else int(_sample(_probs(logits[-1], temperature), generator)))
+                 else int(sample(probs(logits[-1], temperature), generator)))
         result = DecodeResult(output_ids=[first], target_forwards=1)
         start = len(prompt_ids)  # position of the anchor (the last token, not yet in the target cache)
         while len(result.output_ids) < max_new_tokens and result.output_ids[-1] not in stops:
             n = min(block, max_new_tokens - len(result.output_ids)) - 1
             anchor = result.output_ids[-1]
-            drafts, q = self._draft(context, anchor, n, temperature, generator)
+            # the reference drafts one row past max_new_tokens in the last cycles (and trims after)
+            drafts, q = self._draft(context, anchor, n, min(block, n + 2), temperature, generator)
             if rollback.needs_replay:
                 rollback.snapshot()
             logits, feats = self._forward([anchor, *drafts.tolist()], start, cache)

@@ -4,7 +4,9 @@ Reads `train.checkpoint`; writes
 - `drafter/` — the DFlash / z-lab layout: config.json (`architectures: ["DFlashDraftModel"]`,
   `block_size`, `dflash_config: {mask_token_id, target_layer_ids, ...}`, `num_target_layers`,
   `layer_types`, the Qwen3 fields) and model.safetensors (the public DFlash parameter names, in
-  `stages.export.dtype`). SGLang takes it as `--speculative-draft-model-path` with
+  `stages.export.dtype`; DFlash2: `architectures: ["DFlash2DraftModel"]`, `is_causal: false`, its
+  keys in `dflash_config`, the selector codebooks stored without `.weight`, all written by
+  `dflash.checkpoint.save_drafter`). SGLang takes it as `--speculative-draft-model-path` with
   `--speculative-algorithm DFLASH`, the z-lab `dflash` package loads it, `drafter.init_from`
   continues training from it.
 - `drafter-vllm/` — the speculators layout vLLM serves (`dflashx.export.speculators`): its
