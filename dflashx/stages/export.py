@@ -10,7 +10,8 @@ Reads `train.checkpoint`; writes
   `--speculative-algorithm DFLASH`, the z-lab `dflash` package loads it, `drafter.init_from`
   continues training from it.
 - `drafter-vllm/` — the speculators layout vLLM serves (`dflashx.export.speculators`): its
-  config.json and the same weights.
+  config.json and the same weights. DFlash only: vLLM serves DFlash2 from `drafter/` itself
+  (`qwen3_dflash2.py`, vLLM PR #52816), and the speculators layout has no DFlash2 form.
 Both get a README.md with the SGLang and vLLM serve commands, which the stage also prints (into
 export/stage.log under `dflashx run`, which captures stage output). Before
 that, `check_sglang` and `check_speculators` read back what was written (config and weight shapes)
@@ -25,6 +26,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from dflashx.config.drafter import HF_ARCHITECTURE
 from dflashx.config.fields import TORCH_DTYPE
 from dflashx.export import Serving, check_sglang, check_speculators, commands, readme, report, to_speculators
 from dflashx.data import chat_contract
@@ -61,12 +63,15 @@ def write_speculators(drafter_dir: Path, out: Path, target: str) -> None:
         shutil.copyfile(drafter_dir / WEIGHTS, tmp / WEIGHTS)
 
 
-def check_written(ctx: StageContext, drafter_dir: Path, vllm_dir: Path) -> None:
-    """Both engine checkers on the written folders; StageFailed naming every broken key."""
+def check_written(ctx: StageContext, drafter_dir: Path, vllm_dir: Path | None) -> None:
+    """The engine checkers on the written folders (no speculators folder for DFlash2); StageFailed naming
+    every broken key."""
     facts = ctx.recipe.target.facts
     failures, count = [], 0
-    for engine, check, folder in (("SGLang / z-lab", check_sglang, drafter_dir),
-                                  ("vLLM / speculators", check_speculators, vllm_dir)):
+    checks = [("SGLang / z-lab", check_sglang, drafter_dir)]
+    if vllm_dir is not None:
+        checks.append(("vLLM / speculators", check_speculators, vllm_dir))
+    for engine, check, folder in checks:
         config, shapes = _read(folder)
         violations = check(config, facts, shapes)
         count += len(violations)
@@ -87,27 +92,32 @@ def run(ctx: StageContext) -> StageResult:
     dtype = getattr(torch, TORCH_DTYPE[ctx.config.dtype])
     drafter = load_drafter(ctx.inputs[CHECKPOINT])
     out, vllm_out, target = ctx.out_dir / OUT, ctx.out_dir / VLLM_DIR, served_target(ctx)
+    # vLLM serves DFlash2 from the DFlash layout itself (PR #52816, qwen3_dflash2.py); the speculators
+    # layout has no DFlash2 form
+    speculators = drafter.config.architecture == "dflash"
     save_drafter(drafter, out, dtype=dtype)
-    write_speculators(out, vllm_out, target)
-    check_written(ctx, out, vllm_out)
+    if speculators:
+        write_speculators(out, vllm_out, target)
+    check_written(ctx, out, vllm_out if speculators else None)
 
     config = json.loads((out / CONFIG).read_text())
     serving = Serving.of(config, ctx.recipe.target.facts, target, str(out), str(vllm_out),
                          tp=ctx.recipe.stages.generate.serving.tp)
     text = readme(serving, config, ctx.recipe.name, ctx.config.dtype)
     trained_for = chat_contract.read(ctx.inputs[CHECKPOINT])  # the template and thinking mode of training
-    for folder in (out, vllm_out):
+    for folder in (out, vllm_out) if speculators else (out,):
         atomic_write_text(folder / README_FILE, text)
         if trained_for is not None:
             chat_contract.write(folder, trained_for)
     print(f"export: serve the drafter with\n{commands(serving)}", flush=True)  # stage.log under `dflashx run`
+    kind = HF_ARCHITECTURE[drafter.config.architecture]
+    artifacts = {OUT: Artifact(OUT, tier="irreplaceable", description=f"{kind} drafter (SGLang / z-lab / vLLM "
+                               "layout): config.json + model.safetensors")}
+    if speculators:
+        artifacts[VLLM] = Artifact(VLLM_DIR, tier="replaceable",
+                                   description="the same drafter in the speculators layout (vLLM)")
     return StageResult(
-        artifacts={
-            OUT: Artifact(OUT, tier="irreplaceable",
-                          description="DFlash drafter (SGLang / z-lab layout): config.json + model.safetensors"),
-            VLLM: Artifact(VLLM_DIR, tier="replaceable",
-                           description="the same drafter in the speculators layout (vLLM)"),
-        },
+        artifacts=artifacts,
         metrics={"parameters": sum(p.numel() for p in drafter.parameters()),
                  "bytes": sum(f.stat().st_size for f in out.iterdir())},
     )
