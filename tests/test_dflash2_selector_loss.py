@@ -60,7 +60,7 @@ def test_selector_loss_and_gradients_match_full_logits(gold_missing):
     ref_grads = [rows.grad.clone()] + [p.grad.clone() for p in sel.parameters()]
     rows.grad = None
     sel.zero_grad()
-    ce, _, top = fused_cross_entropy_top_k(rows, head, labels, K, chunk_tokens=5)
+    _, _, top = fused_cross_entropy_top_k(rows, head, labels, K, chunk_tokens=5)
     assert torch.equal(top, cand) and torch.equal(head_top_k(rows.detach(), head, K, chunk_tokens=4), cand)
     out = selector_loss(sel, rows, head, top, labels, preds, weights, slots, 4, gold_missing, chunk=3)
     out.loss.backward()
