@@ -94,14 +94,17 @@ def parameter_groups(train: ResolvedTrainStage, module: torch.nn.Module) -> Iter
     the engine reads a lazy `model_parameters` after that tagging (DeepSpeedEngine.__init__: "A lazy
     iterable remains valid ..."), so these tags are the ones its Muon groups are split by."""
     params = [p for p in module.parameters() if p.requires_grad]
-    if train.optimizer != "muon" or train.muon_lr is None:
+    muon = train.optimizer == "muon"
+    matrices = {id(p) for p in muon_matrices(module)} if muon else set()
+    if muon:
+        for p in params:
+            p.use_muon = id(p) in matrices  # type: ignore[attr-defined]
+    if not muon or train.muon_lr is None:
         yield {"params": params}
         return
-    matrices = {id(p) for p in muon_matrices(module)}
     shapes: dict[tuple[int, int], list[torch.nn.Parameter]] = {}
     for p in params:
-        p.use_muon = id(p) in matrices  # type: ignore[attr-defined]
-        if p.use_muon:  # type: ignore[attr-defined]
+        if id(p) in matrices:
             shapes.setdefault((p.shape[0], p.shape[1]), []).append(p)
     for (r, c), ps in shapes.items():
         yield {"params": ps, "lr": muon_engine_lr(train.muon_lr, r, c)}
