@@ -139,3 +139,24 @@ def test_dflash_loss_is_unchanged_by_the_top_k_option():
     w = weights.flatten()[keep]
     assert torch.equal(losses[0], (ce * (w / w.sum().clamp_min(1e-8))).sum())
     assert torch.equal(losses[0], losses[1]) and torch.equal(grads[0], grads[1])
+
+
+def test_the_liger_path_gives_the_selector_the_same_rows(monkeypatch):
+    """Liger (CUDA only) is stood in for by the torch fused CE: its separate top-k pass and the rows,
+    slots and normalised weights it hands the selector equal the torch path's."""
+    import dflashx.dflash.loss as loss_module
+
+    def torch_liger(rows, head, labels, weights):
+        ce, pred = fused_cross_entropy(rows, head, labels)
+        return (ce * weights).sum(), pred
+
+    monkeypatch.setattr(loss_module, "liger_cross_entropy", torch_liger)
+    torch.manual_seed(6)
+    head, labels, hidden = torch.randn(V, H), torch.randint(0, V, (2, 8)), torch.randn(2, 8, H)
+    weights = torch.tensor([[0.0, 1.0, 0.5, 0.25] * 2, [0.0, 1.0, 0.0, 0.0] * 2])
+    outs = [dflash_loss(hidden, head, labels, weights, 4, chunk_tokens=3, kernel=kernel, top_k=K)
+            for kernel in ("torch", "liger")]
+    a, b = (o.supervised for o in outs)
+    assert torch.allclose(outs[0].loss, outs[1].loss) and torch.equal(a.top_k, b.top_k)
+    assert torch.equal(a.keep, b.keep) and torch.equal(a.slots, b.slots) and torch.equal(a.weights, b.weights)
+    assert torch.equal(a.rows, b.rows) and a.weights.sum() == pytest.approx(1.0)

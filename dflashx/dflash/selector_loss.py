@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dflashx.dflash.dflash2 import PathSelector
 from dflashx.resolve.formulas import warmup_steps
 
 
@@ -104,7 +105,7 @@ def _ce_scores(scores: torch.Tensor, hit: torch.Tensor, where: torch.Tensor, gol
     return torch.cat([scores[:, : k - 1], last[:, None]], dim=1), torch.where(hit, where, k - 1), weights
 
 
-def selector_loss(selector, rows: torch.Tensor, lm_head_weight: torch.Tensor, candidates: torch.Tensor,
+def selector_loss(selector: PathSelector, rows: torch.Tensor, lm_head_weight: torch.Tensor, candidates: torch.Tensor,
                   labels: torch.Tensor, predecessors: torch.Tensor, row_weights: torch.Tensor,
                   slots: torch.Tensor, block_size: int, gold_missing: str = "skip",
                   chunk: int = 4096) -> SelectorOutput:
