@@ -22,14 +22,14 @@ TWO_PROCESSES = {"name": "cpu-2-processes", "gpus_per_node": 2}  # a CPU profile
 
 
 def _job(root, stage, **kw) -> TrainJob:
-    base = dict(epochs=1, max_steps=4, lr=1e-2, global_batch=4, micro_batch=1, zero_stage=2, anchors_per_seq=8,
-                checkpoint_every=2, log_every=1)
+    base = {"epochs": 1, "max_steps": 4, "lr": 1e-2, "global_batch": 4, "micro_batch": 1, "zero_stage": 2,
+            "anchors_per_seq": 8, "checkpoint_every": 2, "log_every": 1}
     return train_job(root / stage, root / "data", root / "target", **(base | kw))
 
 
-def _losses(stage_dir) -> dict[int, float]:
+def _losses(stage_dir, key: str = "loss") -> dict[int, float]:
     lines = (stage_dir / "logs" / "metrics.jsonl").read_text().splitlines()
-    return {json.loads(x)["step"]: json.loads(x)["loss"] for x in lines}
+    return {json.loads(x)["step"]: json.loads(x)[key] for x in lines}
 
 
 def _torchrun(stage_dir) -> None:
@@ -63,23 +63,30 @@ def test_each_rank_reads_its_own_shard(tmp_path):
 # (rel 1e-4 with AdamW). Muon's Newton-Schulz iterations amplify that order difference: one CI run measured
 # rel 1.4e-4 at step 3, another stayed under 1e-4; Muon is held to 1e-3 (a wrong partition of a matrix's
 # update would be off by far more: AdamW and Muon losses part by about 2% by step 8 at this lr on CPU).
+# DFlash2 adds the path selector's loss (top-k candidates, teacher-forced predecessors): the same check on both.
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize(("optimizer", "rel"), [("adamw", 1e-4), ("muon", 1e-3)])
-def test_two_ranks_match_one_rank_and_resume(tmp_path, optimizer, rel):
+@pytest.mark.parametrize(("optimizer", "rel", "drafter"), [
+    ("adamw", 1e-4, None), ("muon", 1e-3, None),
+    ("muon", 1e-3, {"architecture": "dflash2", "selector_rank": 8, "selector_top_k": 4}),
+], ids=["adamw", "muon", "dflash2-muon"])
+def test_two_ranks_match_one_rank_and_resume(tmp_path, optimizer, rel, drafter):
     tiny_target(tmp_path / "target")
     tiny_dataset(tmp_path / "data", n=16)
+    keys = ["loss"] + (["selector_loss"] if drafter else [])
     one: dict[int, dict] = {}
-    run_training(_job(tmp_path, "one", optimizer=optimizer), log=lambda m, s: one.__setitem__(s, m["loss"]))
+    run_training(_job(tmp_path, "one", optimizer=optimizer, drafter=drafter),
+                 log=lambda m, s: one.__setitem__(s, m))
 
     two = tmp_path / "two"
     two.mkdir()
-    _job(tmp_path, "two", hardware=TWO_PROCESSES, optimizer=optimizer).save()
+    _job(tmp_path, "two", hardware=TWO_PROCESSES, optimizer=optimizer, drafter=drafter).save()
     _torchrun(two)
     losses = _losses(two)
     assert sorted(losses) == [1, 2, 3, 4]
-    for step, loss in losses.items():
-        assert loss == pytest.approx(one[step], rel=rel), step
+    for key in keys:
+        for step, loss in _losses(two, key).items():
+            assert loss == pytest.approx(one[step][key], rel=rel), (step, key)
     for rank in (0, 1):
         assert (two / "checkpoints" / "step-00000004" / f"rank_state_{rank}.pt").exists()
 

@@ -8,7 +8,7 @@ Public API: `TrainJob` (`.of(recipe, stage_dir, dataset, target_path)`, `.save()
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -70,17 +70,44 @@ def lr_schedule(train: ResolvedTrainStage, total_steps: int) -> Callable[[torch.
         optimizer, lambda step: lr_factor(train.schedule, step, total_steps, warmup))
 
 
-def parameter_groups(train: ResolvedTrainStage, module: torch.nn.Module) -> list[dict[str, Any]]:
-    """What the engine optimizes. AdamW: one group. Muon: the trainable matrices (2-D, what DeepSpeed
-    tags `use_muon`) grouped by shape, each at its engine rate for the AdamW-matched `muon_lr`
-    (`muon_engine_lr`), and the rest (norms) at `lr`."""
+def muon_matrices(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The trainable parameters Muon orthogonalises: the hidden matrices, 2-D weights other than
+    embedding tables. Left to AdamW: norms (1-D); DFlash2's selector codebooks (`nn.Embedding`, V x r:
+    lookup tables whose row b moves only when token b is a predecessor or candidate; Muon's
+    orthogonalised update is for hidden layers, embeddings and heads go to AdamW: Keller Jordan's Muon
+    write-up, kellerjordan.github.io/posts/muon/#empirical-considerations, which DeepSpeed's name rule
+    follows, deepspeedai/DeepSpeed#7641); their convolutions' `base_kernel` [2, K, H] (per-channel
+    taps starting at the identity, gains like a norm's weight: Muon would orthogonalise them as one
+    [2, K*H] matrix, mixing the two sides' kernels)."""
+    tables = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)}
+    return [p for p in module.parameters() if p.requires_grad and p.ndim == 2 and id(p) not in tables]
+
+
+def parameter_groups(train: ResolvedTrainStage, module: torch.nn.Module) -> Iterator[dict[str, Any]]:
+    """What the engine optimizes. AdamW: one group. Muon: the matrices (`muon_matrices`) grouped by
+    shape, each at its engine rate for the AdamW-matched `muon_lr` (`muon_engine_lr`), and the rest
+    (norms, embedding tables, DFlash2's 3-D conv kernels) at `lr`.
+
+    Lazy, and it tags `p.use_muon` as it is read: `deepspeed.initialize` tags every parameter by name
+    (2-D and no "embed" / "lm_head" in it, `deepspeed.set_optimizer_flags`), overwriting earlier tags,
+    and would take the published `candidate_selector.*_codebook` and the 3-D kernels for Muon matrices;
+    the engine reads a lazy `model_parameters` after that tagging (DeepSpeedEngine.__init__: "A lazy
+    iterable remains valid ..."), so these tags are the ones its Muon groups are split by."""
     params = [p for p in module.parameters() if p.requires_grad]
-    if train.optimizer != "muon" or train.muon_lr is None:
-        return [{"params": params}]
+    muon = train.optimizer == "muon"
+    matrices = {id(p) for p in muon_matrices(module)} if muon else set()
+    if muon:
+        for p in params:
+            p.use_muon = id(p) in matrices  # type: ignore[attr-defined]
+    if not muon or train.muon_lr is None:
+        yield {"params": params}
+        return
     shapes: dict[tuple[int, int], list[torch.nn.Parameter]] = {}
     for p in params:
-        if p.ndim >= 2:
-            shapes.setdefault((p.shape[0], math.prod(p.shape[1:])), []).append(p)
-    groups = [{"params": ps, "lr": muon_engine_lr(train.muon_lr, r, c)} for (r, c), ps in shapes.items()]
-    rest = [p for p in params if p.ndim < 2]
-    return groups + ([{"params": rest, "lr": train.lr}] if rest else [])
+        if id(p) in matrices:
+            shapes.setdefault((p.shape[0], p.shape[1]), []).append(p)
+    for (r, c), ps in shapes.items():
+        yield {"params": ps, "lr": muon_engine_lr(train.muon_lr, r, c)}
+    rest = [p for p in params if id(p) not in matrices]
+    if rest:
+        yield {"params": rest, "lr": train.lr}

@@ -14,10 +14,10 @@
   D-PACE's weights, computed from the same pass's per-token CE (`dpace_weights`).
 
 Public API: `slot_weights(block_size, gamma)`, `block_labels(...)`, `fused_cross_entropy(...)`,
-`dpace_weights(ce, mask, alpha)`, `head_argmax(...)`, `target_label_ids(...)`, `liger_cross_entropy(...)`,
-`liger_available()`, `LossOutput`,
+`fused_cross_entropy_top_k(...)`, `dpace_weights(ce, mask, alpha)`, `head_argmax(...)`, `head_top_k(...)`,
+`target_label_ids(...)`, `liger_cross_entropy(...)`, `liger_available()`, `LossOutput`, `SupervisedRows`,
 `dflash_loss(hidden, lm_head_weight, labels, weights, block_size, chunk_tokens, kernel, objective,
-dpace_alpha)`.
+dpace_alpha, top_k)`.
 """
 
 from __future__ import annotations
@@ -59,28 +59,30 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     depend on these very CE values — costs nothing more."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, chunk):  # see the class
+    def forward(ctx, hidden, weight, labels, chunk, top_k=0):  # see the class
         grad = torch.empty_like(hidden) if hidden.requires_grad else None
-        ces, preds = [], []
+        ces, preds, tops = [], [], [hidden.new_empty((0, top_k), dtype=torch.long)]
         for start in range(0, hidden.shape[0], chunk):
             sl = slice(start, start + chunk)
             logits = (hidden[sl] @ weight.t()).float()
             lse = torch.logsumexp(logits, dim=-1)
             ces.append(lse - logits.gather(1, labels[sl, None]).squeeze(1))
             preds.append(logits.argmax(-1))
+            if top_k:
+                tops.append(torch.topk(logits, top_k, dim=-1).indices)
             if grad is not None:
                 probs = logits.sub_(lse[:, None]).exp_()
                 probs[torch.arange(probs.shape[0], device=probs.device), labels[sl]] -= 1.0
                 grad[sl] = probs.to(hidden.dtype) @ weight
-        ce, pred = torch.cat(ces), torch.cat(preds)
+        ce, pred, top = torch.cat(ces), torch.cat(preds), torch.cat(tops)
         ctx.save_for_backward(grad if grad is not None else hidden.new_empty(0))
-        ctx.mark_non_differentiable(pred)
-        return ce, pred
+        ctx.mark_non_differentiable(pred, top)
+        return ce, pred, top
 
     @staticmethod
-    def backward(ctx, grad_ce, _grad_pred):  # see the class
+    def backward(ctx, grad_ce, _grad_pred, _grad_top):  # see the class
         (grad,) = ctx.saved_tensors
-        return grad * grad_ce.to(grad.dtype)[:, None], None, None, None
+        return grad * grad_ce.to(grad.dtype)[:, None], None, None, None, None
 
 
 def fused_cross_entropy(
@@ -88,7 +90,16 @@ def fused_cross_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token CE [N] (differentiable in `hidden`) and argmax [N] of hidden [N, H] @ lm_head_weight[V, H]^T
     (torch ops, any device; the head gets no gradient). Weight and sum the CE to get a loss."""
-    return _FusedLinearCrossEntropy.apply(hidden, lm_head_weight, labels, chunk_tokens)
+    ce, pred, _ = _FusedLinearCrossEntropy.apply(hidden, lm_head_weight, labels, chunk_tokens, 0)
+    return ce, pred
+
+
+def fused_cross_entropy_top_k(
+    hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor, top_k: int, chunk_tokens: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`fused_cross_entropy` and, from the same chunks of logits, each token's top-k ids [N, k] (no
+    gradient; DFlash2's selector candidates)."""
+    return _FusedLinearCrossEntropy.apply(hidden, lm_head_weight, labels, chunk_tokens, top_k)
 
 
 def dpace_weights(ce: torch.Tensor, mask: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -113,6 +124,15 @@ def head_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor, chunk_tokens
     out = [(hidden[s:s + chunk_tokens] @ lm_head_weight.t()).argmax(-1)
            for s in range(0, hidden.shape[0], chunk_tokens)]
     return torch.cat(out) if out else torch.empty(0, dtype=torch.long, device=hidden.device)
+
+
+@torch.no_grad()
+def head_top_k(hidden: torch.Tensor, lm_head_weight: torch.Tensor, top_k: int,
+               chunk_tokens: int = 4096) -> torch.Tensor:
+    """The top-k ids [N, k] of hidden [N, H] @ lm_head_weight[V, H]^T (fp32 logits), chunk by chunk."""
+    out = [torch.topk((hidden[s:s + chunk_tokens] @ lm_head_weight.t()).float(), top_k, dim=-1).indices
+           for s in range(0, hidden.shape[0], chunk_tokens)]
+    return torch.cat(out) if out else torch.empty((0, top_k), dtype=torch.long, device=hidden.device)
 
 
 def target_label_ids(input_ids: torch.Tensor, loss_mask: torch.Tensor, final_hidden: torch.Tensor,
@@ -158,12 +178,27 @@ def liger_available() -> bool:
 
 
 @dataclass
+class SupervisedRows:
+    """The rows of one pass that carry loss (flattened [b*n*B] order): `keep` [b*n*B] bool, `rows` [N, H]
+    (the drafter's hidden states, in the graph), `slots` [N], the backbone's normalised weights [N]
+    (detached) and the top-k ids [N, k] of their logits (DFlash2's selector candidates)."""
+
+    keep: torch.Tensor
+    rows: torch.Tensor
+    slots: torch.Tensor
+    weights: torch.Tensor
+    top_k: torch.Tensor
+
+
+@dataclass
 class LossOutput:
-    """`loss` (scalar, differentiable); per-slot correct counts and label counts [B] (summed)."""
+    """`loss` (scalar, differentiable); per-slot correct counts and label counts [B] (summed); with
+    `top_k` > 0 the supervised rows the selector loss reads (`SupervisedRows`)."""
 
     loss: torch.Tensor
     correct: torch.Tensor
     count: torch.Tensor
+    supervised: SupervisedRows | None = None
 
 
 def dflash_loss(
@@ -176,6 +211,7 @@ def dflash_loss(
     kernel: str = "torch",
     objective: str = "decay_ce",
     dpace_alpha: float = 0.5,
+    top_k: int = 0,
 ) -> LossOutput:
     """The weighted CE of the supervised slots of hidden [b, n*B, H]; only those rows hit the LM head.
 
@@ -185,7 +221,9 @@ def dflash_loss(
     so the loss is a weighted mean CE: AdamW and Muon are invariant to a constant scale of the loss,
     and a common scale keeps gradient clipping and the loss curves comparable between objectives
     (SpecForge divides D-PACE's sum by the batch size, speculators by the supervised-token count).
-    Kernel "liger" (decay_ce only: liger reduces with one weight per call) or "torch"."""
+    Kernel "liger" (decay_ce only: liger reduces with one weight per call) or "torch". `top_k` > 0
+    (DFlash2) also returns the supervised rows with their top-k ids: from the fused pass's own chunks
+    of logits (torch), or a separate chunked pass without gradient (liger)."""
     flat_w = weights.flatten()
     keep = flat_w > 0
     slots = torch.arange(weights.shape[-1], device=weights.device).expand_as(weights).flatten()[keep] % block_size
@@ -195,8 +233,9 @@ def dflash_loss(
             raise ValueError(f"the liger loss kernel weighs slots by a fixed decay only, not {objective!r}")
         w = flat_w[keep]
         loss, pred = liger_cross_entropy(rows, lm_head_weight, kept_labels, w / w.sum().clamp_min(1e-8))
+        top = head_top_k(rows.detach(), lm_head_weight, top_k, chunk_tokens) if top_k else None
     else:
-        ce, pred = fused_cross_entropy(rows, lm_head_weight, kept_labels, chunk_tokens)
+        ce, pred, top = fused_cross_entropy_top_k(rows, lm_head_weight, kept_labels, top_k, chunk_tokens)
         if objective == "dpace":
             blocks = torch.zeros_like(flat_w).masked_scatter(keep, ce.detach()).view(-1, block_size)
             w = dpace_weights(blocks, keep.view(-1, block_size), dpace_alpha).flatten()[keep]
@@ -206,7 +245,10 @@ def dflash_loss(
     correct = torch.zeros(block_size, device=hidden.device).index_add_(0, slots, (pred == kept_labels).float())
     count = torch.zeros(block_size, device=hidden.device).index_add_(0, slots,
                                                                      torch.ones_like(slots, dtype=torch.float32))
-    return LossOutput(loss=loss, correct=correct, count=count)
+    supervised = None
+    if top_k:
+        supervised = SupervisedRows(keep, rows, slots, (w / w.sum().clamp_min(1e-8)).detach(), top)
+    return LossOutput(loss=loss, correct=correct, count=count, supervised=supervised)
 
 
 def accuracy_per_position(correct: torch.Tensor, count: torch.Tensor) -> list[float]:

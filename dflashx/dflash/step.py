@@ -5,7 +5,9 @@ the benchmark times exactly what training runs.
 A step: draw this epoch's anchors (`anchors.sample_anchors`), lay out the blocks, read the
 target's features of the batch (online: `FeatureCapture`, stopped after the deepest tapped layer;
 offline: the shards), run the drafter over all blocks in one pass under the per-anchor mask, the
-fused LM-head cross-entropy on the supervised slots, `engine.backward`, `engine.step`.
+fused LM-head cross-entropy on the supervised slots (DFlash2: plus the path selector's k-way
+cross-entropy over the top-k candidates, ramped in: `dflashx.dflash.selector_loss`),
+`engine.backward`, `engine.step`.
 
 The objective (`stages.train.loss`: decay_ce or D-PACE), the label source (`stages.train.labels`:
 the data, or the target's argmax from a full target forward) and the optimizer (`parameter_groups`:
@@ -40,6 +42,7 @@ from dflashx.dflash.loss import dflash_loss, liger_available, target_label_ids
 from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.metrics import step_flops
 from dflashx.dflash.model import DFlashDrafter
+from dflashx.dflash.selector_loss import SelectorOutput, selector_loss, selector_ramp, teacher_predecessors
 from dflashx.dflash.target_shard import frozen_io, is_sharded
 
 LM_HEAD_CHUNK = 4096  # supervised tokens per chunk of the torch fused LM-head cross-entropy
@@ -56,12 +59,23 @@ class TrainModule(nn.Module):
         self.drafter, self.chunk, self.loss_kernel = drafter, chunk, loss_kernel
         self.objective, self.dpace_alpha = objective, dpace_alpha
 
-    def forward(self, block_embeds, features, batch, context_positions, mask, lm_head_weight):
-        d = self.drafter
+    def forward(self, block_embeds, features, batch, context_positions, mask, lm_head_weight,
+                selector_scale: float = 0.0, gold_missing: str = "skip"):
+        """(loss to backpropagate, the backbone's `LossOutput`, the selector's `SelectorOutput` or None).
+        DFlash: the backbone's loss. DFlash2: + selector_scale x the selector loss (`selector_loss`)."""
+        d, selector = self.drafter, self.drafter.candidate_selector
         hidden = d(block_embeds, d.fuse(features), batch.block_positions, context_positions, mask)
-        out = dflash_loss(hidden, lm_head_weight.to(hidden.dtype), batch.labels, batch.weights, d.config.block_size,
-                          self.chunk, self.loss_kernel, self.objective, self.dpace_alpha)
-        return out.loss, out.correct, out.count
+        head = lm_head_weight.to(hidden.dtype)
+        top_k = selector.top_k if selector is not None else 0
+        out = dflash_loss(hidden, head, batch.labels, batch.weights, d.config.block_size, self.chunk,
+                          self.loss_kernel, self.objective, self.dpace_alpha, top_k)
+        if selector is None or out.supervised is None:
+            return out.loss, out, None
+        rows, keep = out.supervised, out.supervised.keep
+        predecessors = teacher_predecessors(batch.labels, batch.block_ids, d.config.block_size).flatten()[keep]
+        sel = selector_loss(selector, rows.rows, head, rows.top_k, batch.labels.flatten()[keep], predecessors,
+                            rows.weights, rows.slots, d.config.block_size, gold_missing, self.chunk)
+        return out.loss + selector_scale * sel.loss, out, sel
 
 
 @dataclass
@@ -73,6 +87,8 @@ class StepResult:
     count: torch.Tensor
     tokens: int
     flops: float
+    selector: SelectorOutput | None = None  # DFlash2: the selector's loss and per-slot sums
+    selector_scale: float = 0.0  # DFlash2: the selector loss's weight this step (selector_weight x ramp)
 
 
 class TrainStep:
@@ -83,6 +99,7 @@ class TrainStep:
         import deepspeed
 
         train, self.job, self.device, self.cfg = job.train, job, device, drafter.config
+        self.total_steps = total_steps
         self.capture = FeatureCapture(target, self.cfg.target_layer_ids)
         self.embed, self.lm_head_w = frozen_io(target)  # whole copies when the target is sharded
         loss_kernel = train.loss_kernel
@@ -138,11 +155,21 @@ class TrainStep:
             features = F.pad(features, (0, 0, 0, width - features.shape[1]))
         positions = torch.arange(width, device=self.device).expand(len(lengths), -1)
         mask = DraftMask(blocks.anchors, width, self.cfg.block_size)
-        loss, correct, count = self.engine(self.embed(blocks.block_ids), features, blocks, positions, mask,
-                                           self.lm_head_w)
-        self.engine.backward(loss)
+        scale = self.selector_scale()
+        total, out, sel = self.engine(self.embed(blocks.block_ids), features, blocks, positions, mask,
+                                      self.lm_head_w, scale, self.job.train.selector_gold_missing)
+        self.engine.backward(total)
         with torch._dynamo.config.patch(disable=not self.job.train.compile):  # DeepSpeed's Muon kernels too
             self.engine.step()
         flops = step_flops(self.job.target.facts, self.cfg, lengths, blocks, labels,
                            int(batch["loss_mask"][:, 1:].sum()))
-        return StepResult(loss, correct, count, sum(lengths), flops)
+        return StepResult(out.loss, out.correct, out.count, sum(lengths), flops, sel, scale)
+
+    def selector_scale(self) -> float:
+        """DFlash2: the selector loss's weight for the engine's current optimizer step (a resumed engine
+        restores its step count, so the ramp continues where it stopped); 0 for DFlash."""
+        if self.cfg.architecture != "dflash2":
+            return 0.0
+        train = self.job.train
+        return train.selector_weight * selector_ramp(self.engine.global_steps, self.total_steps,
+                                                     train.selector_warmup_ratio)

@@ -175,7 +175,7 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
         for batch in loader:
             out = trainer.step(batch, epoch)
             g += 1
-            window.add(out.loss, out.correct, out.count, out.tokens, out.flops)
+            window.add(out.loss, out.correct, out.count, out.tokens, out.flops, out.selector, out.selector_scale)
             if g % accum:
                 continue
             step += 1
