@@ -15,9 +15,8 @@ its layout's engine contract (`dflashx.export.check_sglang` / `check_speculators
 inside the target, mask token inside its vocabulary, hidden size, layer stack, weight shapes) and
 then, like the trained drafter, on the shapes the decoder shares with the target (hidden size,
 vocabulary, decoder layers), before anything is decoded. A misfit stops the stage naming the
-recipe item, the config key and the fix. z-lab's DFlash2 drafters (`DFlash2DraftModel`: a candidate selector and
-convolutions)
-are not a layout dflashx decodes and are refused by name.
+recipe item, the config key and the fix. A DFlash2 drafter (`DFlash2DraftModel`: convolutions and a
+candidate selector, ours or a published one) is read in the DFlash layout and decoded with its selector.
 
 Public API: `EvalDrafter` (name, kind, config, path, layout; `describe()` for eval.json),
 `eval_drafters(ctx) -> list[EvalDrafter]` (configs read and checked, no weights loaded) and
@@ -77,10 +76,7 @@ def _local(value: str, key: str) -> Path:
 
 
 def layout_of(config: dict[str, Any], where: str, key: str) -> str:
-    """The folder layout a config.json is written in (DFLASH or SPECULATORS)."""
-    if "DFlash2DraftModel" in (config.get("architectures") or []):
-        raise ValueError(f"{where}: a DFlash2 drafter (architectures: DFlash2DraftModel: candidate selector and "
-                         f"convolutions), which dflashx does not decode; remove it from {key}")
+    """The folder layout a config.json is written in (DFLASH, DFlash2's too, or SPECULATORS)."""
     if "speculators_model_type" in config:
         return SPECULATORS
     if isinstance(config.get("dflash_config"), dict):
