@@ -101,7 +101,8 @@ def _evaluate(recipe: Any, checkpoint: Path, prompts_file: Path) -> dict[str, An
     from dflashx.dflash.acceptance import summarize
     from dflashx.dflash.checkpoint import load_drafter
     from dflashx.dflash.spec_decode import SpecDecoder
-    from dflashx.stages.eval import load_prompts, stop_ids
+    from dflashx.data.suites import load_prompts
+    from dflashx.stages.eval import stop_ids
     from dflashx.targets.locate import locate_target, locate_tokenizer
 
     ev = recipe.stages.eval

@@ -1,0 +1,91 @@
+"""`dflashx run recipes/tiny.yaml drafter.architecture=dflash2` end to end (ingest to export, real
+stages through the CLI), then its exported drafter against the z-lab reference (`dflash` 0.1.0,
+imported from the unpacked wheel as in test_tau_reference.py, its CUDA clock replaced):
+
+- the export loads into `DFlash2DraftModel` with no missing, unexpected or mismatched key;
+- the reference's `dflash_generate` with it reproduces the target's greedy output;
+- dflashx's own τ on the same held-out prompts equals the reference's within 0.01.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers_dflash import zlab_reference
+
+from dflashx.dflash.checkpoint import load_drafter
+from dflashx.dflash.spec_decode import SpecDecoder
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS, NEW_TOKENS = 6, 64
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("dflash2-run")
+    argv = [sys.executable, "-m", "dflashx.cli.main", "run", "recipes/tiny.yaml", "drafter.architecture=dflash2",
+            "--run-dir", str(root / "tiny")]
+    done = subprocess.run(argv, cwd=REPO, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True,
+                          timeout=3000)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return root / "tiny"
+
+
+def test_the_dflash2_run_completes_and_exports_the_published_layout(run_dir: Path) -> None:
+    for stage in ("ingest", "generate", "qc", "tokenize", "train", "eval", "export"):
+        assert (run_dir / stage / "_SUCCESS").is_file(), stage
+    config = json.loads((run_dir / "export" / "drafter" / "config.json").read_text())
+    assert config["architectures"] == ["DFlash2DraftModel"] and config["is_causal"] is False
+    assert {"conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "block_size"} <= set(
+        config["dflash_config"])
+    metrics = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
+    selector = [m["metrics"]["selector_loss"] for m in metrics
+                if m.get("event") == "metrics" and "selector_loss" in m.get("metrics", {})]
+    assert len(selector) >= 3 and selector[-1] < selector[0]  # the selector learnt on the tiny run
+
+
+def test_the_reference_decodes_our_export_as_we_do(run_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dflashx.data.chat_mask import render_prompt
+    from dflashx.data.suites import load_prompts
+    from dflashx.targets.locate import locate_target, locate_tokenizer
+
+    ref = zlab_reference()
+    ref._cuda_time = time.perf_counter  # torch.cuda.synchronize cannot run on a CPU; no figure depends on it
+    folder = run_dir / "export" / "drafter"
+    theirs, info = ref.DFlash2DraftModel.from_pretrained(str(folder), dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    theirs.eval()
+
+    from dflashx.config.load import load_recipe
+
+    spec = load_recipe(REPO / "recipes" / "tiny.yaml").recipe.target
+    target = AutoModelForCausalLM.from_pretrained(str(locate_target(spec)), dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(locate_tokenizer(spec)))
+    ours = SpecDecoder(target, load_drafter(folder, dtype=torch.float32).eval())
+    mine_tokens, mine_cycles, ref_lengths = 0, 0, []
+    for prompt in load_prompts(run_dir / "ingest" / "eval_prompts.jsonl", PROMPTS):
+        text = render_prompt(tokenizer, prompt, spec.chat_template)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        stats = ref.dflash_generate(theirs, target, torch.tensor([ids]), NEW_TOKENS, None, return_stats=True)
+        out = stats.output_ids[0, len(ids):].tolist()
+        with torch.no_grad():  # the reference's output is the target's greedy output: each token its argmax
+            argmax = target(torch.tensor([ids + out])).logits[0, len(ids) - 1:-1].argmax(-1).tolist()
+        assert len(out) == NEW_TOKENS and out == argmax
+        mine = ours.generate(ids, NEW_TOKENS)
+        assert mine.output_ids == out
+        mine_tokens, mine_cycles = mine_tokens + mine.decoded_after_first, mine_cycles + len(mine.accepted)
+        ref_lengths += stats.acceptance_lengths
+    tau, ref_tau = mine_tokens / mine_cycles, sum(ref_lengths) / len(ref_lengths)
+    assert tau == pytest.approx(ref_tau, abs=0.01)
+    assert tau > 2.0  # a trained drafter: drafts are accepted
