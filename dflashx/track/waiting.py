@@ -49,7 +49,7 @@ def pid_alive(pid: int) -> bool:
 def waiting_on(kind: str, what: str, detail: str = "") -> Iterator[None]:
     """While the block runs, the stage says it waits on `kind` (lock, child, server, network) `what`."""
     folder = os.environ.get(STAGE_DIR_ENV)
-    log.warning("waiting on %s %s%s", kind, what, f" ({detail})" if detail else "")
+    log.info("waiting on %s %s%s", kind, what, f" ({detail})" if detail else "")
     if not folder or not Path(folder).is_dir():
         yield
         return
