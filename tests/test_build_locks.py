@@ -74,16 +74,17 @@ def test_build_key_names_what_decides_a_build(monkeypatch):
     key = ext.build_key()
     assert f"py{sys.version_info.major}{sys.version_info.minor}" in key and deepspeed.__version__ in key
     assert torch.__version__.split("+")[0] in key
+    monkeypatch.delenv(ext.ROOT_ENV, raising=False)
+    assert ext.extensions_dir().name == key
+    monkeypatch.setenv(ext.ROOT_ENV, "/somewhere/else")
+    assert ext.extensions_dir() == Path("/somewhere/else")
     monkeypatch.setenv("CXX", "definitely-not-a-compiler")
     ext._compiler.cache_clear()
     try:
         assert ext.build_key() != key  # another compiler: another folder
     finally:
+        monkeypatch.delenv("CXX")
         ext._compiler.cache_clear()
-    monkeypatch.delenv(ext.ROOT_ENV, raising=False)
-    assert ext.extensions_dir().name == key
-    monkeypatch.setenv(ext.ROOT_ENV, "/somewhere/else")
-    assert ext.extensions_dir() == Path("/somewhere/else")
 
 
 def test_baton_holders_tell_a_live_holder_from_a_dead_one(tmp_path):

@@ -78,7 +78,7 @@ loss = model(torch.randn(1, 8)).square().mean()
 engine.backward(loss)
 engine.step()
 root = os.environ["TORCH_EXTENSIONS_DIR"]
-print(json.dumps({"aux": type(aux).__module__ + "." + type(aux).__name__, "built": sorted(os.listdir(root))}))
+print(json.dumps({"aux": type(aux).__module__ + "." + type(aux).__name__, "built": sorted(os.listdir(root)) if os.path.isdir(root) else []}))
 """
 
 
