@@ -98,7 +98,7 @@ def test_baton_holders_tell_a_live_holder_from_a_dead_one(tmp_path):
     assert baton.exists() and ext.baton_holders(baton) == []
 
 
-def test_sweep_breaks_a_dead_processs_baton_and_keeps_a_live_ones(tmp_path, capfd):
+def test_sweep_breaks_a_dead_processs_baton_and_keeps_a_live_ones(tmp_path, caplog):
     dead, live = tmp_path / "fused_adam" / "lock", tmp_path / "cpu_adam" / "lock"
     dead.parent.mkdir()
     live.parent.mkdir()
@@ -108,12 +108,12 @@ def test_sweep_breaks_a_dead_processs_baton_and_keeps_a_live_ones(tmp_path, capf
     try:
         assert ext.sweep(tmp_path) == [dead]
         assert not dead.exists() and live.exists()
-        assert f"broke stale build lock {dead}" in capfd.readouterr().err
+        assert f"broke stale build lock {dead}" in caplog.text
     finally:
         _kill(holder)
 
 
-def test_a_stale_baton_no_longer_hangs_the_build(tmp_path, monkeypatch, capfd):
+def test_a_stale_baton_no_longer_hangs_the_build(tmp_path, monkeypatch, caplog):
     """Without dflashx the fake build (torch's FileBaton.wait) would sleep forever on this file."""
     monkeypatch.setenv(ext.ROOT_ENV, str(tmp_path))
     stale = tmp_path / "fused_adam" / "lock"
@@ -123,7 +123,7 @@ def test_a_stale_baton_no_longer_hangs_the_build(tmp_path, monkeypatch, capfd):
     calls: list[str] = []
     assert ext.safe_jit_load(_fake_build(calls), FakeBuilder()) == "module"
     assert calls == [str(tmp_path)] and not stale.exists()
-    assert f"broke stale build lock {stale}" in capfd.readouterr().err
+    assert f"broke stale build lock {stale}" in caplog.text
 
 
 def test_a_new_build_is_made_aside_and_moved_into_place_whole(tmp_path, monkeypatch):

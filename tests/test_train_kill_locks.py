@@ -31,8 +31,12 @@ def _env(root: Path, **extra: str) -> dict[str, str]:
                          "COLUMNS": "400"} | extra
 
 
+SHORT = ["stages.train.epochs=2", "stages.train.checkpoint_every=20"]  # 70 steps, a checkpoint every 20
+
+
 def _argv(run_dir: Path, *more: str) -> list[str]:
-    return [sys.executable, "-m", "dflashx.cli.main", "run", "recipes/tiny.yaml", "--run-dir", str(run_dir), *more]
+    return [sys.executable, "-m", "dflashx.cli.main", "run", "recipes/tiny.yaml", *SHORT, "--run-dir", str(run_dir),
+            *more]
 
 
 def _run(run_dir: Path, env: dict[str, str], *more: str) -> subprocess.CompletedProcess:

@@ -119,8 +119,7 @@ def _break(baton: Path, why: str) -> None:
         baton.unlink()
     except FileNotFoundError:
         return
-    log.warning("broke stale build lock %s (%s)", baton, why)
-    print(f"dflashx: broke stale build lock {baton} ({why})", file=sys.stderr, flush=True)
+    log.warning("broke stale build lock %s (%s)", baton, why)  # into the stage's log (or a rank's)
 
 
 def _owner_free(owner: Path) -> bool:
