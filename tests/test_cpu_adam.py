@@ -78,7 +78,8 @@ loss = model(torch.randn(1, 8)).square().mean()
 engine.backward(loss)
 engine.step()
 root = os.environ["TORCH_EXTENSIONS_DIR"]
-print(json.dumps({"aux": type(aux).__module__ + "." + type(aux).__name__, "built": sorted(os.listdir(root)) if os.path.isdir(root) else []}))
+built = sorted(os.listdir(root)) if os.path.isdir(root) else []
+print(json.dumps({"aux": type(aux).__module__ + "." + type(aux).__name__, "built": built}))
 """
 
 
@@ -129,3 +130,29 @@ def test_deepspeeds_compiled_cpu_adam_matches_torch_adamw(tmp_path):
     assert list((ext / ".staging").iterdir()) == []
     for a, b in zip(torch.load(tmp_path / "p.pt"), _torch_adamw(40)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_muon_trains_the_same_with_torch_adam_as_with_the_compiled_op(tmp_path, monkeypatch):
+    """The drafter's training losses under Muon, its AdamW half torch's (the CPU default now) or
+    DeepSpeed's compiled `fused_adam` (the CPU default before, `DFLASHX_FUSED_ADAM=1`): the same."""
+    from dflashx.dflash.extensions import COMPLETE, FUSED_ADAM_ENV
+    from dflashx.dflash.trainer import run_training
+    from helpers_dflash import tiny_dataset, tiny_target, train_job
+
+    target, data = tiny_target(tmp_path / "target"), tiny_dataset(tmp_path / "data", n=16)
+    kw = {"optimizer": "muon", "epochs": 1, "max_steps": 16, "lr": 1e-2, "weight_decay": 0.1, "global_batch": 4,
+          "micro_batch": 2, "zero_stage": 0, "anchors_per_seq": 8, "checkpoint_every": 100, "log_every": 1}
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    losses: dict[str, dict[int, float]] = {}
+    for fused in ("0", "1"):
+        monkeypatch.setenv(FUSED_ADAM_ENV, fused)
+        logs: dict[int, float] = {}
+        run_training(train_job(tmp_path / f"fused{fused}", data, target, **kw),
+                     log=lambda metrics, step, logs=logs: logs.__setitem__(step, metrics["loss"]))
+        losses[fused] = logs
+    assert (tmp_path / "ext" / "fused_adam" / COMPLETE).exists()  # the compiled op was built and ran
+    assert sorted(losses["0"]) == list(range(1, 17))
+    for step, loss in losses["0"].items():
+        assert loss == pytest.approx(losses["1"][step], rel=1e-5), step
+    assert losses["0"][16] < losses["0"][1]
