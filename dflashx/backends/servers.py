@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from dflashx.plan.launch import LaunchPlan, ServerSpec, base_url
+from dflashx.track.waiting import waiting_on
 
 NODE_RANK_ENV = "DFLASHX_NODE_RANK"  # this machine's node in the profile (0 .. nodes-1); `dflashx run --node-rank`
 NODE_HOSTS_ENV = "DFLASHX_NODE_HOSTS"  # the nodes' addresses, node 0 first, comma-separated
@@ -93,10 +94,12 @@ def wait_healthy(
     procs: dict[str, tuple[subprocess.Popen, Path]] | None = None,
     poll_s: float = 1.0,
 ) -> None:
-    """Block until every `<url>/health` answers 200; raise ServerError on exit or timeout."""
+    """Block until every `<url>/health` answers 200 (said as the stage's wait: `dflashx status`); raise
+    ServerError on exit or timeout."""
     pending = [base_url(u) for u in urls]
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=min(10.0, timeout_s)) as client:
+    with httpx.Client(timeout=min(10.0, timeout_s)) as client, \
+            waiting_on("server", ", ".join(pending), "starting: GET /health until 200"):
         while pending:
             for url in list(pending):
                 proc_log = (procs or {}).get(url)

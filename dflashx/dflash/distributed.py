@@ -3,6 +3,7 @@
 Under a launcher (`torchrun`, `deepspeed`) the rank, world size and rendezvous come from the
 environment it sets. A lone process (the CPU profile, tests, one GPU) gets a one-rank group on a
 free loopback port (and no DeepSpeed shared-memory op build, which only several CPU ranks use).
+Every op DeepSpeed still builds at run time is built safely (`dflashx.dflash.extensions`).
 NVLink SHARP / multicast (NVLS) is off unless the environment says otherwise (`SAFE_NCCL_ENV`, also
 given to launched processes).
 """
@@ -16,6 +17,8 @@ import socket
 from pathlib import Path
 
 import torch
+
+from dflashx.dflash.extensions import install as install_safe_builds
 
 SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -54,7 +57,7 @@ def setup_distributed() -> tuple[int, int, int]:
         os.environ.setdefault(key, value)
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "dflashx" / "torch_extensions"))
+    install_safe_builds()  # keyed $TORCH_EXTENSIONS_DIR, stale build locks broken, builds made aside
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     if not torch.cuda.is_available() and os.environ["WORLD_SIZE"] == "1":
         _skip_cpu_shared_memory_op()

@@ -36,6 +36,7 @@ from torch import nn
 
 from dflashx.dflash.anchors import BlockBatch, build_block_batch, sample_anchors
 from dflashx.dflash.capture import FeatureCapture
+from dflashx.dflash.extensions import engine_config
 from dflashx.dflash.job import TrainJob, lr_schedule, parameter_groups
 from dflashx.dflash.kernels import bucketed, compile_layers, linear_attention_kernel, to_float8_training
 from dflashx.dflash.loss import dflash_loss, liger_available, target_label_ids
@@ -115,7 +116,7 @@ class TrainStep:
                                         "target_sharding": "zero3" if is_sharded(target) else "none"}
         self.engine, _, _, _ = deepspeed.initialize(
             model=TrainModule(drafter, LM_HEAD_CHUNK, loss_kernel, train.loss, train.dpace_alpha),
-            config=train.deepspeed_config, model_parameters=parameter_groups(train, drafter),
+            config=engine_config(train.deepspeed_config), model_parameters=parameter_groups(train, drafter),
             lr_scheduler=lr_schedule(train, total_steps))
         drafter.restore_rope()
         self.features_of: Callable[[dict[str, torch.Tensor]], torch.Tensor] = self.online_features

@@ -40,12 +40,17 @@ def _headline(metrics: dict[str, Any], limit: int = 3) -> str:
     return ", ".join(f"{k}={human_value(v)}" for k, v in items[:limit]) or "-"
 
 
+def _row_headline(row: StageRow) -> str:
+    """A running stage's wait (what it waits on, when it says), else its headline metrics."""
+    return row.message if row.state == "running" and row.message else _headline(row.metrics)
+
+
 def _stage_table(plan: dict[str, Any], rows: Sequence[StageRow]) -> list[str]:
     estimates = {st["name"]: (st.get("estimates") or {}).get("seconds") for st in plan.get("stages", [])}
     lines = ["| stage | state | took | estimate | headline |", "|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row.name} | {row.state} | {human_seconds(row.duration_s)} | "
-                     f"{human_seconds(estimates.get(row.name))} | {_headline(row.metrics)} |")
+                     f"{human_seconds(estimates.get(row.name))} | {_row_headline(row)} |")
     return lines
 
 

@@ -21,7 +21,7 @@ QUIET_STEPS = 10**9  # DeepSpeed's own step printing: off (dflashx logs its own 
 
 
 def deepspeed_config(train: TrainStage, micro_batch: int, grad_accum: int, zero_stage: int, world_size: int,
-                     bf16: bool) -> dict[str, Any]:
+                     bf16: bool, on_gpu: bool = True) -> dict[str, Any]:
     """ZeRO stage, bf16 or fp32, batch arithmetic, clipping, the optimizer (`optimizer_config`).
 
     Under Muon gradient clipping is off: DeepSpeed's ZeRO 1 and 2 clip the orthogonalised update
@@ -42,7 +42,7 @@ def deepspeed_config(train: TrainStage, micro_batch: int, grad_accum: int, zero_
         "gradient_clipping": train.grad_clip if train.optimizer == "adamw" else 0.0,
         "zero_optimization": {"stage": zero_stage, "overlap_comm": world_size > 1, "contiguous_gradients": True},
         "bf16": precision,
-        "optimizer": optimizer_config(train),
+        "optimizer": optimizer_config(train, on_gpu),
         "steps_per_print": QUIET_STEPS,
         "wall_clock_breakdown": False,
     }
@@ -69,14 +69,21 @@ def target_shard_config(hw: HardwareProfile, world_size: int, micro_batch: int, 
     }
 
 
-def optimizer_config(train: TrainStage) -> dict[str, Any]:
+def optimizer_config(train: TrainStage, on_gpu: bool = True) -> dict[str, Any]:
     """AdamW (torch's implementation), or DeepSpeed's built-in Muon: Muon for the matrices DeepSpeed
     tags `use_muon` (2-D), its auxiliary AdamW for the rest. Under Muon `lr` is the AdamW half's; the
     matrices' rates are set per shape by the trainer's parameter groups from the resolved `muon_lr`
-    (`dflashx.resolve.formulas.muon_engine_lr`), which override the config's."""
+    (`dflashx.resolve.formulas.muon_engine_lr`), which override the config's.
+
+    On a CPU profile Muon's AdamW half is torch's (`torch_adam`): DeepSpeed's default there is its
+    `fused_adam` op, a C++ build at run time (about a minute on 2 cores, and a build lock a killed
+    run leaves behind), for the same update: bias-corrected moments, decoupled weight decay
+    (`csrc/includes/cpu_adam_impl` vs `torch.optim.AdamW`; tests/test_cpu_adam.py compares them).
+    On GPUs the CUDA `fused_adam` stays (built once per `dflashx.dflash.extensions` key)."""
     adam = {"lr": train.lr, "betas": list(ADAM_BETAS), "eps": 1e-8, "weight_decay": train.weight_decay}
     if train.optimizer == "muon":
-        return {"type": "Muon", "params": adam | {"momentum": train.muon_momentum}}
+        torch_adam = {} if on_gpu else {"torch_adam": True}
+        return {"type": "Muon", "params": adam | {"momentum": train.muon_momentum} | torch_adam}
     return {"type": "AdamW", "params": adam | {"torch_adam": True}}
 
 

@@ -142,7 +142,7 @@ def _train(recipe: Recipe, facts: TargetFacts, drafter: ResolvedDrafter, load_pr
         "compile": on_gpu if train.compile == "auto" else train.compile,
         "loss_kernel": loss_kernel(train, on_gpu),
         "muon_lr": muon_lr(train.lr, train.muon_lr) if train.optimizer == "muon" else None,
-        "deepspeed_config": deepspeed_config(train, micro, accum, zero, world, bf16),
+        "deepspeed_config": deepspeed_config(train, micro, accum, zero, world, bf16, on_gpu),
         "launch": launch_argv(hw, world),
     })
 

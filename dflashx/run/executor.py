@@ -7,15 +7,19 @@ sends each `ctx.log` to the tracker (records.jsonl and W&B in a run; none for th
 stages) and then to the observer, runs the stage, then `finish(result)` inside the same capture
 (the orchestrator registers the artifacts there), and returns what happened: the result, or the
 exception that stopped it. KeyboardInterrupt is not caught: the caller records the interruption
-and lets it go on. The orchestrator (`dflashx.run.orchestrator`) adds what a run keeps around an
-attempt: markers, records, provenance, the manifest.
+and lets it go on. While the stage runs, `$DFLASHX_STAGE_DIR` names its folder (what it waits on
+is written there: `dflashx.track.waiting`) and a `Watchdog` (`dflashx.run.watchdog`) says what it
+waits on once it has run several times its planned time with no progress. The orchestrator
+(`dflashx.run.orchestrator`) adds what a run keeps around an attempt: markers, records, provenance,
+the manifest.
 """
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,8 +27,10 @@ from typing import Any, Protocol
 from dflashx.plan.launch import StageRuntime
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.observer import RunObserver
+from dflashx.run.watchdog import Watchdog
 from dflashx.stages.base import StageContext, StageResult
 from dflashx.track.output import captured
+from dflashx.track.waiting import STAGE_DIR_ENV
 
 
 class Tracker(Protocol):
@@ -58,12 +64,13 @@ def stage_context(name: str, recipe: ResolvedRecipe, plan: dict[str, Any], run_d
 
 
 def _metric_logger(label: str, tracker: Tracker | None, observer: RunObserver,
-                   warn: Callable[[str], object]) -> Callable[..., None]:
+                   warn: Callable[[str], object], progressed: Callable[[], None]) -> Callable[..., None]:
     """`ctx.log`: the tracker, then the observer (a failure there: one warning, then silence)."""
     quiet = False
 
     def log(metrics: dict[str, Any], step: int | None = None) -> None:
         nonlocal quiet
+        progressed()
         if tracker is not None:
             tracker.log(metrics, step)
         if quiet:
@@ -77,6 +84,20 @@ def _metric_logger(label: str, tracker: Tracker | None, observer: RunObserver,
     return log
 
 
+@contextmanager
+def _stage_dir_env(out_dir: Path) -> Iterator[None]:
+    """`$DFLASHX_STAGE_DIR` is the stage's folder while it runs (`dflashx.track.waiting` writes there)."""
+    before = os.environ.get(STAGE_DIR_ENV)
+    os.environ[STAGE_DIR_ENV] = str(Path(out_dir).resolve())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(STAGE_DIR_ENV, None)
+        else:
+            os.environ[STAGE_DIR_ENV] = before
+
+
 def execute(call: Callable[[StageContext], StageResult], ctx: StageContext, *, label: str, key: str,
             reason: str | None, estimate_s: float | None, log: Path, observer: RunObserver,
             tracker: AbstractContextManager[Tracker] | None = None,
@@ -87,8 +108,9 @@ def execute(call: Callable[[StageContext], StageResult], ctx: StageContext, *, l
     observer.stage_started(label, key, reason, estimate_s)
     t0 = time.monotonic()
     try:
-        with captured(log), (tracker or nullcontext()) as track:
-            ctx.log = _metric_logger(label, track, observer, warn)
+        with captured(log), (tracker or nullcontext()) as track, _stage_dir_env(ctx.out_dir), \
+                Watchdog(label, ctx.out_dir, estimate_s, observer.message) as watchdog:
+            ctx.log = _metric_logger(label, track, observer, warn, watchdog.progressed)
             result = call(ctx)
             finished = finish(result) if finish else None
             if track is not None:

@@ -1,8 +1,9 @@
 """Each stage's state in a run directory, from its markers, records, manifest and saved plan.
 
 States: done (its `_SUCCESS` key is the current key), stale (finished with another key: it re-runs
-next time), running (started, and a `dflashx run` holds the run lock), interrupted (started, no
-run holds the lock: the process died; re-run to resume), failed, pending, skipped-disabled.
+next time), running (started, and a `dflashx run` holds the run lock; `message` says what it waits
+on, when it says: `waits`), interrupted (started, no run holds the lock: the process died; re-run
+to resume), failed, pending, skipped-disabled.
 `dflashx.report.progress.write_progress(run_dir)` renders them into PROGRESS.md.
 """
 
@@ -18,7 +19,9 @@ from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.keys import stage_key
 from dflashx.run.rundir import RunDir
 from dflashx.store.manifest import ArtifactEntry, Manifest
+from dflashx.run.watchdog import read_stall
 from dflashx.track.records import read_records
+from dflashx.track.waiting import describe, read_waiting
 
 _STAGE_EVENTS = {"stage_start", "stage_end", "stage_failed", "stage_interrupted", "stage_skipped"}
 
@@ -40,6 +43,16 @@ class NotARunDir(ValueError):
 
 def _seconds_since(ts: str) -> float:
     return (datetime.now(UTC) - datetime.fromisoformat(ts)).total_seconds()
+
+
+def waits(stage_dir: Path) -> str | None:
+    """What a running stage waits on: its live `_WAITING.json` (a lock, a server, the network), else
+    the stall watchdog's last line (`_STALL.json`); None when it says neither."""
+    declared = read_waiting(stage_dir)
+    if declared is not None:
+        return describe(declared)
+    stall = read_stall(stage_dir)
+    return str(stall["line"]).removeprefix("~ ") if stall else None
 
 
 def run_status(run_dir: str | Path) -> list[StageStatus]:
@@ -76,6 +89,7 @@ def run_status(run_dir: str | Path) -> list[StageStatus]:
             row.state = "running" if locked else "interrupted"
             row.stage_key = event.get("stage_key")
             row.duration_s = _seconds_since(event["ts"]) if locked else None
+            row.message = waits(rundir.stage_dir(name)) if locked else None
         elif event.get("event") in ("stage_failed", "stage_interrupted"):
             row.state = "failed" if event["event"] == "stage_failed" else "interrupted"
             row.stage_key, row.duration_s = event.get("stage_key"), event.get("duration_s")
