@@ -65,6 +65,14 @@ def _shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
                    p + "self_attn.q_norm.weight": (c.head_dim,), p + "self_attn.k_norm.weight": (c.head_dim,),
                    p + "mlp.gate_proj.weight": (c.intermediate_size, h), p + "mlp.up_proj.weight": (c.intermediate_size, h),
                    p + "mlp.down_proj.weight": (h, c.intermediate_size)}
+        if c.architecture == "dflash2":
+            dynamic = 2 * c.conv_kernel_size * h // c.conv_group_size
+            shapes |= {p + f"{conv}_conv.{name}": shape for conv in ("attention", "mlp") for name, shape in
+                       (("base_kernel", (2, c.conv_kernel_size, h)), ("kernel_projection.weight", (dynamic, h)))}
+    if c.architecture == "dflash2":  # the codebooks are stored without `.weight` (the published layout)
+        shapes |= {"candidate_selector.predecessor_codebook": (c.vocab_size, c.selector_rank),
+                   "candidate_selector.successor_codebook": (c.vocab_size, c.selector_rank),
+                   "candidate_selector.hidden_projection.weight": (c.selector_rank, h)}
     return shapes
 
 
@@ -85,11 +93,15 @@ def _keys(violations: list[Violation]) -> list[str]:
 # --------------------------------------------------------------------------- the good exports
 
 
-@pytest.mark.parametrize("recipe,drafter", [("tiny.yaml", {}), ("tiny.yaml", SLIDING), ("qwen36_27b.yaml", {})])
+@pytest.mark.parametrize("recipe,drafter", [("tiny.yaml", {}), ("tiny.yaml", SLIDING), ("qwen36_27b.yaml", {}),
+                                            ("qwen36_27b.yaml", {"architecture": "dflash"})])
 def test_the_shipped_recipes_drafters_pass_both_checkers(recipe, drafter):
     resolved = _resolved(recipe, **drafter)
     facts, config = resolved.target.facts, _exported(resolved)
     assert check_sglang(config, facts, _shapes(config)) == []
+    if resolved.drafter.architecture == "dflash2":  # vLLM serves DFlash2 from this layout: no speculators form
+        assert config["architectures"] == ["DFlash2DraftModel"]
+        return
     spec = to_speculators(config, verifier=resolved.target.model)
     assert check_speculators(spec, facts, _shapes(config)) == []
     assert spec["aux_hidden_state_layer_ids"] == [i + 1 for i in resolved.drafter.target_layer_ids]
@@ -250,8 +262,9 @@ def _serving(resolved: ResolvedRecipe) -> Serving:
                       "/r/export/drafter-vllm")
 
 
-def test_hybrid_qwen_target_gets_the_mamba_flag_and_the_reasoning_parser():
-    s = _serving(_resolved("qwen36_27b.yaml"))
+@pytest.mark.parametrize(("architecture", "vllm_folder"), [("dflash", "drafter-vllm"), ("dflash2", "drafter")])
+def test_hybrid_qwen_target_gets_the_mamba_flag_and_the_reasoning_parser(architecture, vllm_folder):
+    s = _serving(_resolved("qwen36_27b.yaml", architecture=architecture))
     argv = sglang_argv(s)
     assert argv[:4] == ["python", "-m", "sglang.launch_server", "--model-path"] and argv[4] == "Qwen/Qwen3.6-27B"
     for flag, value in (("--speculative-algorithm", "DFLASH"), ("--speculative-draft-model-path", "/r/export/drafter"),
@@ -262,8 +275,8 @@ def test_hybrid_qwen_target_gets_the_mamba_flag_and_the_reasoning_parser():
     vllm = vllm_argv(s)
     assert vllm[:3] == ["vllm", "serve", "Qwen/Qwen3.6-27B"] and vllm[-2:] == ["--reasoning-parser", "qwen3"]
     assert vllm[vllm.index("--speculative-config") + 1] == (
-        '{"method": "dflash", "model": "/r/export/drafter-vllm", "num_speculative_tokens": 15}')
-    text = readme(s, _exported(_resolved("qwen36_27b.yaml")), "seed", "bf16")
+        f'{{"method": "dflash", "model": "/r/export/{vllm_folder}", "num_speculative_tokens": 15}}')
+    text = readme(s, _exported(_resolved("qwen36_27b.yaml", architecture=architecture)), "seed", "bf16")
     assert "--mamba-scheduler-strategy" in text  # the old SGLang spelling, named in the notes
 
 

@@ -21,8 +21,8 @@ D2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selec
 
 @pytest.fixture(scope="module")
 def seeds():
-    return _resolved("qwen36_27b.yaml", num_layers=2, layer_types=["sliding_attention", "sliding_attention"],
-                     sliding_window=2048, block_size=8)
+    return _resolved("qwen36_27b.yaml", architecture="dflash", num_layers=2, block_size=8, sliding_window=2048,
+                     layer_types=["sliding_attention", "sliding_attention"])
 
 
 def dflash2_config(seeds) -> dict[str, Any]:

@@ -34,7 +34,7 @@ def plan_json(**overrides):
 
 
 def test_qwen36_dflash2_parameters():
-    d2, d1 = dims(), resolve(seeds_recipe()).drafter.dims
+    d2, d1 = dims(), resolve(seeds_recipe(drafter__architecture="dflash")).drafter.dims
     assert d2.codebook_params == 2 * V * R == 127_139_840
     # per layer two convolutions: Linear(h -> 2 K h/16) and base [2, K, h], K = 2
     assert d2.conv_params == 5 * 2 * (H * 2 * 2 * H // 16 + 2 * 2 * H)
@@ -43,7 +43,7 @@ def test_qwen36_dflash2_parameters():
 
 
 def test_dflash2_flops_add_convolutions_and_selector_only():
-    d2, d1 = dims(), resolve(seeds_recipe()).drafter.dims
+    d2, d1 = dims(), resolve(seeds_recipe(drafter__architecture="dflash")).drafter.dims
     args = (8192.0, 3000.0, 1e7, 8192.0 * 15 / 16)
     extra = drafter_step_flops(d2, *args) - drafter_step_flops(d1, *args)
     # per token and layer: two convolutions, each a projection h -> 2 K h/16 and 2 sides x 2 K h, K = 2
@@ -71,13 +71,14 @@ def test_expected_tau_from_the_published_dflash2_figure():
     alpha = geometric_profile(DFLASH2_B8.figures[0], 7)[0]
     b16 = resolve(seeds_recipe(drafter__architecture="dflash2"))
     assert b16.deploy.acceptance == pytest.approx([alpha**k for k in range(1, 16)])
-    assert b16.deploy.expected_tau > resolve(seeds_recipe()).deploy.expected_tau  # above DFlash's 6.36
+    dflash = resolve(seeds_recipe(drafter__architecture="dflash"))
+    assert b16.deploy.expected_tau > dflash.deploy.expected_tau  # above DFlash's 6.36
     given = resolve(seeds_recipe(drafter__architecture="dflash2", deploy__expected_tau=4.0))
     assert given.deploy.expected_tau == 4.0 and given.deploy.tau_source.startswith("deploy.expected_tau")
 
 
 def test_dflash2_plan_counts_codebooks_in_memory_storage_and_serving():
-    one, two = plan_json(), plan_json(drafter__architecture="dflash2")
+    one, two = plan_json(drafter__architecture="dflash"), plan_json(drafter__architecture="dflash2")
     assert two["errors"] == [] and one["errors"] == []
     export = {s["name"]: s["estimates"]["storage_bytes"] for s in two["stages"]}["export"]
     d = resolve(seeds_recipe("b200_nvl8", drafter__architecture="dflash2")).drafter.dims
@@ -94,7 +95,8 @@ def test_dflash2_plan_counts_codebooks_in_memory_storage_and_serving():
      "drafter.selector_top_k", "error"),
     ({"drafter__architecture": "dflash2", "drafter__conv_kernel_size": 16}, "dflash2_kernel_block",
      "drafter.conv_kernel_size", "warning"),
-    ({"drafter__selector_rank": 128}, "dflash2_keys_unused", "drafter.selector_rank", "warning"),
+    ({"drafter__architecture": "dflash", "drafter__selector_rank": 128}, "dflash2_keys_unused",
+     "drafter.selector_rank", "warning"),
     ({"drafter__architecture": "dflash2", "drafter__precision": "fp8", "drafter__selector_rank": 200},
      "dflash2_fp8_bf16", "drafter.selector_rank", "warning"),
 ])
