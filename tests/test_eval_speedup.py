@@ -65,7 +65,7 @@ def test_the_plan_shows_the_speedup_at_the_expected_tau_before_training():
     assert deploy["tau"] == pytest.approx(3.0) and [r["concurrency"] for r in deploy["rows"]] == [1, 4]
     term = next(t for t in plan["explain"] if t["key"] == "deploy.speedup")
     assert term["value"] == deploy["rows"][0]["speedup"] and "deploy.expected_tau" in term["source"]
-    published = expected_speedup(resolve(seeds_recipe("h200_x1"), QWEN36))
+    published = expected_speedup(resolve(seeds_recipe("h200_x1", drafter__architecture="dflash"), QWEN36))
     assert published.tau == pytest.approx(6.36) and "16818" in published.acceptance_source
 
 
