@@ -230,7 +230,7 @@ def test_the_watchdog_names_a_child_process(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         time.sleep(0.2)
-        assert f"waiting on child process pid {child.pid}: {sys.executable} -c import time" in waits_on(tmp_path)
+        assert f"its child processes: pid {child.pid}: {sys.executable} -c import time" in waits_on(tmp_path)
     finally:
         _kill(child)
 

@@ -63,7 +63,7 @@ def waits_on(out_dir: Path) -> str:
         return describe(declared)
     children = _children(os.getpid())
     if children:
-        return "waiting on child process " + "; ".join(f"pid {p}: {cmd}" for p, cmd in children[:3])
+        return "no wait declared; its child processes: " + "; ".join(f"pid {p}: {cmd}" for p, cmd in children[:3])
     return "no lock, child process, server or network wait declared: it works in its own process"
 
 
