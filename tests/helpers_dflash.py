@@ -149,3 +149,24 @@ def repeating_drafter(target, tok, token: int, **drafter: Any):
         unit = mask * torch.rsqrt(mask.pow(2).mean() + model.norm.variance_epsilon)
         model.norm.weight.copy_(target.get_output_embeddings().weight[token].float() / unit)
     return model
+
+
+class Killed(Exception):
+    """Stands in for the process dying right after a step (no checkpoint taken at that step)."""
+
+
+def logged_training(stage_dir: str | Path, dataset: str | Path, target_dir: str | Path, kill_at: int | None = None,
+                    **train: Any) -> dict[int, dict]:
+    """`run_training` of `train_job(stage_dir, dataset, target_dir, **train)`: the metrics logged at each
+    step; `Killed` raised from the logger at step `kill_at` (the run dies there, as a kill would)."""
+    from dflashx.dflash.trainer import run_training
+
+    logs: dict[int, dict] = {}
+
+    def log(metrics: dict, step: int) -> None:
+        if step == kill_at:
+            raise Killed
+        logs[step] = metrics
+
+    run_training(train_job(stage_dir, dataset, target_dir, **train), log=log)
+    return logs

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from dflashx.dflash.checkpoint import latest_tag
-from dflashx.dflash.trainer import run_training
-from helpers_dflash import tiny_dataset, tiny_target, train_job
+from helpers_dflash import Killed, logged_training, tiny_dataset, tiny_target, train_job
 
 pytestmark = pytest.mark.slow
 
@@ -19,9 +18,6 @@ DFLASH2 = {"architecture": "dflash2", "selector_rank": 8, "selector_top_k": 4}
 SELECTOR_KEYS = {"selector_loss", "selector_accuracy", "selector_acceptance_length", "selector_gold_in_top_k",
                  "selector_weight"}
 
-
-class Killed(Exception):
-    """Stands in for the process dying right after a step (no checkpoint taken at that step)."""
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +30,7 @@ def _train(paths, stage_dir, kill_at=None, **kw) -> dict[int, dict]:
     target, data = paths
     base = {"epochs": 1, "max_steps": 8, "lr": 1e-2, "global_batch": 4, "micro_batch": 2, "zero_stage": 2,
             "anchors_per_seq": 8, "checkpoint_every": 4, "log_every": 1, "drafter": DFLASH2}
-    logs: dict[int, dict] = {}
-
-    def log(metrics, step):
-        if step == kill_at:
-            raise Killed
-        logs[step] = metrics
-
-    run_training(train_job(stage_dir, data, target, **(base | kw)), log=log)
-    return logs
+    return logged_training(stage_dir, data, target, kill_at, **(base | kw))
 
 
 def test_the_selector_loss_falls_and_is_logged(paths, tmp_path):

@@ -10,15 +10,11 @@ import pytest
 import torch
 
 from dflashx.dflash.checkpoint import latest_tag
-from dflashx.dflash.trainer import run_training
 from dflashx.resolve.formulas import lr_factor, muon_engine_lr
-from helpers_dflash import tiny_dataset, tiny_target, train_job
+from helpers_dflash import Killed, logged_training, tiny_dataset, tiny_target, train_job
 
 pytestmark = pytest.mark.slow
 
-
-class Killed(Exception):
-    """Stands in for the process dying right after a step."""
 
 
 @pytest.fixture(scope="module")
@@ -31,15 +27,7 @@ def _train(paths, stage_dir, kill_at=None, **kw) -> dict[int, dict]:
     target, data = paths
     base = dict(epochs=1, max_steps=24, lr=1e-2, global_batch=4, micro_batch=2, zero_stage=0, anchors_per_seq=8,
                 checkpoint_every=4, log_every=4)
-    logs: dict[int, dict] = {}
-
-    def log(metrics, step):
-        if step == kill_at:
-            raise Killed
-        logs[step] = metrics
-
-    run_training(train_job(stage_dir, data, target, **(base | kw)), log=log)
-    return logs
+    return logged_training(stage_dir, data, target, kill_at, **(base | kw))
 
 
 def test_dpace_with_target_labels_trains_and_differs_from_decay(paths, tmp_path):
