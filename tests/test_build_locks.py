@@ -230,9 +230,25 @@ def test_the_watchdog_names_a_child_process(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         time.sleep(0.2)
-        assert f"its child processes: pid {child.pid}: {sys.executable} -c import time" in waits_on(tmp_path)
+        said = waits_on(tmp_path)
+        assert said.startswith("no wait declared; its child processes: ")
+        assert f"pid {child.pid}: {sys.executable} -c import time" in said
     finally:
         _kill(child)
+
+
+def test_the_watchdog_leaves_out_the_wandb_service(tmp_path):
+    """W&B's service process (a child of the run from the first stage on) is never what a stage waits on."""
+    fake = tmp_path / "wandb" / "bin" / "wandb-core"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f"#!{sys.executable}\nimport time; time.sleep(600)\n")
+    fake.chmod(0o755)
+    service = subprocess.Popen([str(fake), "--port-filename", "x"])
+    try:
+        time.sleep(0.3)
+        assert str(service.pid) not in waits_on(tmp_path)
+    finally:
+        _kill(service)
 
 
 @pytest.fixture(autouse=True)

@@ -30,8 +30,13 @@ MIN_STALL_S = 60.0
 STALL_FILE = "_STALL.json"
 
 
+# Helpers a run keeps beside its stages whatever they do: never what a stage waits on (W&B's service
+# process lives from the first stage's W&B run to the end of the process).
+BACKGROUND_HELPERS = ("wandb-core", "wandb/bin/", "wandb service")
+
+
 def _children(pid: int) -> list[tuple[int, str]]:
-    """The live descendants of `pid` on this host (pid, command), from /proc."""
+    """The live descendants of `pid` on this host (pid, command), from /proc, background helpers left out."""
     parents: dict[int, int] = {}
     proc = Path("/proc")
     for entry in proc.iterdir() if proc.is_dir() else []:
@@ -51,7 +56,7 @@ def _children(pid: int) -> list[tuple[int, str]]:
             cmd = (proc / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
             continue
-        if cmd and pid_alive(child):
+        if cmd and pid_alive(child) and not any(helper in cmd for helper in BACKGROUND_HELPERS):
             out.append((child, cmd[:120]))
     return out
 
