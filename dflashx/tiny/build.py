@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -89,6 +90,9 @@ def cache_root() -> Path:
     return Path(os.environ.get("DFLASHX_CACHE") or Path.home() / ".cache" / "dflashx") / "tiny"
 
 
+_PARSE_LOCK = threading.Lock()
+
+
 def syntax_text(node: Any) -> str:
     """A syntax tree as text that every supported Python (3.11 to 3.13) writes alike: node names and
     their fields, leaving out empty and unset ones (`ast.dump` does not: 3.12 adds `type_params=[]` to
@@ -110,7 +114,9 @@ def build_key(settings: BuildSettings | dict[str, Any]) -> str:
     h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     for name in _BUILD_SOURCES:
         src = Path(__file__).parent / name
-        h.update(src.name.encode() + syntax_text(ast.parse(src.read_text(), name)).encode())
+        with _PARSE_LOCK:  # CPython 3.11's ast.parse is not thread-safe (gh-106905); preflight checks run in threads
+            tree = ast.parse(src.read_text(), name)
+        h.update(src.name.encode() + syntax_text(tree).encode())
     return h.hexdigest()[:12]
 
 
