@@ -21,6 +21,8 @@ Architecture = Literal["dflash", "dflash2"]
 # The `architectures` entry of each exported config.json: what the z-lab reference, SGLang and vLLM
 # dispatch on. Defined here once; export, checkpoint and the contract checks read it.
 HF_ARCHITECTURE: dict[str, str] = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
+# DFlash2's own drafter keys, as the recipe, DFlashConfig and the exported `dflash_config` all name them.
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 class DrafterSpec(Strict):
@@ -71,8 +73,3 @@ class DrafterSpec(Strict):
     selector_top_k: int = Field(
         16, ge=2, description="DFlash2: candidates per block position the selector chooses among (the top-k of the "
         "unary logits).", json_schema_extra=OUTPUT)
-
-    @property
-    def hf_architecture(self) -> str:
-        """The exported config.json's `architectures` entry."""
-        return HF_ARCHITECTURE[self.architecture]

@@ -36,13 +36,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dflashx.config.drafter import HF_ARCHITECTURE, Architecture
+from dflashx.config.drafter import Architecture, DFLASH2_KEYS, HF_ARCHITECTURE
 from dflashx.resolve.flops import DrafterDims, dflash2_dims
 from dflashx.resolve.formulas import spread_layer_ids
 from dflashx.resolve.model import ResolvedDrafter
 
 LayerType = Literal["full_attention", "sliding_attention"]
-DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 def served_causality(architecture: Architecture, layer_types: list[LayerType]) -> list[bool]:

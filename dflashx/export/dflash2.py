@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from dflashx.config.drafter import DFLASH2_KEYS
 from dflashx.export.contract import Violation, get, is_int, need_int
 
-KEYS = {"conv_kernel_size": "drafter.conv_kernel_size", "conv_group_size": "drafter.conv_group_size",
-        "selector_rank": "drafter.selector_rank", "selector_top_k": "drafter.selector_top_k"}
+KEYS = {key: f"drafter.{key}" for key in DFLASH2_KEYS}  # dflash_config key -> the recipe key it comes from
 
 
 def _keys(config: Mapping[str, Any], hidden_size: int, vocab_size: int) -> list[Violation]:

@@ -32,7 +32,7 @@ from dflashx.export.dflash2 import KEYS as DFLASH2_KEYS
 from dflashx.export.dflash2 import check_dflash2
 from dflashx.targets.registry import TargetFacts
 
-ARCHITECTURE = "DFlashDraftModel"
+ARCHITECTURE = HF_ARCHITECTURE["dflash"]
 ENGINE = "SGLang"
 
 

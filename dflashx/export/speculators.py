@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from dflashx.config.drafter import HF_ARCHITECTURE
 from dflashx.export.contract import (
     Violation,
     get,
@@ -98,7 +99,7 @@ def from_speculators(spec: Mapping[str, Any], num_target_layers: int) -> dict[st
     bidirectional_sliding = bool(spec.get("sliding_window_non_causal"))
     return {
         **layers,
-        "architectures": ["DFlashDraftModel"],
+        "architectures": [HF_ARCHITECTURE["dflash"]],
         "block_size": spec["block_size"],
         "num_target_layers": num_target_layers,
         "dflash_config": {

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from dflashx.config.drafter import DrafterSpec
+from dflashx.config.drafter import DFLASH2_KEYS, DrafterSpec
 from dflashx.plan.context import PlanContext
 from dflashx.plan.findings import Finding, error, warning
 
 Rule = Callable[[PlanContext], Iterable[Finding]]
 
-DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 FP8_ALIGN = 16  # torchao float8 matmuls: both sizes of a linear a multiple of 16 (dflash/kernels.py FP8_ALIGN)
 
 
