@@ -202,7 +202,7 @@ def run_shape(name: str, shape: dict[str, Any], args, device: str, peaks: dict[s
             if variant == VARY:
                 for i, length in enumerate((args.seq * 3 // 4 + 5, args.seq // 2 + 3)):
                     trainer.step(random_batch(shape["vocab_size"], length, seed=i + 1), 0)
-            row = _row(variant, lambda: trainer.step(batch, 0), flops, args.seq, peaks["bf16"], args)
+            row = _row(variant, lambda trainer=trainer: trainer.step(batch, 0), flops, args.seq, peaks["bf16"], args)
             row["graphs_compiled"] = _graphs() - graphs
             row |= {"kernels": trainer.kernels, "speedup_vs_naive": naive_s / row["step_s"] if naive_s and "step_s" in row else None}
             trainer.engine.destroy()

@@ -140,7 +140,7 @@ def test_the_cpu_prediction_matches_the_in_process_speculative_decoder():
         decoder = SpecDecoder(target, drafter)
         result = decoder.generate(PROMPT, tokens)
         assert result.output_ids == reference
-        plain, spec = _fastest([lambda: greedy(target, PROMPT, tokens), lambda: decoder.generate(PROMPT, tokens)])
+        plain, spec = _fastest([lambda: greedy(target, PROMPT, tokens), lambda decoder=decoder: decoder.generate(PROMPT, tokens)])
         measured = plain / spec
         acceptance = summarize([result], block)["acceptance_by_position"]
         predicted = predict_speedup(recipe, acceptance, recipe.drafter.dims, concurrencies=[1]).rows[0].speedup
