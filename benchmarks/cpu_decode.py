@@ -141,7 +141,7 @@ def main() -> None:
     for layers in LAYERS:
         target = tiny(layers)
         greedy(target, PROMPT, 4)  # warm-up
-        per_token[layers] = fastest(lambda: greedy(target, PROMPT, TOKENS)) / TOKENS
+        per_token[layers] = fastest(lambda target=target: greedy(target, PROMPT, TOKENS)) / TOKENS
     xs, ys = list(per_token), list(per_token.values())
     slope, intercept = statistics.linear_regression(xs, ys)
     result = {"per_token_s": {str(k): v for k, v in per_token.items()}, "per_layer_call_s": slope,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.step_parts import timed
 from dflashx.dflash.config import DFlashConfig
-from benchmarks.train_step import timed
 from dflashx.dflash.model import DFlashDrafter
 
 RESULT = Path(__file__).resolve().parent / "results" / "draft_context.json"
@@ -56,9 +56,12 @@ def main() -> None:
         for t in args.contexts:
             feats = torch.randn(1, t, args.target_layers * args.hidden, device=device)
             earlier = d.extend_context(None, feats[:, : t - ACCEPTED])
-            cached = timed(lambda: d.draft_block(d.extend_context(earlier, feats[:, t - ACCEPTED:]), 7, embed, head),
-                           2, args.iters)
-            reprojected = timed(lambda: d.draft_block(d.extend_context(None, feats), 7, embed, head), 2, args.iters)
+            # timed() returns (first call, mean after warm-up): the mean is the figure
+            _, cached = timed(lambda earlier=earlier, feats=feats, t=t:
+                              d.draft_block(d.extend_context(earlier, feats[:, t - ACCEPTED:]), 7, embed, head),
+                              2, args.iters)
+            _, reprojected = timed(lambda feats=feats: d.draft_block(d.extend_context(None, feats), 7, embed, head),
+                                   2, args.iters)
             rows.append({"context": t, "cached_ms": cached * 1e3, "reprojected_ms": reprojected * 1e3,
                          "speedup": reprojected / cached})
     print(f"drafter: hidden {args.hidden}, {args.layers} layers, k={args.target_layers}, vocab {args.vocab}, "

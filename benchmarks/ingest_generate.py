@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def make_sources(folder: Path, n: int) -> list[dict]:
     rng = random.Random(0)
-    words = "the of and to in is for on that with as by this from code data model train run test".split()
+    words = ["the", "of", "and", "to", "in", "is", "for", "on", "that", "with", "as", "by", "this", "from", "code",
+             "data", "model", "train", "run", "test"]
 
     def text(k: int) -> str:
         return " ".join(rng.choice(words) for _ in range(k))

@@ -9,9 +9,10 @@ at equal optimizer steps and at equal GPU time. The label source is not compared
 target's argmax is not the stream, so its labels are another task (the tiny ablation compares it).
 
 Step time: the seeds' accumulation (`--accum`: 16 is recipes/qwen36_27b.yaml's global batch 64 on its
-4-GPU profile, per rank; 64 the same recipe on one H200, `h200_x1`) at the seeds' shape (seq 3072, 512 anchors x 16, 5 drafter layers, ZeRO 2); the
-time of `--opt-steps` whole optimizer steps (each `--accum` micro steps and one optimizer update,
-Muon's Newton-Schulz included) per variant, after one warm-up optimizer step.
+4-GPU profile, per rank; 64 the same recipe on one H200, `h200_x1`) at the seeds' shape (seq 3072,
+512 anchors x 16, 5 drafter layers, ZeRO 2); the time of `--opt-steps` whole optimizer steps (each
+`--accum` micro steps and one optimizer update, Muon's Newton-Schulz included) per variant, after one
+warm-up optimizer step.
 
     python -m benchmarks.objective_curves                 # on the GPU
     python -m benchmarks.objective_curves --tiny          # small shapes on CPU (a smoke test)
@@ -71,7 +72,8 @@ def curves(args, device: str, shape: dict[str, Any], save, out: dict[str, Any]) 
                 "target_layers": args.target_layers, "variants": {}})
     for name, train in VARIANTS.items():
         with tempfile.TemporaryDirectory() as stage:
-            trainer = _trainer("qwen3-32b-dense", shape, target, cargs, train | {"global_batch": 1, "micro_batch": 1, "lr": args.curve_lr},
+            trainer = _trainer("qwen3-32b-dense", shape, target, cargs,
+                               train | {"global_batch": 1, "micro_batch": 1, "lr": args.curve_lr},
                                stage, args.curve_steps, device)
             losses, accuracy, seconds = [], [], []
             sync()
@@ -90,7 +92,8 @@ def curves(args, device: str, shape: dict[str, Any], save, out: dict[str, Any]) 
                "last_accuracy_mean": [sum(a[k] for a in accuracy[-tail:]) / tail for k in range(len(accuracy[0]))]}
         out["variants"][name] = row
         print(f"curve {name:28} loss {losses[0]:.3f} -> {row['last_loss_mean']:.3f}  acc@1 "
-              f"{row['last_accuracy_mean'][0]:.3f} acc@8 {row['last_accuracy_mean'][min(7, len(accuracy[0]) - 1)]:.3f}  "
+              f"{row['last_accuracy_mean'][0]:.3f} "
+              f"acc@8 {row['last_accuracy_mean'][min(7, len(accuracy[0]) - 1)]:.3f}  "
               f"{seconds[-1] / len(losses) * 1e3:.0f} ms/step", flush=True)
         save()
 
@@ -105,8 +108,8 @@ def step_times(args, device: str, shape: dict[str, Any], save, out: dict[str, An
         if args.variants and name not in args.variants:
             continue
         with tempfile.TemporaryDirectory() as stage:
-            trainer = _trainer("qwen3-32b-dense", shape, target, args, train | {"global_batch": args.accum, "micro_batch": 1}, stage,
-                               1000, device)
+            trainer = _trainer("qwen3-32b-dense", shape, target, args,
+                               train | {"global_batch": args.accum, "micro_batch": 1}, stage, 1000, device)
             assert trainer.job.train.grad_accum == args.accum
             for _ in range(args.accum):  # one warm-up optimizer step (compiles, first Muon call)
                 trainer.step(batch, 0)
@@ -122,8 +125,8 @@ def step_times(args, device: str, shape: dict[str, Any], save, out: dict[str, An
         out["rows"][name] = {"train": train, "optimizer_step_s": per_step, "kernels": kernels,
                              "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else None}
         base = next(iter(out["rows"].values()))["optimizer_step_s"]
-        print(f"step  {name:28} {per_step:8.3f} s per optimizer step ({args.accum} micro)  {per_step / base:.3f}x before",
-              flush=True)
+        print(f"step  {name:28} {per_step:8.3f} s per optimizer step ({args.accum} micro)  "
+              f"{per_step / base:.3f}x before", flush=True)
         save()
 
 

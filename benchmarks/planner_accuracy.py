@@ -5,8 +5,8 @@ Usage: python -m benchmarks.planner_accuracy
 Prints a table and writes benchmarks/results/planner_accuracy.json. Rows marked `source` are the
 measurements a constant of dflashx/plan/estimates/engine.py was derived from: they are shown (they
 reproduce by construction) and left out of the error statistics; rows marked `reference` are other
-people's estimates (the seeds' calculated durations), shown for comparison and left out likewise. Goal: every validation row within
-±35%, median absolute error <= 20%.
+people's estimates (the seeds' calculated durations), shown for comparison and left out likewise.
+Goal: every validation row within ±35%, median absolute error <= 20%.
 
 Conditions are planned as published, not as the seeds' workload: SGLang's Qwen3.6 cookbook
 (sgl-project/sglang PR #32959, docs_new/src/snippets/configs/qwen/qwen3.6-benchmarks.jsx @4b7077b)

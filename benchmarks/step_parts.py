@@ -80,9 +80,12 @@ def matmul_peak(device: str, n: int, fp8: bool) -> float | None:
     if fp8:
         one = torch.ones((), device=device)
         a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t().contiguous().t()
-        fn = lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+        def fn() -> torch.Tensor:
+            return torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
     else:
-        fn = lambda: a @ b
+        def fn() -> torch.Tensor:
+            return a @ b
     try:
         _, seconds = timed(fn, 3, 20 if device == "cuda" else 2)
     except (RuntimeError, TypeError):
@@ -116,7 +119,8 @@ class NaiveStep:
         width = self.input_ids.shape[1]
         mask = DraftMask(b.anchors, width, cfg.block_size, backend="sdpa")
         positions = torch.arange(width, device=self.device)[None]
-        hidden = d(self.target.get_input_embeddings()(b.block_ids), d.fuse(features), b.block_positions, positions, mask)
+        embeds = self.target.get_input_embeddings()(b.block_ids)
+        hidden = d(embeds, d.fuse(features), b.block_positions, positions, mask)
         logits = (hidden @ self.head.t()).float()
         ce = F.cross_entropy(logits.flatten(0, 1), b.labels.flatten(), reduction="none")
         w = b.weights.flatten()

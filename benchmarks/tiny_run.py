@@ -46,7 +46,8 @@ def dflashx(*args: str, cwd: Path) -> float:
     proc = subprocess.run([sys.executable, "-m", "dflashx.cli.main", *args], cwd=cwd, capture_output=True, text=True,
                           env=env, check=False)
     if proc.returncode:
-        raise SystemExit(f"dflashx {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        raise SystemExit(f"dflashx {' '.join(args)} exited {proc.returncode}:\n"
+                         f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     return time.perf_counter() - start
 
 
@@ -78,7 +79,8 @@ def pilot(folder: Path) -> dict[str, Any]:
     wall = dflashx("pilot", str(RECIPE), "--run-dir", str(run), "--skip-preflight", cwd=folder)
     cal = json.loads((run / "pilot" / "calibration.json").read_text())
     m = cal["measured"]
-    return {"wall_s": wall, "load_avg_1m": os.getloadavg()[0], "seconds": m["seconds"], "samples": m["samples"], "lengths": m["lengths"],
+    return {"wall_s": wall, "load_avg_1m": os.getloadavg()[0], "seconds": m["seconds"], "samples": m["samples"],
+            "lengths": m["lengths"],
             "generation": m["generation"], "training": m["training"],
             "serving_ratio": cal["serving_ratio"], "training_mfu": cal["training_mfu"]}
 

@@ -81,7 +81,8 @@ SHAPES: dict[str, dict[str, Any]] = {
                           "norm_topk_prob": True, "vocab_size": 151936, "mask_token_id": 151669},
 }
 TINY = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2, "vocab_size": 512, "mask_token_id": 511, "linear_num_key_heads": 2,
+        "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2,
+        "vocab_size": 512, "mask_token_id": 511, "linear_num_key_heads": 2,
         "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16}
 
 
@@ -118,7 +119,8 @@ def make_job(name: str, shape: dict[str, Any], target: nn.Module, args, override
     recipe = merge({
         "name": name, "dataset": {"sources": [{"name": "random", "path": "unused.jsonl"}]},
         "target": {"model": name}, "hardware": hardware,
-        "drafter": {"num_layers": args.drafter_layers, "block_size": args.block, "mask_token_id": shape["mask_token_id"],
+        "drafter": {"num_layers": args.drafter_layers, "block_size": args.block,
+                    "mask_token_id": shape["mask_token_id"],
                     "target_layer_ids": spread_layer_ids(args.target_layers, 5)},
         "stages": {"train": {"zero_stage": 2, "anchors_per_seq": args.anchors, "max_length": args.seq,
                              }}}, overrides)
@@ -173,7 +175,8 @@ def run_shape(name: str, shape: dict[str, Any], args, device: str, peaks: dict[s
         naive = NaiveStep(target, job, batch, device)
         flops = step_flops(job.target.facts, naive.cfg, [args.seq], naive.blocks)
         result.update({"shape": name, "target_layers": args.target_layers, "tapped": job.drafter.target_layer_ids,
-                       "drafter_layers": args.drafter_layers, "seq": args.seq, "anchors": int((naive.blocks.anchors >= 0).sum()),
+                       "drafter_layers": args.drafter_layers, "seq": args.seq,
+                       "anchors": int((naive.blocks.anchors >= 0).sum()),
                        "block": args.block, "useful_tflop_per_step": flops / 1e12, "rows": []})
         _free()
         row = _row("naive", naive, flops, args.seq, peaks["bf16"], args)
@@ -202,9 +205,10 @@ def run_shape(name: str, shape: dict[str, Any], args, device: str, peaks: dict[s
             if variant == VARY:
                 for i, length in enumerate((args.seq * 3 // 4 + 5, args.seq // 2 + 3)):
                     trainer.step(random_batch(shape["vocab_size"], length, seed=i + 1), 0)
-            row = _row(variant, lambda: trainer.step(batch, 0), flops, args.seq, peaks["bf16"], args)
+            row = _row(variant, lambda trainer=trainer: trainer.step(batch, 0), flops, args.seq, peaks["bf16"], args)
             row["graphs_compiled"] = _graphs() - graphs
-            row |= {"kernels": trainer.kernels, "speedup_vs_naive": naive_s / row["step_s"] if naive_s and "step_s" in row else None}
+            row |= {"kernels": trainer.kernels,
+                    "speedup_vs_naive": naive_s / row["step_s"] if naive_s and "step_s" in row else None}
             trainer.engine.destroy()
             trainer = drafter = None  # frees the engine before the next row builds one
             result["rows"].append(row)
@@ -261,8 +265,8 @@ def loss_curves(args, device: str, save: Callable[[], None], result: dict[str, A
             result[f"{precision}_step_s"] = (time.perf_counter() - t0) / max(len(batches) - 10, 1)
             trainer.engine.destroy()
             del trainer, drafter
-        print(f"curve {precision}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, {result[f'{precision}_step_s'] * 1e3:.1f} ms/step",
-              flush=True)
+        print(f"curve {precision}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
+              f"{result[f'{precision}_step_s'] * 1e3:.1f} ms/step", flush=True)
         save()
     tail = max(1, min(20, args.curve_steps // 4))
     a, b = (sum(result["losses"][p][-tail:]) / tail for p in ("bf16", "fp8"))

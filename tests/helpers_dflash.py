@@ -51,8 +51,9 @@ def job_recipe(target_dir: str | Path, drafter: dict[str, Any] | None = None, pr
     as `dflashx plan` reads them), with `train` as stages.train."""
     from helpers_models import make_recipe, resolved
 
-    return resolved(make_recipe(target={"model": str(target_dir), "precision": precision}, drafter=DRAFTER | (drafter or {}),
-                                hardware=hardware or {"name": "cpu"}, stages={"train": train}))
+    return resolved(make_recipe(target={"model": str(target_dir), "precision": precision},
+                                drafter=DRAFTER | (drafter or {}), hardware=hardware or {"name": "cpu"},
+                                stages={"train": train}))
 
 
 def train_job(stage_dir: str | Path, dataset: str | Path, target_dir: str | Path, **kw: Any) -> TrainJob:

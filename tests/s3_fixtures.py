@@ -130,7 +130,8 @@ def make_run(root: Path, s3: S3Spec | None = None, name: str = "tinyrun") -> Pat
     storage = {"root": str(root), "s3": s3.model_dump(mode="json") if s3 else None}
     (run / "recipe.yaml").write_text(yaml.safe_dump({"name": name, "storage": storage}))
     resolved = resolve(Recipe.model_validate({
-        "name": name, "dataset": {"sources": [{"name": "p", "path": "p.jsonl"}]}, "target": {"model": "builtin:tiny-qwen3"},
+        "name": name, "dataset": {"sources": [{"name": "p", "path": "p.jsonl"}]},
+        "target": {"model": "builtin:tiny-qwen3"},
         "hardware": {"name": "cpu"}, "storage": storage, "stages": {"backup": {"enabled": False}}}),
         lookup("builtin:tiny-qwen3"))
     atomic_write_json(run / "run.json", {"run_id": f"{name}-1", "recipe": name})

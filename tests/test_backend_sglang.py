@@ -35,8 +35,8 @@ def prompts(n: int, tools: bool = False) -> list[dict]:
 
 
 def cfg(urls: list[str], **kw) -> GenerateStage:
-    base = dict(urls=urls, concurrency=4, retries=3, retry_backoff_s=0.01, request_timeout_s=10,
-                server_startup_timeout_s=10, max_tokens=77, temperature=0.6, top_p=0.9)
+    base = {"urls": urls, "concurrency": 4, "retries": 3, "retry_backoff_s": 0.01, "request_timeout_s": 10,
+            "server_startup_timeout_s": 10, "max_tokens": 77, "temperature": 0.6, "top_p": 0.9}
     return GenerateStage(**{**base, **kw})
 
 
@@ -203,7 +203,7 @@ def test_a_server_that_dies_while_starting_fails_with_its_log(tmp_path):
 
 def test_no_servers_and_no_urls_is_a_clear_error():
     for plan in (None, LaunchPlan("launch", 4), LaunchPlan("in-process", 4)):
-        with pytest.raises(ValueError, match="stages.generate.urls is empty"):
+        with pytest.raises(ValueError, match=r"stages\.generate\.urls is empty"):
             SGLangBackend(cfg([]), ChatTemplateSpec(), "m", plan, node=0)
 
 

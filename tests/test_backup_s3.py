@@ -75,5 +75,5 @@ def test_backup_stage_writes_receipt(s3_spec: S3Spec, tmp_path: Path) -> None:
 
 
 def test_backup_stage_needs_s3(tmp_path: Path) -> None:
-    with pytest.raises(StageFailed, match="needs storage.s3"):
+    with pytest.raises(StageFailed, match=r"needs storage\.s3"):
         backup_stage(_ctx(make_run(tmp_path), None))

@@ -24,7 +24,8 @@ def test_contracts_compare_template_thinking_and_kwargs(tmp_path):
     chat_contract.check(on, tmp_path, "x")  # nothing recorded: nothing to compare
     chat_contract.write(tmp_path, on)
     chat_contract.check(on, tmp_path, "x")
-    with pytest.raises(ContractMismatch, match="rendered with .*enable_thinking=True, but this recipe .*enable_thinking=False"):
+    with pytest.raises(ContractMismatch,
+                       match=r"rendered with .*enable_thinking=True, but this recipe .*enable_thinking=False"):
         chat_contract.check(ChatContract.of("{{ messages }}", False, {}), tmp_path, "tokenize.dataset")
 
 
@@ -44,7 +45,7 @@ def test_train_refuses_a_dataset_rendered_with_thinking_off(tmp_path):
     made_with = chat_contract.recipe_contract(ctx.recipe.target.model_copy(
         update={"chat_template": ctx.recipe.target.chat_template.model_copy(update={"enable_thinking": False})}))
     chat_contract.write(data, made_with)
-    with pytest.raises(StageFailed, match="tokenize.dataset.*enable_thinking=False.*enable_thinking=True"):
+    with pytest.raises(StageFailed, match=r"tokenize\.dataset.*enable_thinking=False.*enable_thinking=True"):
         train_stage.run(ctx)
     assert not (ctx.out_dir / "checkpoint").exists()  # refused before the first step
 

@@ -60,7 +60,8 @@ def test_zlab_reference_loads_our_export_and_agrees(target, tmp_path):
     model, _ = target
     d = _drafter(target, num_layers=2, layer_types=["sliding_attention", "full_attention"], sliding_window=6)
     save_drafter(d, tmp_path / "export")
-    ref, info = DFlashDraftModel.from_pretrained(str(tmp_path / "export"), output_loading_info=True, dtype=torch.float32)
+    ref, info = DFlashDraftModel.from_pretrained(str(tmp_path / "export"), output_loading_info=True,
+                                                 dtype=torch.float32)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     assert ref.target_layer_ids == d.config.target_layer_ids and ref.block_size == d.config.block_size
     assert ref.mask_token_id == d.config.mask_token_id

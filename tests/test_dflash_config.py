@@ -13,8 +13,8 @@ from helpers_models import make_recipe
 
 
 def _target(**kw):
-    base = dict(vocab_size=500, hidden_size=64, intermediate_size=96, num_hidden_layers=36, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, rope_theta=5e5)
+    base = {"vocab_size": 500, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 36,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 5e5}
     return Qwen3Config(**(base | kw))
 
 
@@ -79,5 +79,5 @@ def test_mixed_causality_the_engines_cannot_express_is_rejected():
 def test_plan_facts_that_differ_from_the_checkpoint_are_refused():
     resolved = resolve(make_recipe(drafter={"num_layers": 1, "mask_token_id": 3}),
                        facts_from_config(_target().to_dict(), name="t")).drafter
-    with pytest.raises(ValueError, match="differ from the target's config.json"):
+    with pytest.raises(ValueError, match=r"differ from the target's config\.json"):
         DFlashConfig.from_target(resolved, _target(hidden_size=128))

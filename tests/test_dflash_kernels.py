@@ -49,7 +49,8 @@ def _inputs(drafter: DFlashDrafter, width: int, anchors: list[int], bucket: tupl
     features = torch.randn(1, padded, cfg.k * cfg.hidden_size, generator=g).to(device, dtype)
     embeds = torch.randn(1, blocks.block_ids.shape[1], cfg.hidden_size, generator=g).to(device, dtype)
     positions = torch.arange(padded, device=device)[None]
-    return embeds, drafter.fuse(features), blocks.block_positions, positions, DraftMask(blocks.anchors, padded, cfg.block_size)
+    mask = DraftMask(blocks.anchors, padded, cfg.block_size)
+    return embeds, drafter.fuse(features), blocks.block_positions, positions, mask
 
 
 def _forward_backward(drafter: DFlashDrafter, inputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -77,7 +78,7 @@ def test_fp8_drafter_agrees_with_the_plain_one_on_cpu():
 
 def test_fp8_drafter_without_torchao_names_the_fix(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao.float8", None)  # an import of it now fails, as when not installed
-    with pytest.raises(RuntimeError, match="drafter.precision: bf16"):
+    with pytest.raises(RuntimeError, match=r"drafter\.precision: bf16"):
         to_float8_training(_drafter())
 
 
@@ -147,7 +148,8 @@ def test_liger_loss_agrees_with_the_torch_fused_loss():
         return (ce * w).sum(), pred
 
     for fn in (torch_fused, lambda x: liger_cross_entropy(x, head, labels, w)):
-        x = torch.randn(n, h, device="cuda", generator=torch.Generator("cuda").manual_seed(1)).bfloat16().requires_grad_()
+        g = torch.Generator("cuda").manual_seed(1)
+        x = torch.randn(n, h, device="cuda", generator=g).bfloat16().requires_grad_()
         loss, pred = fn(x)
         loss.backward()
         results.append((loss.detach().float(), x.grad.float(), pred))

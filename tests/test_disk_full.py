@@ -111,7 +111,8 @@ def small_fs(tmp_path):
         done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
                               capture_output=True, text=True) if shutil.which("mount") else None
         if done is None or done.returncode:
-            pytest.skip(f"a real small file system needs root mount privileges: {done.stderr.strip() if done else 'no mount'}")
+            why = done.stderr.strip() if done else "no mount"
+            pytest.skip(f"a real small file system needs root mount privileges: {why}")
         mounted.append(where)
         return where
 
@@ -189,7 +190,8 @@ def test_generate_stops_on_a_full_disk_and_resumes_without_duplicates_or_gaps(tm
     with ScriptedOpenAIServer(Script()) as server:
         generate_once(ref_dir, server.url)  # uninterrupted
         reference = _completions(ref_dir)
-        disk = FakeDisk(monkeypatch, run_dir / "generate", room=sum(len(json.dumps(r)) for r in reference.values()) // 2)
+        disk = FakeDisk(monkeypatch, run_dir / "generate",
+                        room=sum(len(json.dumps(r)) for r in reference.values()) // 2)
         with pytest.raises(StageFailed) as stop:
             generate_once(run_dir, server.url)
         out = run_dir / "generate" / "completions"
@@ -228,7 +230,7 @@ def test_shard_writer_on_a_real_small_file_system(small_fs):
         assert w.truncated_bytes == 0 and w.resumed == len(written)
         for r in records:
             w.write(r)
-    assert [r for r in iter_shards(where / "out")] == records
+    assert list(iter_shards(where / "out")) == records
 
 
 def test_tokenize_stops_on_a_full_disk_keeps_the_old_dataset_and_resumes(tmp_path, monkeypatch):
@@ -237,7 +239,8 @@ def test_tokenize_stops_on_a_full_disk_keeps_the_old_dataset_and_resumes(tmp_pat
     records = [completion_record(rng, i) for i in range(120)]
     write_jsonl_atomic(shard_path(tmp_path / "old", 0), records[:30])
     write_jsonl_atomic(shard_path(tmp_path / "all", 0), records)
-    recipe = make_recipe(target={"model": str(tok), "tokenizer": str(tok), "precision": "fp32"}, drafter={"block_size": 8},
+    recipe = make_recipe(target={"model": str(tok), "tokenizer": str(tok), "precision": "fp32"},
+                         drafter={"block_size": 8},
                          stages={"tokenize": {"max_length": 256, "num_proc": 1, "shard_size": 40}})
 
     def tokenize(run_dir: Path, source: str) -> Path:
@@ -329,7 +332,8 @@ def test_keep_checkpoints_keeps_the_newest_and_the_best(tmp_path):
 def test_the_plan_stores_what_keep_checkpoints_keeps():
     def storage(**kw):
         c = build_context(resolve(seeds_recipe("rtx_pro_6000_x4", **kw), lookup("Qwen/Qwen3.6-27B")))
-        return c.storage.by_artifact["train.checkpoint"], next(t for t in c.storage.terms if t.key == "storage.checkpoints")
+        term = next(t for t in c.storage.terms if t.key == "storage.checkpoints")
+        return c.storage.by_artifact["train.checkpoint"], term
 
     two, term = storage()  # the default keeps the 2 newest + the best
     params, n = term.inputs["params"], term.inputs["checkpoints"]
@@ -353,8 +357,8 @@ def training(tmp_path_factory):
 
 def _train(paths, stage_dir: Path, logs: dict | None = None, **kw) -> None:
     """The job of test_train_deepspeed: 8 steps, a checkpoint every 2, every step logged."""
-    base = dict(epochs=1, max_steps=8, lr=1e-2, global_batch=4, micro_batch=2, zero_stage=2, anchors_per_seq=8,
-                checkpoint_every=2, log_every=1)
+    base = {"epochs": 1, "max_steps": 8, "lr": 1e-2, "global_batch": 4, "micro_batch": 2, "zero_stage": 2,
+            "anchors_per_seq": 8, "checkpoint_every": 2, "log_every": 1}
     run_training(train_job(stage_dir, paths[1], paths[0], **(base | kw)),
                  log=(lambda m, step: logs.__setitem__(step, m)) if logs is not None else None)
 

@@ -130,7 +130,8 @@ def test_the_cpu_prediction_matches_the_in_process_speculative_decoder():
         target={"model": "tiny", "precision": "fp32"},
         drafter={"num_layers": 1, "block_size": block, "num_target_layers": 2},
         dataset={"sources": [{"name": "s", "path": "x.jsonl"}],
-                 "stats": {"prompt_tokens_mean": len(PROMPT), "output_tokens_mean": tokens, "output_tokens_p90": tokens + 0.01}},
+                 "stats": {"prompt_tokens_mean": len(PROMPT), "output_tokens_mean": tokens,
+                           "output_tokens_p90": tokens + 0.01}},
         stages={"generate": {"backend": "transformers", "max_tokens": tokens}}), facts_from_config(config, name="tiny"))
     reference = greedy(target, PROMPT, tokens)
     for label in ("untrained", "oracle"):
@@ -140,7 +141,8 @@ def test_the_cpu_prediction_matches_the_in_process_speculative_decoder():
         decoder = SpecDecoder(target, drafter)
         result = decoder.generate(PROMPT, tokens)
         assert result.output_ids == reference
-        plain, spec = _fastest([lambda: greedy(target, PROMPT, tokens), lambda: decoder.generate(PROMPT, tokens)])
+        plain, spec = _fastest([lambda: greedy(target, PROMPT, tokens),
+                                lambda decoder=decoder: decoder.generate(PROMPT, tokens)])
         measured = plain / spec
         acceptance = summarize([result], block)["acceptance_by_position"]
         predicted = predict_speedup(recipe, acceptance, recipe.drafter.dims, concurrencies=[1]).rows[0].speedup

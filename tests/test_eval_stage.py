@@ -65,7 +65,8 @@ def test_eval_reports_tau_for_trained_and_untrained_drafters(setup, tmp_path):
         assert list(s["by_source"]) == ["unknown"] and list(s["by_context"]) == ["<512"]
     # greedy: with either drafter the output is the target's own greedy output
     assert data["greedy_agreement"] == 1.0 and result.metrics["greedy_agreement"] == 1.0
-    assert result.metrics["tau"] == data["trained"]["tau"] and result.metrics["tau_untrained"] == data["untrained"]["tau"]
+    assert result.metrics["tau"] == data["trained"]["tau"]
+    assert result.metrics["tau_untrained"] == data["untrained"]["tau"]
     assert (report / "acceptance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sum("eval/trained_tau" in m for m in logs) == 3
 
@@ -82,7 +83,7 @@ def test_recipe_prompts_file_wins_and_bad_lines_are_named(setup, tmp_path):
 def test_eval_without_prompts_says_how_to_get_them(setup, tmp_path):
     root, target, _ = setup
     ctx = _ctx(tmp_path, target, {"train.checkpoint": root / "ckpt"})
-    with pytest.raises(ValueError, match="stages.eval.prompts"):
+    with pytest.raises(ValueError, match=r"stages\.eval\.prompts"):
         eval_stage.run(ctx)
 
 

@@ -159,8 +159,10 @@ def test_recipe_suites_and_baselines_errors_name_file_line_and_fix(tmp_path):
 
 def test_recipe_paths_of_suites_and_baselines_resolve_against_the_recipe(tmp_path):
     (tmp_path / "sub" / "drafter").mkdir(parents=True)
-    path = _recipe(tmp_path, "    suites: [heldout, {name: mine, path: data/p.jsonl}, {name: tiny, path: builtin:tiny-eval-prompts}]\n"
-                             "    baselines: [{name: local, path: drafter}, {name: hub, path: z-lab/Qwen3.6-27B-DFlash}]\n")
+    path = _recipe(tmp_path,
+                   "    suites: [heldout, {name: mine, path: data/p.jsonl},\n"
+                   "             {name: tiny, path: builtin:tiny-eval-prompts}]\n"
+                   "    baselines: [{name: local, path: drafter}, {name: hub, path: z-lab/Qwen3.6-27B-DFlash}]\n")
     stage = load_recipe(path).recipe.stages.eval
     assert stage.suites[1].path == str(tmp_path / "sub" / "data" / "p.jsonl")
     assert stage.suites[2].path == "builtin:tiny-eval-prompts"
@@ -169,11 +171,13 @@ def test_recipe_paths_of_suites_and_baselines_resolve_against_the_recipe(tmp_pat
 
 def test_the_tiny_recipes_second_suite_is_the_tiny_corpus_eval_split():
     stage = resolved(load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml").recipe).stages.eval
-    assert [s.name for s in stage.suites] == ["heldout", "tiny-eval"] and [b.name for b in stage.baselines] == ["untrained"]
+    assert [s.name for s in stage.suites] == ["heldout", "tiny-eval"]
+    assert [b.name for b in stage.baselines] == ["untrained"]
     prompts = suite_prompts(stage.suites[1], None)
     assert len(prompts) == 16 and len({p["id"] for p in prompts}) == 16
     # every family of the corpus, none of them a generation (training) prompt
-    assert {p["source"] for p in prompts} == {f"tiny/{f}" for f in ("add", "sort", "reverse", "convert", "count", "case")}
+    families = ("add", "sort", "reverse", "convert", "count", "case")
+    assert {p["source"] for p in prompts} == {f"tiny/{f}" for f in families}
     assert all(p["id"].startswith("tiny-eval-") for p in prompts)
 
 

@@ -46,9 +46,9 @@ def _resolved(recipe: str, **drafter: Any) -> ResolvedRecipe:
 def _exported(resolved: ResolvedRecipe) -> dict[str, Any]:
     """The config.json the export writes for this recipe's drafter."""
     f = resolved.target.facts
-    target = {"hidden_size": f.hidden_size, "num_attention_heads": f.num_attention_heads, "num_hidden_layers": f.num_layers,
-              "num_key_value_heads": f.num_kv_heads, "head_dim": f.head_dim, "vocab_size": f.vocab_size,
-              "max_position_embeddings": f.max_position_embeddings}
+    target = {"hidden_size": f.hidden_size, "num_attention_heads": f.num_attention_heads,
+              "num_hidden_layers": f.num_layers, "num_key_value_heads": f.num_kv_heads, "head_dim": f.head_dim,
+              "vocab_size": f.vocab_size, "max_position_embeddings": f.max_position_embeddings}
     return DFlashConfig.from_target(resolved.drafter, target).to_hf_dict()
 
 
@@ -63,7 +63,8 @@ def _shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
                    p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
                    p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
                    p + "self_attn.q_norm.weight": (c.head_dim,), p + "self_attn.k_norm.weight": (c.head_dim,),
-                   p + "mlp.gate_proj.weight": (c.intermediate_size, h), p + "mlp.up_proj.weight": (c.intermediate_size, h),
+                   p + "mlp.gate_proj.weight": (c.intermediate_size, h),
+                   p + "mlp.up_proj.weight": (c.intermediate_size, h),
                    p + "mlp.down_proj.weight": (h, c.intermediate_size)}
         if c.architecture == "dflash2":
             dynamic = 2 * c.conv_kernel_size * h // c.conv_group_size
@@ -143,7 +144,8 @@ LISTED = [
     ("wrong architecture name", "tiny", _set(["DFlashModel"], "architectures"), "architectures", None),
     ("layer id out of range", "tiny", _set([1, 6], "dflash_config", "target_layer_ids"),
      "dflash_config.target_layer_ids", "aux_hidden_state_layer_ids"),
-    ("float mask id", "tiny", _set(5.0, "dflash_config", "mask_token_id"), "dflash_config.mask_token_id", "mask_token_id"),
+    ("float mask id", "tiny", _set(5.0, "dflash_config", "mask_token_id"), "dflash_config.mask_token_id",
+     "mask_token_id"),
     ("sliding layer without sliding_window", "sliding", _drop("sliding_window"), "sliding_window",
      "transformer_layer_config.sliding_window"),
     ("block size missing", "tiny", _drop("block_size"), "block_size", "block_size"),
@@ -165,7 +167,8 @@ def test_each_listed_rule_broken_is_named_by_both_checkers(what, base, mutate, s
 SGLANG_MORE = [
     ("layer id negative", "tiny", _set([-1, 3], "dflash_config", "target_layer_ids"), "dflash_config.target_layer_ids"),
     ("layer ids not a list", "tiny", _set(3, "dflash_config", "target_layer_ids"), "dflash_config.target_layer_ids"),
-    ("mask id outside the vocabulary", "tiny", _set(1024, "dflash_config", "mask_token_id"), "dflash_config.mask_token_id"),
+    ("mask id outside the vocabulary", "tiny", _set(1024, "dflash_config", "mask_token_id"),
+     "dflash_config.mask_token_id"),
     ("mask id a bool", "tiny", _set(True, "dflash_config", "mask_token_id"), "dflash_config.mask_token_id"),
     ("mask id missing", "tiny", _drop("dflash_config", "mask_token_id"), "dflash_config.mask_token_id"),
     ("empty mask token", "tiny", _set("", "dflash_config", "mask_token"), "dflash_config.mask_token"),
@@ -226,7 +229,8 @@ SPECULATORS_MORE = [
     ("no proposal methods", _set([], "speculators_config", "proposal_methods"), "speculators_config.proposal_methods"),
     ("default method missing", _set("tree", "speculators_config", "default_proposal_method"),
      "speculators_config.default_proposal_method"),
-    ("no verifier", _drop("speculators_config", "verifier", "name_or_path"), "speculators_config.verifier.name_or_path"),
+    ("no verifier", _drop("speculators_config", "verifier", "name_or_path"),
+     "speculators_config.verifier.name_or_path"),
     ("mask id missing", _drop("mask_token_id"), "mask_token_id"),
     ("a draft vocabulary", _set(32000, "draft_vocab_size"), "draft_vocab_size"),
     ("vocabulary of another target", _set(32000, "transformer_layer_config", "vocab_size"),

@@ -35,8 +35,8 @@ def exported(request, tmp_path_factory):
     resolved = job_recipe(folder)
     drafter = DFlashDrafter(DFlashConfig.from_target(resolved.drafter, model.config))
     save_drafter(drafter, root / "drafter")
-    return request.param, resolved.target.facts, DFlashConfig.from_target(resolved.drafter, model.config).to_hf_dict(), \
-        weight_shapes(root / "drafter")
+    config = DFlashConfig.from_target(resolved.drafter, model.config).to_hf_dict()
+    return request.param, resolved.target.facts, config, weight_shapes(root / "drafter")
 
 
 def test_the_export_of_an_moe_drafter_is_dense_and_names_the_target_family(exported):

@@ -73,11 +73,11 @@ def test_export_writes_the_public_layout_in_the_recipe_dtype(target, tmp_path):
 
 def test_export_refuses_fp8_and_a_missing_checkpoint(target, tmp_path):
     _checkpoint(target, tmp_path / "ckpt")
-    with pytest.raises(ValueError, match="stages.export.dtype"):
+    with pytest.raises(ValueError, match=r"stages\.export\.dtype"):
         _export(tmp_path, tmp_path / "ckpt", target[0].name_or_path, dtype="fp8")
     recipe = make_recipe()
     ctx = stage_context("export", recipe, tmp_path / "run2")
-    with pytest.raises(ValueError, match="train.checkpoint"):
+    with pytest.raises(ValueError, match=r"train\.checkpoint"):
         export_stage.run(ctx)
 
 
@@ -129,7 +129,8 @@ def test_export_writes_both_layouts_that_pass_both_checkers_and_prints_the_comma
     for readme in ((zlab_dir / "README.md").read_text(), (vllm_dir / "README.md").read_text(), printed):
         assert f"--speculative-draft-model-path {zlab_dir}" in readme and "--speculative-num-draft-tokens 4" in readme
         assert "--speculative-draft-window-size 8" in readme  # the drafter slides
-        assert f'"model": "{vllm_dir}", "num_speculative_tokens": 3' in readme and f"vllm serve {model.name_or_path}" in readme
+        assert f'"model": "{vllm_dir}", "num_speculative_tokens": 3' in readme
+        assert f"vllm serve {model.name_or_path}" in readme
         assert "--mamba-radix-cache-strategy" not in readme  # dense target
 
 

@@ -72,7 +72,7 @@ def test_resume_generates_only_the_missing_ids(tmp_path):
 
 def test_prompts_that_keep_failing_fail_the_stage_and_a_rerun_retries_them(tmp_path):
     with ScriptedOpenAIServer(Script(fail_first=100)) as server:
-        ctx, rows, _ = context(tmp_path, server.url, n=4, retries=1)
+        ctx, _rows, _ = context(tmp_path, server.url, n=4, retries=1)
         with pytest.raises(StageFailed, match=r"4 prompts failed after 1 retries.*rerun to retry"):
             generate.run(ctx)
     with ScriptedOpenAIServer() as server2:
@@ -141,7 +141,7 @@ def test_a_prompt_over_the_context_is_refused_before_it_is_sent_and_counted_once
 
 def test_without_a_tokenizer_prompts_go_to_the_server_which_decides(tmp_path, caplog):
     with ScriptedOpenAIServer() as server:
-        ctx, rows, _ = context(tmp_path, server.url, n=3)  # target `unused`: no tokenizer to count with
+        ctx, _rows, _ = context(tmp_path, server.url, n=3)  # target `unused`: no tokenizer to count with
         result = generate.run(ctx)
     assert len(server.requests) == 3 and result.metrics["refused_too_long"] == 0
     assert "not checked against stages.generate.context_length" in caplog.text

@@ -127,7 +127,7 @@ def test_missing_file_and_oversized_holdout_are_clear_errors(tmp_path):
     with pytest.raises(SourceError, match=r"nope\.jsonl does not exist.*dataset.sources\[s\]\.path"):
         run_ingest(tmp_path, [{"name": "s", "path": str(tmp_path / "nope.jsonl")}])
     path = write_jsonl(tmp_path / "s.jsonl", [{"prompt": "a"}, {"prompt": "b"}])
-    with pytest.raises(SourceError, match="lower dataset.eval_holdout"):
+    with pytest.raises(SourceError, match=r"lower dataset\.eval_holdout"):
         run_ingest(tmp_path, [{"name": "s", "path": str(path)}], eval_holdout=2)
 
 

@@ -173,14 +173,14 @@ def test_an_unknown_node_address_is_a_clear_error(fake_node, monkeypatch):
     monkeypatch.setattr(servers_mod.socket, "getaddrinfo", no_dns)
     with pytest.raises(ServerError, match=r"node 1's server http://node-1:\d+ has no address.*DFLASHX_NODE_HOSTS"):
         backend(seeds_recipe("h100_x8", **TWO_NODES), node=0)
-    with pytest.raises(ServerError, match="this is node 2.*nodes 0, 1.*--node-rank"):
+    with pytest.raises(ServerError, match=r"this is node 2.*nodes 0, 1.*--node-rank"):
         backend(seeds_recipe("h100_x8", **TWO_NODES), node=2)
     assert FakePopen.launched == [] and fake_node == []
 
 
 def test_the_node_rank_comes_from_the_environment():
     assert node_rank({}) == 0 and node_rank({NODE_RANK_ENV: "1"}) == 1
-    with pytest.raises(ValueError, match="DFLASHX_NODE_RANK='one'.*--node-rank"):
+    with pytest.raises(ValueError, match=r"DFLASHX_NODE_RANK='one'.*--node-rank"):
         node_rank({NODE_RANK_ENV: "one"})
 
 
@@ -206,7 +206,7 @@ def test_the_generate_stage_on_node_1_serves_and_writes_nothing(fake_node, monke
     monkeypatch.setenv(NODE_RANK_ENV, "1")
     monkeypatch.setattr(servers_mod.subprocess, "Popen", lambda argv, env, **kw: FakePopen(argv, env, polls_left=1))
     ctx = stage_context("generate", seeds_recipe("h100_x8", **TWO_NODES), tmp_path / "run")
-    with pytest.raises(StageFailed, match="only serves generation for node 0.*exited with code 0"):
+    with pytest.raises(StageFailed, match=r"only serves generation for node 0.*exited with code 0"):
         generate(ctx, [], 0)
     assert len(FakePopen.launched) == 8 and not (ctx.out_dir / "completions").exists()
 

@@ -53,7 +53,8 @@ def test_fp8_runs_fp8_linears_in_generation_as_in_eval(target, tmp_path):
     models = loaded_by_each_stage(target, "fp8", tmp_path)
     fp8 = {name: sum(isinstance(x, FP8Linear) for x in m.modules()) for name, m in models.items()}
     per_layer = 7  # q, k, v, o, gate, up, down
-    assert fp8 == {"generate": 4 * per_layer, "eval": 4 * per_layer, "train": (max(DRAFTER["target_layer_ids"]) + 1) * per_layer}
+    assert fp8 == {"generate": 4 * per_layer, "eval": 4 * per_layer,
+                   "train": (max(DRAFTER["target_layer_ids"]) + 1) * per_layer}
 
 
 def test_the_backend_refuses_fp8_without_a_converter(target):

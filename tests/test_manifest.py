@@ -93,7 +93,7 @@ def test_garbage_supersede_and_remote(tmp_path):
     assert [e.name for e in moved] == ["train.checkpoint@train.superseded-1234abcd"]
     entry = m.entries["train.checkpoint@train.superseded-1234abcd"]
     assert entry.tier == "garbage" and entry.path == "train.superseded-1234abcd/checkpoint"
-    with pytest.raises(KeyError, match="no artifact 'train.checkpoint'"):
+    with pytest.raises(KeyError, match=r"no artifact 'train\.checkpoint'"):
         m.update_remote("train.checkpoint", "s3://x", "y", "now")
 
 
@@ -106,7 +106,7 @@ def test_bad_paths_and_files(tmp_path):
     with pytest.raises(FileNotFoundError):
         m.register("ingest", "x", "missing.txt", "replaceable")
     (tmp_path / "run" / "manifest.json").write_text("{not json")
-    with pytest.raises(ValueError, match="manifest.json: not a dflashx manifest"):
+    with pytest.raises(ValueError, match=r"manifest\.json: not a dflashx manifest"):
         Manifest.load(tmp_path / "run")
 
 

@@ -84,7 +84,8 @@ CASES = [
     ("bf16", "fp32", "adamw", 0), ("bf16", "fp32", "adamw", 1), ("bf16", "fp32", "adamw", 2),
     ("bf16", "bf16", "adamw", 1), ("bf16", "bf16", "adamw", 2),
     ("bf16", "fp32", "muon", 0), ("bf16", "fp32", "muon", 1), ("bf16", "bf16", "muon", 2),
-    ("fp32", "fp32", "adamw", 0), ("fp32", "fp32", "adamw", 2), ("fp32", "fp32", "muon", 0), ("fp32", "fp32", "muon", 2),
+    ("fp32", "fp32", "adamw", 0), ("fp32", "fp32", "adamw", 2),
+    ("fp32", "fp32", "muon", 0), ("fp32", "fp32", "muon", 2),
 ]
 
 

@@ -7,7 +7,6 @@ from _plan_recipes import seeds_recipe, tiny_recipe
 
 from dflashx.plan.context import build_context
 from dflashx.resolve import resolve
-from dflashx.plan.estimates.device import CALIBRATED_SERVING
 from dflashx.resolve.model_states import state_bytes, zero_model_state_bytes
 from dflashx.plan.estimates.training import sample_lengths
 from dflashx.plan.plan import make_plan

@@ -54,7 +54,8 @@ def test_the_tiny_run_imports_each_library_once_in_its_first_user():
 
 def test_the_first_stage_pays_torch_when_it_needs_it():
     costs = fixed_costs(tiny(stages__ingest__enabled=False, stages__generate__backend="sglang"), steps=100)
-    assert costs.parts["generate"] == {"wandb_service": 1, "pandas": 1, "wandb_run": 1}  # servers' start-up: not measured
+    # servers' start-up: not measured
+    assert costs.parts["generate"] == {"wandb_service": 1, "pandas": 1, "wandb_run": 1}
     assert payers(costs, "torch") == []  # generate's provenance imported it before qc loads its tokenizer
     costs = fixed_costs(tiny(stages__ingest__enabled=False, stages__generate__enabled=False), steps=100)
     assert payers(costs, "torch") == ["qc"]  # its tokenizer load imports torch
@@ -117,7 +118,7 @@ def test_the_constants_are_the_cited_measurements():
     assert PARTS["modeling"].value == pytest.approx(MEDIANS_S["model_load_first"] - MEDIANS_S["model_load"])
     assert PARTS["wandb_service"].value == pytest.approx(MEDIANS_S["wandb_run_first"] - MEDIANS_S["wandb_run"])
     assert PARTS["engine"].value == MEDIANS_S["engine_build"]
-    assert ONCE_PER_PROCESS <= PARTS.keys()
+    assert PARTS.keys() >= ONCE_PER_PROCESS
 
 
 def test_qc_figures_are_the_reports_histograms():
@@ -142,7 +143,7 @@ def test_tokenize_per_sample_is_the_benchmarks_runs_share():
     from benchmarks.fixed_costs import TOKENIZE_SAMPLES as measured_over
     from dflashx.plan.estimates.fixed import TOKENIZE_PER_SAMPLE, TOKENIZE_SAMPLES
 
-    assert TOKENIZE_SAMPLES == measured_over
+    assert measured_over == TOKENIZE_SAMPLES
     assert TOKENIZE_PER_SAMPLE.value == pytest.approx(
         (MEDIANS_S["tokenize_samples"] - MEDIANS_S["dataset_steps"]) / TOKENIZE_SAMPLES, rel=1e-3)
     plan = make_plan(tiny_recipe(), TINY).to_json(explain=True)

@@ -33,7 +33,8 @@ def _terms(data: dict) -> dict[str, dict]:
 def test_moe_targets_plan_on_h200_x8(model):
     """Issue 23's acceptance command: known target, training fits; the targets too big for one
     H200 beside the drafter are sharded and their gather traffic is in --explain."""
-    result = CliRunner().invoke(app, ["plan", SEEDS, f"target.model={model}", "hardware=h200_x8", "--explain", "--json"])
+    result = CliRunner().invoke(app, ["plan", SEEDS, f"target.model={model}", "hardware=h200_x8", "--explain",
+                                      "--json"])
     data = json.loads(result.stdout)
     codes = {f["code"] for f in data["errors"]}
     assert not codes & {"unknown_target", "train_memory"}, data["errors"]

@@ -74,8 +74,8 @@ def test_h100_from_the_datasheet_is_slower_than_h200_by_at_least_the_bandwidth_r
     h100, h200 = gen(seeds_recipe("h100_x8")), gen(seeds_recipe("h200_x8"))
     assert h100.seconds / h200.seconds >= bandwidth_ratio  # 80 GB also holds fewer Qwen3.6 states
     # a dense 8B target whose batch both GPUs cap at 64: the ratio is the bandwidth ratio
-    dense = dict(target__model="Qwen/Qwen3-8B", drafter__mask_token_id=None,
-                 stages__generate__serving__max_running_requests=64)
+    dense = {"target__model": "Qwen/Qwen3-8B", "drafter__mask_token_id": None,
+             "stages__generate__serving__max_running_requests": 64}
     small_h100, small_h200 = gen(seeds_recipe("h100_x8", **dense), QWEN3_8B), gen(seeds_recipe("h200_x8", **dense),
                                                                                   QWEN3_8B)
     assert small_h100.serving.batch == small_h200.serving.batch == 64
@@ -83,8 +83,8 @@ def test_h100_from_the_datasheet_is_slower_than_h200_by_at_least_the_bandwidth_r
 
 
 def test_tp2_dp2_over_pcie_is_slower_than_tp1_dp4_for_a_model_that_fits_one_gpu():
-    dense = dict(target__model="Qwen/Qwen3-8B", drafter__mask_token_id=None,
-                 stages__generate__serving__max_running_requests=128)
+    dense = {"target__model": "Qwen/Qwen3-8B", "drafter__mask_token_id": None,
+             "stages__generate__serving__max_running_requests": 128}
     tp1 = gen(seeds_recipe("rtx_pro_6000_x4", **dense), QWEN3_8B)
     tp2 = gen(seeds_recipe("rtx_pro_6000_x4", stages__generate__serving__tp=2, **dense), QWEN3_8B)
     assert (tp1.serving.tp, tp1.serving.dp, tp2.serving.tp, tp2.serving.dp) == (1, 4, 2, 2)

@@ -44,7 +44,8 @@ def _simulate_gpus(monkeypatch, n: int, name: str = "NVIDIA RTX PRO 6000 Blackwe
 @pytest.fixture
 def no_aws(monkeypatch, tmp_path):
     """No AWS credentials anywhere (and no instance metadata lookups), so the S3 probe stops at once."""
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "DFLASHX_S3_ENDPOINT"):
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                "DFLASHX_S3_ENDPOINT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
@@ -108,7 +109,8 @@ def test_local_sources_parse_in_their_declared_format(tmp_path):
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text(fakes.write_prompts(tmp_path / "three.jsonl", n=3).read_text() + "{not json\n")
     partly = pf.check_source(0, _source(mixed))
-    assert partly.status == "warn" and "1 of the first 4 records" in partly.message and "ingest skips them" in partly.message
+    assert partly.status == "warn" and "1 of the first 4 records" in partly.message
+    assert "ingest skips them" in partly.message
     (tmp_path / "empty.jsonl").write_text("")
     assert "holds no records" in pf.check_source(0, _source(tmp_path / "empty.jsonl")).message
     (tmp_path / "data.csv").write_text("a,b\n")
@@ -152,7 +154,8 @@ def test_local_target_config_and_mask_token(local_target):
     tokenizer = pf.check_tokenizer(target, mask)
     assert tokenizer.status == "ok" and f"mask_token_id {mask} is '<|mask|>'" in tokenizer.message
     outside = pf.check_tokenizer(target, 10_000)
-    assert outside.status == "fail" and outside.message.startswith("drafter.mask_token_id 10000 is not in the tokenizer")
+    assert outside.status == "fail"
+    assert outside.message.startswith("drafter.mask_token_id 10000 is not in the tokenizer")
     assert "set drafter.mask_token_id" in outside.fix
     assert pf.check_target(target, 10_000).status == "fail"
 
@@ -213,7 +216,8 @@ def _free_port() -> int:
 def test_attached_servers_answer_health_and_models():
     with ScriptedOpenAIServer() as server:
         ok = pf.check_server(0, server.url + "/v1", "org/scripted-target")
-        assert ok.status == "ok" and ok.message == f"stages.generate.urls[0]: {server.url} healthy, serves scripted-target"
+        assert ok.status == "ok"
+        assert ok.message == f"stages.generate.urls[0]: {server.url} healthy, serves scripted-target"
         other = pf.check_server(0, server.url, "Qwen/Qwen3-8B")
         assert other.status == "warn" and "not target.model Qwen/Qwen3-8B" in other.message
     with ScriptedOpenAIServer(Script(health_failures=100)) as starting:
@@ -233,7 +237,8 @@ def test_a_crashing_or_hanging_check_becomes_a_result():
     crashed, hung = pf._bounded([("disk", boom, "fail"), ("s3", lambda: time.sleep(30), "warn")], timeout_s=0.5)
     assert time.monotonic() - start < 5
     assert crashed.status == "fail" and crashed.message == "disk: the check failed: RuntimeError: disk on fire"
-    assert hung == pf.Check("s3", "", "warn", "s3: no answer within 0.5 s", "check the network and the endpoint, then retry")
+    assert hung == pf.Check("s3", "", "warn", "s3: no answer within 0.5 s",
+                            "check the network and the endpoint, then retry")
 
 
 # --------------------------------------------------------------------------- `dflashx run`

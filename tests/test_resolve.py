@@ -53,7 +53,8 @@ def test_resolved_fills_every_derived_value():
     assert (train["loss_gamma"], train["max_length"]) == (7.0, 3072)
     assert resolved["target"]["facts"]["num_layers"] == 64
     assert resolved["hardware"]["gpu"]["memory_gb"] == 102.6 and resolved["hardware"]["gpus_per_node"] == 4
-    assert ResolvedRecipe.model_validate(resolved).drafter.target_layer_ids == [1, 16, 31, 46, 61]  # plan.json reads back
+    # plan.json reads back
+    assert ResolvedRecipe.model_validate(resolved).drafter.target_layer_ids == [1, 16, 31, 46, 61]
 
 
 def test_recipe_values_win_over_defaults():
@@ -76,7 +77,8 @@ def test_tiny_recipe_resolves_on_the_builtin_target():
 
 
 def _facts(layers: int):
-    return lookup("builtin:tiny-qwen3").model_copy(update={"num_layers": layers, "layer_types": ["full_attention"] * layers})
+    return lookup("builtin:tiny-qwen3").model_copy(
+        update={"num_layers": layers, "layer_types": ["full_attention"] * layers})
 
 
 def _target_config(layers: int) -> dict:
@@ -133,7 +135,8 @@ def test_speed_switches_resolve_once_by_the_hardware():
     chosen = resolve(seeds_recipe("h200_x1", stages__train__compile=False, stages__train__loss_kernel="torch",
                                   stages__train__master_weights="bf16", stages__train__zero_stage=2,
                                   drafter__precision="fp8"), lookup("Qwen/Qwen3.6-27B"))
-    assert (chosen.stages.train.compile, chosen.stages.train.loss_kernel, chosen.drafter.precision) == (False, "torch", "fp8")
+    train = chosen.stages.train
+    assert (train.compile, train.loss_kernel, chosen.drafter.precision) == (False, "torch", "fp8")
     assert chosen.stages.train.deepspeed_config["bf16"] == {
         "enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
     cpu_bf16_master = resolve(tiny_recipe(stages__train__master_weights="bf16"), lookup("builtin:tiny-qwen3"))
@@ -144,7 +147,8 @@ def test_speed_switches_resolve_once_by_the_hardware():
 def test_a_value_that_cannot_be_resolved_names_its_key():
     plan = make_plan(seeds_recipe(drafter__mask_token_id=None), lookup("Qwen/Qwen3.6-27B").model_copy(
         update={"mask_token_id": None}))
-    assert plan.resolved is None and [(f.code, f.key) for f in plan.errors] == [("mask_token_unknown", "drafter.mask_token_id")]
+    assert plan.resolved is None
+    assert [(f.code, f.key) for f in plan.errors] == [("mask_token_unknown", "drafter.mask_token_id")]
 
 
 def test_resolved_recipe_is_frozen():

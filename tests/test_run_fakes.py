@@ -79,7 +79,8 @@ def make_plan(recipe: Recipe) -> dict[str, Any]:
     stages = [{"name": n, "enabled": getattr(recipe.stages, n).enabled, "commands": [],
                "estimates": {"seconds": 1.0, "gpu_hours": 0.0, "usd": 0.25, "storage_bytes": 100,
                              "peak_gpu_memory_bytes": 0}} for n in type(recipe.stages).model_fields]
-    return {"errors": [], "warnings": [], "stages": stages, "totals": {}, "resolved": resolved(recipe).model_dump(mode="json")}
+    return {"errors": [], "warnings": [], "stages": stages, "totals": {},
+            "resolved": resolved(recipe).model_dump(mode="json")}
 
 
 def _lines(folder: Path) -> list[dict[str, Any]]:
@@ -94,7 +95,8 @@ def ingest(ctx: StageContext) -> StageResult:
     (ctx.out_dir / "prompts" / "shard-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[hold:]))
     (ctx.out_dir / "eval_prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:hold]))
     ctx.log({"prompts": len(rows) - hold})
-    return StageResult({"prompts": Artifact("prompts", "irreplaceable"), "eval_prompts": Artifact("eval_prompts.jsonl")},
+    return StageResult({"prompts": Artifact("prompts", "irreplaceable"),
+                        "eval_prompts": Artifact("eval_prompts.jsonl")},
                        {"prompts": len(rows) - hold})
 
 
@@ -132,7 +134,8 @@ def tokenize(ctx: StageContext) -> StageResult:
     CALLS["tokenize"] += 1
     rows = _lines(ctx.inputs["generate.completions"])
     (ctx.out_dir / "dataset").mkdir(exist_ok=True)
-    (ctx.out_dir / "dataset" / "data.jsonl").write_text("".join(json.dumps({"ids": [len(r["answer"])]}) + "\n" for r in rows))
+    (ctx.out_dir / "dataset" / "data.jsonl").write_text(
+        "".join(json.dumps({"ids": [len(r["answer"])]}) + "\n" for r in rows))
     return StageResult({"dataset": Artifact("dataset")}, {"samples": len(rows)})
 
 
@@ -155,7 +158,8 @@ def evaluate(ctx: StageContext) -> StageResult:
     ckpt = json.loads((ctx.inputs["train.checkpoint"] / "model.json").read_text())
     (ctx.out_dir / "report").mkdir(exist_ok=True)
     (ctx.out_dir / "report" / "eval.json").write_text(json.dumps({"tau": 2.5, "lr": ckpt["lr"]}))
-    return StageResult({"report": Artifact("report")}, {"tau": 2.5, "eval_prompts": "ingest.eval_prompts" in ctx.inputs})
+    return StageResult({"report": Artifact("report")},
+                       {"tau": 2.5, "eval_prompts": "ingest.eval_prompts" in ctx.inputs})
 
 
 def export(ctx: StageContext) -> StageResult:

@@ -92,7 +92,8 @@ def test_config_changes_touch_only_their_stages(source, tmp_path, change, stages
 
 @pytest.mark.parametrize("change", [
     {"hardware": fakes.OTHER_HW},
-    {"stages.generate.concurrency": 8, "stages.generate.urls": ["http://127.0.0.1:30000"], "stages.generate.retries": 1},
+    {"stages.generate.concurrency": 8, "stages.generate.urls": ["http://127.0.0.1:30000"],
+     "stages.generate.retries": 1},
     {"stages.tokenize.num_proc": 4},
     {"stages.train.micro_batch": 4, "stages.train.zero_stage": 1, "stages.train.log_every": 1},
     {"tracking.mode": "offline", "budget.max_usd": 10},

@@ -35,7 +35,8 @@ def test_full_run_registers_everything(tmp_path, source):
     assert [o.state for o in result.outcomes] == ["done"] * 7 + ["disabled"]
     manifest = Manifest.load(run_dir)
     assert set(manifest.entries) == {"ingest.prompts", "ingest.eval_prompts", "generate.completions", "qc.report",
-                                     "tokenize.dataset", "train.checkpoint", "train.logs", "eval.report", "export.drafter"}
+                                     "tokenize.dataset", "train.checkpoint", "train.logs", "eval.report",
+                                     "export.drafter"}
     ckpt = manifest.entries["train.checkpoint"]
     assert ckpt.path == "train/checkpoint" and ckpt.kind == "dir" and ckpt.tier == "irreplaceable"
     assert ckpt.inputs == ["tokenize.dataset"] and ckpt.regen_cost_usd is None
@@ -46,7 +47,8 @@ def test_full_run_registers_everything(tmp_path, source):
         assert success["stage_key"] == result.outcomes[STAGE_ORDER.index(stage)].stage_key
         prov = json.loads((run_dir / stage / "provenance.json").read_text())
         assert prov["exit_state"] == "done" and prov["stage_key"] == success["stage_key"]
-    assert (run_dir / "recipe.yaml").exists() and json.loads((run_dir / "plan.json").read_text())["resolved"]["name"] == "fake"
+    assert (run_dir / "recipe.yaml").exists()
+    assert json.loads((run_dir / "plan.json").read_text())["resolved"]["name"] == "fake"
     events = [(r["event"], r.get("stage")) for r in read_records(run_dir)]
     assert events[0] == ("run_start", None) and events[-1] == ("run_end", None)
     assert ("stage_end", "train") in events and ("stage_skipped", "backup") in events
@@ -144,7 +146,8 @@ def test_only_until_force(tmp_path, source):
     run_dir = tmp_path / "run"
     recipe = fakes.make_recipe(source)
     result = fakes.run(recipe, run_dir, until="generate")
-    assert [o.name for o in result.outcomes] == ["ingest", "generate"] and dict(fakes.CALLS) == {"ingest": 1, "generate": 1}
+    assert [o.name for o in result.outcomes] == ["ingest", "generate"]
+    assert dict(fakes.CALLS) == {"ingest": 1, "generate": 1}
     fakes.CALLS.clear()
     only = fakes.run(recipe, run_dir, only="qc")
     assert [o.name for o in only.outcomes] == ["qc"] and dict(fakes.CALLS) == {"qc": 1}

@@ -54,7 +54,7 @@ def test_failed_and_pending(tmp_path, source):
 
 
 def test_not_a_run_dir(tmp_path):
-    with pytest.raises(NotARunDir, match="no plan.json"):
+    with pytest.raises(NotARunDir, match=r"no plan\.json"):
         run_status(tmp_path)
     code, out = _cli(tmp_path)
     assert code == 2 and "is this a dflashx run directory" in out

@@ -150,7 +150,8 @@ def test_sampled_speculative_decoding_matches_target_sampling():
     prompt, temp, draws = [1, 2, 3], 1.0, 1500
     with torch.no_grad():
         p1 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1] / temp, -1)
-        rows = torch.stack([torch.softmax(target(torch.tensor([prompt + [x]])).logits[0, -1] / temp, -1) for x in range(6)])
+        rows = torch.stack([torch.softmax(target(torch.tensor([prompt + [x]])).logits[0, -1] / temp, -1)
+                            for x in range(6)])
     marginal = (p1[:, None] * rows).sum(0)
     decoder, gen = SpecDecoder(target, drafter), torch.Generator().manual_seed(0)
     counts = torch.zeros(6)

@@ -63,8 +63,9 @@ def _torchrun(*args: str) -> None:
 
 
 def _job(root: Path, stage: str, **kw):
-    base = dict(epochs=1, max_steps=4, lr=1e-2, global_batch=4, micro_batch=1, zero_stage=2, anchors_per_seq=8,
-                checkpoint_every=2, log_every=1, hardware=TWO_PROCESSES, shard_target="always")
+    base = {"epochs": 1, "max_steps": 4, "lr": 1e-2, "global_batch": 4, "micro_batch": 1, "zero_stage": 2,
+            "anchors_per_seq": 8, "checkpoint_every": 2, "log_every": 1, "hardware": TWO_PROCESSES,
+            "shard_target": "always"}
     return train_job(root / stage, root / "data", root / "target", **(base | kw))
 
 

@@ -113,5 +113,6 @@ def test_local_target_facts_read_mask_thinking_and_template_tokens(tmp_path):
     recipe = make_recipe(target={"model": str(folder)}, drafter={"num_layers": 1, "block_size": 4,
                                                                    "num_target_layers": 2, "mask_token_id": im_end})
     assert "mask_token_special" in [f.code for f in make_plan(recipe, facts).errors]
-    fine = make_recipe(target={"model": str(folder)}, drafter={"num_layers": 1, "block_size": 4, "num_target_layers": 2})
+    fine = make_recipe(target={"model": str(folder)},
+                       drafter={"num_layers": 1, "block_size": 4, "num_target_layers": 2})
     assert "mask_token_special" not in [f.code for f in make_plan(fine, facts).errors]

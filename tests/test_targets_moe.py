@@ -145,7 +145,8 @@ def test_reserved_token_is_the_mask_when_no_mask_token_exists():
                                       "128003": {"content": "<|reserved_special_token_1|>"},
                                       "128002": {"content": "<|reserved_special_token_0|>"}}}
     assert mask_token_from_tokenizer(None, llama) == 128_002 == lookup("llama-3.1-8b").mask_token_id
-    harmony = {"added_tokens": [{"id": 200_005, "content": "<|channel|>"}, {"id": 200_000, "content": "<|reserved_200000|>"}]}
+    harmony = {"added_tokens": [{"id": 200_005, "content": "<|channel|>"},
+                                {"id": 200_000, "content": "<|reserved_200000|>"}]}
     assert mask_token_from_tokenizer(harmony, None) == 200_000 == lookup("gpt-oss-20b").mask_token_id
     with_mask = {"added_tokens": [*harmony["added_tokens"], {"id": 7, "content": "<|mask|>"}]}
     assert mask_token_from_tokenizer(with_mask, None) == 7

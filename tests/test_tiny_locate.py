@@ -38,7 +38,7 @@ def test_missing_local_paths_name_the_key_and_the_fix(value):
 
 
 def test_folder_without_config_is_refused(tmp_path):
-    with pytest.raises(TargetPathError, match="has no config.json"):
+    with pytest.raises(TargetPathError, match=r"has no config\.json"):
         locate_target(TargetSpec(model=str(tmp_path)))
 
 

@@ -90,7 +90,7 @@ def test_truncate_policy_keeps_the_head_and_its_mask(tmp_path, completions, tok_
     ds = load_from_disk(str(tmp_path / "dataset"))
     assert m["dropped_by_reason"] == {"too_long": 0, "few_loss_tokens": 0, "generation_error": 1}
     assert max(ds["length"]) == 64
-    row = ds[[i for i, x in enumerate(ds["id"]) if x == "s000012"][0]]
+    row = ds[next(i for i, x in enumerate(ds["id"]) if x == "s000012")]
     full = ChatMasker.from_path(tok_dir).encode_conversations([(completion_messages(records[12]), None)])[0]
     assert row["input_ids"] == full.input_ids[:64] and row["loss_mask"] == full.loss_mask[:64].tolist()
 

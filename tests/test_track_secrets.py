@@ -25,7 +25,8 @@ SECRETS = [AWS_ID, AWS_SECRET, WANDB_KEY, HF, RECIPE_TOKEN]
 def leaky_stages(monkeypatch):
     def ingest(ctx):
         logging.getLogger("dflashx.stages.ingest").warning(
-            "connecting with %s / %s and token %s", os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"], HF)
+            "connecting with %s / %s and token %s", os.environ["AWS_ACCESS_KEY_ID"],
+            os.environ["AWS_SECRET_ACCESS_KEY"], HF)
         ctx.log({"note": f"key={AWS_SECRET}", "api_key": WANDB_KEY, "prompts": 1})
         return fakes.ingest(ctx)
 

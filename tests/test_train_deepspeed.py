@@ -29,8 +29,8 @@ def paths(tmp_path_factory):
 
 def _job(paths, stage_dir, **kw) -> TrainJob:
     target, data = paths
-    base = dict(epochs=1, max_steps=8, lr=1e-2, global_batch=4, micro_batch=2, zero_stage=2, anchors_per_seq=8,
-                checkpoint_every=2, log_every=1)
+    base = {"epochs": 1, "max_steps": 8, "lr": 1e-2, "global_batch": 4, "micro_batch": 2, "zero_stage": 2,
+            "anchors_per_seq": 8, "checkpoint_every": 2, "log_every": 1}
     return train_job(stage_dir, data, target, **(base | kw))
 
 
@@ -51,7 +51,8 @@ def test_zero2_training_lowers_the_loss(paths, tmp_path):
     assert logs[40]["loss"] < logs[8]["loss"] - 0.2
     assert logs[40]["acceptance_length"] > logs[8]["acceptance_length"]
     m = logs[40]
-    assert len(m["accuracy"]) == 3 and m["tokens_per_s"] > 0 and m["tflops"] > 0 and 0 < m["mfu"] and m["memory_bytes"] > 0
+    assert len(m["accuracy"]) == 3
+    assert m["tokens_per_s"] > 0 and m["tflops"] > 0 and m["mfu"] > 0 and m["memory_bytes"] > 0
     lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [8, 16, 24, 32, 40]
     drafter = load_drafter(tmp_path / "checkpoint")
@@ -94,9 +95,9 @@ def test_the_engine_is_built_with_the_plans_deepspeed_config(paths, tmp_path, mo
         return real(*args, **kwargs)
 
     monkeypatch.setattr(deepspeed, "initialize", spy)
-    kw = dict(max_steps=2, global_batch=4, micro_batch=2, zero_stage=1, anchors_per_seq=8, log_every=1)
+    kw = {"max_steps": 2, "global_batch": 4, "micro_batch": 2, "zero_stage": 1, "anchors_per_seq": 8, "log_every": 1}
     run_training(_job(paths, tmp_path, **kw))
-    recipe = job_recipe(paths[0], **(dict(epochs=1, lr=1e-2, checkpoint_every=2) | kw))
+    recipe = job_recipe(paths[0], **({"epochs": 1, "lr": 1e-2, "checkpoint_every": 2} | kw))
     planned = next(s for s in make_plan(recipe, recipe.target.facts).to_json()["stages"] if s["name"] == "train")
     assert seen == [planned["deepspeed_config"]]
     assert seen[0]["gradient_accumulation_steps"] == 2 and seen[0]["zero_optimization"]["stage"] == 1

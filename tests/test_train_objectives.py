@@ -25,8 +25,8 @@ def paths(tmp_path_factory):
 
 def _train(paths, stage_dir, kill_at=None, **kw) -> dict[int, dict]:
     target, data = paths
-    base = dict(epochs=1, max_steps=24, lr=1e-2, global_batch=4, micro_batch=2, zero_stage=0, anchors_per_seq=8,
-                checkpoint_every=4, log_every=4)
+    base = {"epochs": 1, "max_steps": 24, "lr": 1e-2, "global_batch": 4, "micro_batch": 2, "zero_stage": 0,
+            "anchors_per_seq": 8, "checkpoint_every": 4, "log_every": 4}
     return logged_training(stage_dir, data, target, kill_at, **(base | kw))
 
 
@@ -50,8 +50,9 @@ def test_muon_trains_alike_at_zero_0_1_and_2(paths, tmp_path, monkeypatch):
 
     def spy(*args, **kwargs):
         engine, optimizer, *rest = real(*args, **kwargs)
+        zero0 = kwargs["config"]["zero_optimization"]["stage"] == 0
         groups.append([{k: v for k, v in g.items() if k != "params"} | {"shapes": {tuple(p.shape) for p in g["params"]}}
-                       for g in engine.optimizer.param_groups if g["params"]] if kwargs["config"]["zero_optimization"]["stage"] == 0 else [])
+                       for g in engine.optimizer.param_groups if g["params"]] if zero0 else [])
         return engine, optimizer, *rest
 
     monkeypatch.setattr(deepspeed, "initialize", spy)
@@ -73,7 +74,7 @@ def test_muon_trains_alike_at_zero_0_1_and_2(paths, tmp_path, monkeypatch):
 
 def test_killed_muon_run_resumes_with_identical_losses(paths, tmp_path):
     """Muon's momentum buffers and the auxiliary AdamW's moments are in the checkpoint."""
-    kw = dict(optimizer="muon", max_steps=8, log_every=1, checkpoint_every=4, schedule="linear")
+    kw = {"optimizer": "muon", "max_steps": 8, "log_every": 1, "checkpoint_every": 4, "schedule": "linear"}
     full = _train(paths, tmp_path / "full", **kw)
     with pytest.raises(Killed):
         _train(paths, tmp_path / "killed", kill_at=6, **kw)

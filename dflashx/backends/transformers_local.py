@@ -62,8 +62,10 @@ class TransformersBackend(Backend):
         self.device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, padding_side="left")
         self.tokenizer.pad_token = self.tokenizer.pad_token or self.tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(self.model_path,
-                                                     dtype=getattr(torch, TORCH_DTYPE[self.load_precision]))
+        # typed as the torch Module it is used as (transformers types PreTrainedModel.to through functools.wraps,
+        # which mypy cannot call as a method)
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=getattr(torch, TORCH_DTYPE[self.load_precision]))
         if self.to_fp8 is not None and self.load_precision == "fp8":
             self.to_fp8(model, torch.device(self.device))
         self.model = model.to(self.device).eval()

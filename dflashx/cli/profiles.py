@@ -47,7 +47,7 @@ def command() -> None:
         except RecipeError as exc:
             failed.append(exc)
     make_console().print(table)
-    for exc in failed:
-        exit_recipe_error(exc)
+    for error in failed:
+        exit_recipe_error(error)  # prints it (the exit it returns is raised once, below)
     if failed:
         raise typer.Exit(RecipeError.exit_code)

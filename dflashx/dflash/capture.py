@@ -38,7 +38,8 @@ def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 def _base_model(model: nn.Module) -> nn.Module:
     """The decoder without the LM head when the model exposes one (`model.model`)."""
-    return model.get_decoder() if hasattr(model, "get_decoder") else model
+    get_decoder = getattr(model, "get_decoder", None)
+    return get_decoder() if get_decoder is not None else model
 
 
 class FeatureCapture:

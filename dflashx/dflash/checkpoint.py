@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -182,10 +183,11 @@ def save_training_state(
     if dist.is_initialized():
         dist.barrier()
     last = latest_tag(ckpt_dir)
-    guard = {"what": f"training checkpoint {tag}", "cleanup": lambda: _discard(ckpt_dir, tmp, tag),
-             "needed": lambda: used_bytes(ckpt_dir / last) if last else used_bytes(tmp),
-             "basis": "the size of the last complete checkpoint" if last else "written before the disk filled"}
-    with stop_when_full(ckpt_dir, **guard):
+    guard = partial(stop_when_full, ckpt_dir, what=f"training checkpoint {tag}",
+                    cleanup=lambda: _discard(ckpt_dir, tmp, tag),
+                    needed=lambda: used_bytes(ckpt_dir / last) if last else used_bytes(tmp),
+                    basis="the size of the last complete checkpoint" if last else "written before the disk filled")
+    with guard():
         engine.save_checkpoint(str(ckpt_dir), tag=tmp_tag, client_state=client_state, save_latest=False)
         torch.save(rank_state, tmp / f"rank_state_{rank}.pt")
         if rank == 0:
@@ -193,7 +195,7 @@ def save_training_state(
     if dist.is_initialized():
         dist.barrier()
     if rank == 0:
-        with stop_when_full(ckpt_dir, **guard):
+        with guard():
             replace_dir(tmp, ckpt_dir / tag)
             atomic_write_text(ckpt_dir / LATEST, tag)
         prune_checkpoints(ckpt_dir, keep)

@@ -230,8 +230,8 @@ def install() -> Path:
         def jit_load(self: Any, verbose: bool = True) -> Any:
             return safe_jit_load(original, self, verbose)
 
-        jit_load._dflashx_safe = True  # type: ignore[attr-defined]
-        OpBuilder.jit_load = jit_load  # type: ignore[method-assign]
+        jit_load._dflashx_safe = True  # type: ignore[attr-defined]  # a marker attribute on a function
+        OpBuilder.jit_load = jit_load
     return root
 
 

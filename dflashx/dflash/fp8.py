@@ -39,6 +39,9 @@ class FP8Linear(nn.Module):
     matches a full forward.
     """
 
+    w_scale: torch.Tensor  # buffers (register_buffer), declared for the type checker
+    weight_t: torch.Tensor
+
     def __init__(self, linear: nn.Linear):
         super().__init__()
         w = linear.weight.detach()  # [out, in]

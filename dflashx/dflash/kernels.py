@@ -21,9 +21,13 @@ Public API: `bucketed(n, multiple)`, `compile_layers(drafter)`, `to_float8_train
 from __future__ import annotations
 
 import importlib.util
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from dflashx.dflash.model import DFlashDrafter
 
 FP8_ALIGN = 16  # FP8 matrix multiplies need both sizes of each operand to be multiples of 16
 
@@ -33,7 +37,7 @@ def bucketed(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def compile_layers(drafter: nn.Module) -> int:
+def compile_layers(drafter: DFlashDrafter) -> int:
     """Compile each layer of `drafter.layers` in place (parameters unchanged, so an engine built
     afterwards sees the same ones); returns how many."""
     for layer in drafter.layers:

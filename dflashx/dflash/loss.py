@@ -246,7 +246,7 @@ def dflash_loss(
     count = torch.zeros(block_size, device=hidden.device).index_add_(0, slots,
                                                                      torch.ones_like(slots, dtype=torch.float32))
     supervised = None
-    if top_k:
+    if top_k and top is not None:  # either kernel's pass returns `top` when top_k > 0
         supervised = SupervisedRows(keep, rows, slots, (w / w.sum().clamp_min(1e-8)).detach(), top)
     return LossOutput(loss=loss, correct=correct, count=count, supervised=supervised)
 

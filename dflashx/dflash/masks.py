@@ -39,14 +39,14 @@ def make_mask_mod(
     """The visibility predicate `(b, h, q_idx, kv_idx) -> bool` for anchors [batch, n]. The context
     length is held as a tensor, not a Python int: compiled code guards on the ints a mask function
     closes over, so an int would recompile the drafter's layers for every new sequence length."""
-    context_len = torch.tensor(context_len, device=anchors.device)
+    context = torch.tensor(context_len, device=anchors.device)
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         block = q_idx // block_size
         slot = q_idx % block_size
         anchor = anchors[b, block]
-        is_ctx = kv_idx < context_len
-        rel = kv_idx - context_len
+        is_ctx = kv_idx < context
+        rel = kv_idx - context
         key_slot = rel % block_size
         in_block = (rel // block_size == block) & ~is_ctx
         if causal:

@@ -29,7 +29,8 @@ Public API:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from collections.abc import Sequence
+from typing import Any, Callable, cast
 
 import torch
 from torch import nn
@@ -149,6 +150,11 @@ class DFlashDrafter(nn.Module):
                                                    config.selector_top_k)
         self.reset_parameters()
 
+    @property
+    def decoder_layers(self) -> Sequence[DFlashDecoderLayer]:
+        """`layers` as what they hold (iterating an `nn.ModuleList` gives the type checker plain Modules)."""
+        return cast("Sequence[DFlashDecoderLayer]", self.layers)
+
     def restore_rope(self) -> None:
         """Rebuild the RoPE frequencies in fp32 (engines that cast buffers to bf16 lose them)."""
         device = self.fc.weight.device
@@ -181,13 +187,13 @@ class DFlashDrafter(nn.Module):
     ) -> torch.Tensor:
         rope_ctx = self.rotary_emb(context, context_positions)
         return self._decode(block_embeds, block_positions, mask,
-                            [layer.self_attn.project_kv(context, rope_ctx) for layer in self.layers])
+                            [layer.self_attn.project_kv(context, rope_ctx) for layer in self.decoder_layers])
 
     def _decode(self, block_embeds: torch.Tensor, block_positions: torch.Tensor, mask: DraftMask,
                 context_kv: list[KV]) -> torch.Tensor:
         hidden = block_embeds.to(self.fc.weight.dtype)
         rope_block = self.rotary_emb(hidden, block_positions)
-        masks = [mask.for_layer(layer.self_attn.causal, layer.self_attn.window) for layer in self.layers]
+        masks = [mask.for_layer(layer.self_attn.causal, layer.self_attn.window) for layer in self.decoder_layers]
         for layer, kv, layer_mask in zip(self.layers, context_kv, masks):
             hidden = layer(hidden, kv, rope_block, layer_mask)
         return self.norm(hidden)
@@ -200,7 +206,7 @@ class DFlashDrafter(nn.Module):
         fused = self.fuse(features)
         positions = torch.arange(start, start + fused.shape[1], device=fused.device)[None]
         rope = self.rotary_emb(fused, positions)
-        new = [layer.self_attn.project_kv(fused, rope) for layer in self.layers]
+        new = [layer.self_attn.project_kv(fused, rope) for layer in self.decoder_layers]
         if ctx is not None:
             new = [(torch.cat([k0, k], dim=2), torch.cat([v0, v], dim=2)) for (k0, v0), (k, v) in zip(ctx.kv, new)]
         return DraftContext(new, start + fused.shape[1])

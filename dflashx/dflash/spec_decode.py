@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import (
     DynamicLayer,
     DynamicSlidingWindowLayer,
@@ -87,7 +87,7 @@ def _tapped(model: nn.Module, layer_ids: Sequence[int]) -> Iterator[dict[int, to
     store: dict[int, torch.Tensor] = {}
 
     def hook(layer_id: int):
-        def record(_module: nn.Module, _args: object, output: object) -> None:
+        def record(_module: nn.Module, _args: object, output: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
             store[layer_id] = output[0] if isinstance(output, tuple) else output
 
         return record
@@ -172,7 +172,7 @@ class _CacheRollback:
 class SpecDecoder:
     """Greedy or sampled speculative decoding of one prompt at a time."""
 
-    def __init__(self, target: nn.Module, drafter: DFlashDrafter):
+    def __init__(self, target: PreTrainedModel, drafter: DFlashDrafter):
         self.target = target.eval()
         self.drafter = drafter.eval()
         self.cfg = drafter.config

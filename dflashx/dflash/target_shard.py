@@ -30,10 +30,13 @@ Public API: `shard_target(model, config) -> nn.Module`, `is_sharded(model)`, `fr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def shard_target(model: nn.Module, config: dict[str, Any]) -> nn.Module:
@@ -64,7 +67,8 @@ def _whole(weight: torch.Tensor) -> torch.Tensor:
 def frozen_io(model: nn.Module) -> tuple[nn.Module, torch.Tensor]:
     """The target's input embedding (a module) and LM-head weight [V, H], whole on every rank:
     the modules themselves when the target is not sharded, gathered copies when it is."""
-    embed, head = model.get_input_embeddings(), model.get_output_embeddings().weight
+    lm = cast("PreTrainedModel", model)  # a transformers causal LM (sharded: the ZeRO-3 engine's module, the same)
+    embed, head = lm.get_input_embeddings(), lm.get_output_embeddings().weight
     if not is_sharded(model):
         return embed, head
-    return nn.Embedding.from_pretrained(_whole(embed.weight), freeze=True), _whole(head)
+    return nn.Embedding.from_pretrained(_whole(embed.get_parameter("weight")), freeze=True), _whole(head)

@@ -78,7 +78,11 @@ def _sharded(job: TrainJob, target: nn.Module) -> nn.Module:
     if job.target.load_precision == "fp8":
         raise ValueError("stages.train.shard_target partitions parameters, and an FP8 target keeps its weights in "
                          "buffers: set target.precision to bf16 or stages.train.shard_target to never")
-    return shard_target(target, job.train.target_deepspeed_config)
+    config = job.train.target_deepspeed_config
+    if config is None:  # resolve writes it whenever target_sharding is zero3
+        raise ValueError("stages.train.target_sharding is zero3 but the resolved recipe has no "
+                         "target_deepspeed_config: resolve the recipe again (dflashx plan)")
+    return shard_target(target, config)
 
 
 def build_drafter(job: TrainJob, target_config: Any, tokenizer: Any = None) -> DFlashDrafter:

@@ -12,7 +12,7 @@ docs/export.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence, TypeGuard
 
 from dflashx.config.problem import Problem, describe
 
@@ -31,7 +31,7 @@ class Violation:
         return describe(self)
 
 
-def report(engine: str, violations: list[Problem]) -> str:
+def report(engine: str, violations: Sequence[Problem]) -> str:
     """One plain-words paragraph per broken rule, for StageFailed."""
     lines = [f"the {engine} export breaks {len(violations)} rule(s) of that engine's loader:"]
     lines += [f"  - {v}" for v in violations]
@@ -52,7 +52,7 @@ def missing(value: Any) -> bool:
     return value is _MISSING or value is None
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     """An integer as JSON writes one: not a bool, not a float (even 5.0)."""
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -52,9 +52,13 @@ def _causal(config: Mapping[str, Any]) -> list[Violation]:
 def expected_shapes(config: Mapping[str, Any], hidden_size: int, vocab_size: int) -> dict[str, tuple[int, ...]]:
     """The DFlash2 tensors and their shapes for this config (empty when a size is unreadable)."""
     d = config.get("dflash_config") or {}
-    n, k, group, rank = (config.get("num_hidden_layers"), d.get("conv_kernel_size"), d.get("conv_group_size"),
-                         d.get("selector_rank"))
-    if not all(is_int(v) and v >= 1 for v in (n, k, group, rank)) or hidden_size % group:
+    sizes = (config.get("num_hidden_layers"), d.get("conv_kernel_size"), d.get("conv_group_size"),
+             d.get("selector_rank"))
+    readable = [v for v in sizes if is_int(v) and v >= 1]
+    if len(readable) < len(sizes):
+        return {}
+    n, k, group, rank = readable
+    if hidden_size % group:
         return {}
     out: dict[str, tuple[int, ...]] = {
         "candidate_selector.predecessor_codebook": (vocab_size, rank),

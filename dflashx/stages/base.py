@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from dflashx.config.schema import STAGE_ORDER
+from dflashx.config.schema import STAGE_ORDER, Tier
 from dflashx.plan.launch import StageRuntime
 from dflashx.resolve.model import ResolvedRecipe
 
@@ -40,7 +40,7 @@ class Artifact:
     """One output of a stage. `path` is relative to the stage folder."""
 
     path: str
-    tier: str = "replaceable"  # irreplaceable | replaceable | garbage (recipes may override)
+    tier: Tier = "replaceable"  # recipes may override (storage.tiers)
     description: str = ""
 
 

@@ -67,7 +67,8 @@ def _load_target(ctx: StageContext):
         from dflashx.dflash.fp8 import target_to_fp8
 
         target_to_fp8(target, torch.device(device))
-    target = target.to(device).eval().requires_grad_(False)
+    # transformers types PreTrainedModel.to through functools.wraps, whose result mypy calls unbound (self first)
+    target = target.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]
     tokenizer = AutoTokenizer.from_pretrained(str(locate_tokenizer(ctx.recipe.target)))
     return target, tokenizer
 

@@ -24,15 +24,17 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from dflashx.config.drafter import HF_ARCHITECTURE
 from dflashx.config.fields import TORCH_DTYPE
-from dflashx.export import Serving, check_sglang, check_speculators, commands, readme, report, to_speculators
+from dflashx.export import (Serving, Violation, check_sglang, check_speculators, commands, readme, report,
+                            to_speculators)
 from dflashx.data import chat_contract
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import input_name
 from dflashx.store.atomic import atomic_dir, atomic_write_text
+from dflashx.targets.registry import TargetFacts
 from dflashx.targets.locate import locate_target
 
 CHECKPOINT = input_name("export")
@@ -40,6 +42,8 @@ OUT = "drafter"  # artifact and folder: the SGLang / z-lab layout
 VLLM = "drafter_vllm"  # artifact of the speculators layout ...
 VLLM_DIR = "drafter-vllm"  # ... and its folder
 CONFIG, WEIGHTS, README_FILE = "config.json", "model.safetensors", "README.md"
+# an engine's checker: (config.json, target facts, weight shapes or None) -> the rules it breaks
+Checker = Callable[[Mapping[str, Any], TargetFacts, Mapping[str, tuple[int, ...]] | None], list[Violation]]
 
 
 def _read(folder: Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
@@ -68,7 +72,7 @@ def check_written(ctx: StageContext, drafter_dir: Path, vllm_dir: Path | None) -
     every broken key."""
     facts = ctx.recipe.target.facts
     failures, count = [], 0
-    checks = [("SGLang / z-lab", check_sglang, drafter_dir)]
+    checks: list[tuple[str, Checker, Path]] = [("SGLang / z-lab", check_sglang, drafter_dir)]
     if vllm_dir is not None:
         checks.append(("vLLM / speculators", check_speculators, vllm_dir))
     for engine, check, folder in checks:

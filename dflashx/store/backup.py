@@ -129,7 +129,7 @@ def _copy_run_file(store: Store, run_dir: Path, ref: FileRef, verify_only: bool,
 def backup_run(run_dir: Path, store: Store, include_replaceable: bool = True,
                verify_only: bool = False, repair: bool = False, progress: Progress | None = None,
                on_file: Callable[[FileResult], None] | None = None,
-               before_run_files: Callable[[Path], None] | None = None) -> BackupReport:
+               before_run_files: Callable[[Path], object] | None = None) -> BackupReport:
     """Back up and verify a run (module docstring); `before_run_files` runs (e.g. writing
     PROGRESS.md) after the artifacts are recorded and before the run's own files are sent."""
     run_dir = Path(run_dir).resolve()

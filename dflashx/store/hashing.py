@@ -11,6 +11,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 CHUNK = 1 << 20
 
@@ -25,7 +26,7 @@ class FileDigest:
 class PathDigest:
     """Digest of a file or a folder; `files` (relative posix path -> digest) only for folders."""
 
-    kind: str  # "file" | "dir"
+    kind: Literal["file", "dir"]
     size: int
     sha256: str
     files: dict[str, FileDigest] | None = None

@@ -30,8 +30,8 @@ from dflashx.tiny.build import (MASK_TOKEN_ID, BuildSettings, _build_atomically,
 DENSE = "tiny-qwen3"
 NAME = "tiny-qwen3_moe"
 # 4 experts, top-2, each as wide as the dense MLP; every layer sparse (`decoder_sparse_step` 1).
-MOE = {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True, "decoder_sparse_step": 1,
-       "mlp_only_layers": [], "router_seed": 0}
+MOE: dict[str, Any] = {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                       "mlp_only_layers": [], "router_seed": 0}
 _COPIED = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from dflashx.tiny import corpus
 from dflashx.store.atomic import atomic_open
 
-PROMPT_FILES = {
+PROMPT_FILES: dict[str, tuple[corpus.Split, int, str]] = {
     # builtin name: (split, records, file name)
     "tiny-prompts": ("prompts", 300, "tiny-prompts.jsonl"),
     "tiny-eval-prompts": ("eval", 96, "tiny-eval-prompts.jsonl"),

@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 from dflashx.config.schema import TrackingSpec
@@ -38,7 +38,10 @@ def has_wandb_credentials() -> bool:
         return False
 
 
-def effective_mode(tracking: TrackingSpec) -> tuple[str, str | None]:
+Mode = Literal["offline", "online", "disabled"]  # TrackingSpec.mode's values, which wandb.init takes
+
+
+def effective_mode(tracking: TrackingSpec) -> tuple[Mode, str | None]:
     """(mode to use, warning or None)."""
     if tracking.mode == "online" and not has_wandb_credentials():
         return "offline", ("tracking.mode is online but no W&B credentials were found (WANDB_API_KEY or ~/.netrc): "
@@ -76,7 +79,7 @@ class StageTracker:
             self.wandb_run = None
 
 
-def _start_wandb(*, tracking: TrackingSpec, mode: str, run_id: str, stage: str, run_dir: Path,
+def _start_wandb(*, tracking: TrackingSpec, mode: Mode, run_id: str, stage: str, run_dir: Path,
                  config: dict[str, Any]) -> Any:
     import wandb  # imported here: planning and status never need it
 
