@@ -123,7 +123,7 @@ def make_job(name: str, shape: dict[str, Any], target: nn.Module, args, override
         "stages": {"train": {"zero_stage": 2, "anchors_per_seq": args.anchors, "max_length": args.seq,
                              }}}, overrides)
     resolved = resolve(Recipe.model_validate(recipe), facts_from_config(target.config.to_dict(), name=name))
-    return TrainJob.of(resolved, stage_dir, "-", "-")
+    return TrainJob.of(resolved, stage_dir, "-", "-", "-")
 
 
 def _free() -> None:

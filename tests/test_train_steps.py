@@ -42,7 +42,7 @@ def test_the_trainer_takes_the_steps_the_plan_counts(tmp_path, epochs, global_ba
                      log_every=1, checkpoint_every=100)
     r = resolved(recipe)
     train = r.stages.train
-    last = run_training(TrainJob.of(r, tmp_path / "stage", data, target))
+    last = run_training(TrainJob.of(r, tmp_path / "stage", data, target, target))
     expected = optimizer_steps(steps_per_epoch(ROWS, train.micro_batch, train.grad_accum, 1), epochs, None)
     assert last["total_steps"] == last["step"] == expected == _planned_steps(recipe)
     # DeepSpeed's batch is the effective batch, which rounds global_batch up to whole micro batches

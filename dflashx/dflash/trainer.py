@@ -44,6 +44,7 @@ from dflashx.dflash.target_shard import shard_target
 from dflashx.dflash.window import Window
 from dflashx.resolve.formulas import optimizer_steps, steps_per_epoch
 from dflashx.store.atomic import atomic_write_text
+from dflashx.targets.load import model_from, tokenizer_from
 
 __all__ = ["TrainJob", "build_drafter", "main", "run_training"]
 Log = Callable[[dict[str, Any], int], None]
@@ -57,10 +58,8 @@ def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any, D
     holds the bf16 copies; layers past the deepest tapped one never run. `stages.train.target_sharding:
     zero3`: the target is partitioned over the ranks (`dflashx.dflash.target_shard`).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    target = AutoModelForCausalLM.from_pretrained(job.target_path, dtype=torch_dtype(job.target.load_precision))
-    tokenizer = AutoTokenizer.from_pretrained(job.target_path)
+    target = model_from(job.target_path, job.target.load_precision)
+    tokenizer = tokenizer_from(job.tokenizer_path)
     with device:  # initialised where it trains: a 2.6B drafter takes ~30 s to initialise on CPU cores
         drafter = build_drafter(job, target.config, tokenizer)
     if job.target.load_precision == "fp8":
