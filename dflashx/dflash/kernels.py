@@ -25,6 +25,8 @@ import importlib.util
 import torch
 from torch import nn
 
+from dflashx.dflash.config import text_config
+
 FP8_ALIGN = 16  # FP8 matrix multiplies need both sizes of each operand to be multiples of 16
 
 
@@ -63,7 +65,7 @@ def to_float8_training(drafter: nn.Module) -> int:
 
 def linear_attention_kernel(target: nn.Module) -> str | None:
     """"fla" or "torch" for a target with linear-attention (Gated DeltaNet) layers, None without any."""
-    types = getattr(getattr(target.config, "text_config", None) or target.config, "layer_types", None) or []
+    types = text_config(target.config).get("layer_types") or []
     if "linear_attention" not in types:
         return None
     fla = importlib.util.find_spec("fla") is not None and torch.cuda.is_available()
