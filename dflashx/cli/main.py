@@ -7,7 +7,6 @@ level, so `--help`, `plan`, `validate` and `schema` never import torch, deepspee
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 from typing import Any
 
@@ -91,10 +90,7 @@ def _register(argv: list[str]) -> None:
     for name, module_name, help_text in COMMANDS:
         if wanted is not None and name != wanted:
             continue
-        qualified = f"dflashx.cli.{module_name}"
-        if importlib.util.find_spec(qualified) is None:
-            continue  # command not built yet
-        module = importlib.import_module(qualified)
+        module = importlib.import_module(f"dflashx.cli.{module_name}")
         if isinstance(getattr(module, "app", None), typer.Typer):
             app.add_typer(module.app, name=name, help=help_text)
         else:
