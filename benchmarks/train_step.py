@@ -114,7 +114,7 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
 def make_job(name: str, shape: dict[str, Any], target: nn.Module, args, overrides: dict[str, Any],
              stage_dir: str) -> TrainJob:
     """The TrainJob the train stage would build for this shape and variant (resolved recipe)."""
-    hardware = load_profile("h200_x1").model_dump() if torch.cuda.is_available() else {"name": "cpu"}
+    hardware = load_profile("h200_x1").model_dump() if torch.cuda.is_available() else {"name": "cpu", "cpu_tflops": 0.1}
     recipe = merge({
         "name": name, "dataset": {"sources": [{"name": "random", "path": "unused.jsonl"}]},
         "target": {"model": name}, "hardware": hardware,

@@ -52,7 +52,7 @@ def job_recipe(target_dir: str | Path, drafter: dict[str, Any] | None = None, pr
     from helpers_models import make_recipe, resolved
 
     return resolved(make_recipe(target={"model": str(target_dir), "precision": precision}, drafter=DRAFTER | (drafter or {}),
-                                hardware=hardware or {"name": "cpu"}, stages={"train": train}))
+                                hardware=hardware or {"name": "cpu", "cpu_tflops": 0.1}, stages={"train": train}))
 
 
 def train_job(stage_dir: str | Path, dataset: str | Path, target_dir: str | Path, **kw: Any) -> TrainJob:

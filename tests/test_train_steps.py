@@ -21,7 +21,7 @@ def _recipe(target, **train):
     # min_loss_tokens_blocks 0: tokenize drops nothing (the plan does not predict its drops)
     return make_recipe(dataset={"sources": [{"name": "s", "path": "unused.jsonl", "expected_count": ROWS + HOLDOUT}],
                                 "eval_holdout": HOLDOUT},
-                       target={"model": str(target), "precision": "fp32"}, drafter=DRAFTER, hardware={"name": "cpu"},
+                       target={"model": str(target), "precision": "fp32"}, drafter=DRAFTER, hardware={"name": "cpu", "cpu_tflops": 0.1},
                        stages={"tokenize": {"min_loss_tokens_blocks": 0}, "train": train})
 
 
@@ -58,7 +58,7 @@ def test_the_plan_counts_the_holdout_out(tmp_path):
     measured = _plan(make_recipe(dataset={"sources": [{"name": "s", "path": "unused.jsonl"}], "eval_holdout": HOLDOUT,
                                           "stats": {"samples": ROWS}},
                                  target={"model": str(target), "precision": "fp32"}, drafter=DRAFTER,
-                                 hardware={"name": "cpu"}))
+                                 hardware={"name": "cpu", "cpu_tflops": 0.1}))
     assert next(t for t in measured.terms if t.key == "tokens.samples").value == ROWS
 
 
