@@ -3,8 +3,10 @@
 Every rank holds its own frozen target copy (or, with `target_sharding: zero3`, its ZeRO-3 partition of
 it: `dflashx.dflash.target_shard`) and its own shard of the data (DistributedSampler);
 the drafter is the only module DeepSpeed manages (ZeRO 0/1/2, bf16 or fp32, gradient
-accumulation, AdamW + warm-up cosine, clipping), built with the resolved recipe's DeepSpeed config
-exactly as the plan prints it; the job (`TrainJob`, `dflashx.dflash.job`) is the resolved target,
+accumulation; `stages.train.optimizer`: Muon, DeepSpeed's, for the 2-D matrices and AdamW for the rest
+(the default), or AdamW for all, `dflashx.dflash.job.parameter_groups`; warm-up then
+`stages.train.schedule`, cosine or linear; gradient clipping under AdamW only), built with the resolved
+recipe's DeepSpeed config (`dflashx.resolve.deepspeed`) exactly as the plan prints it; the job (`TrainJob`, `dflashx.dflash.job`) is the resolved target,
 drafter and train sections plus where the inputs are, and the trainer re-derives none of their
 values. The step itself (engine, FP8 drafter, compiled layers, fused loss) is `dflashx.dflash.step`,
 the one the benchmark times; this module loads, loops, logs (`dflashx.dflash.window`), checkpoints.
@@ -12,8 +14,10 @@ the one the benchmark times; this module loads, loops, logs (`dflashx.dflash.win
 Entry points:
   `run_training(job, log=None) -> dict` — one process of the job (rank from the environment,
   or a one-rank group: `dflashx.dflash.distributed`);
-  `python -m dflashx.dflash.trainer --stage-dir DIR [--run-dir DIR]` — the same from
-  `DIR/train_job.json`, for torchrun / the deepspeed launcher.
+  `main(["--stage-dir", DIR, "--run-dir", RUN])` — the same from `DIR/train_job.json`; a launched
+  rank enters through `python -m dflashx.stages.train --run-dir RUN [--stage-dir DIR]` (the resolved
+  launch argv, `stages.train.launch`), which calls it.
+The target and its tokenizer (`target.tokenizer` when set) load through `dflashx.targets.load`.
 Outputs in the stage folder: `checkpoints/` (atomic DeepSpeed states + `latest`), `checkpoint/`
 (the drafter in the exported DFlash layout), `logs/metrics.jsonl` (one line per log step),
 `logs/kernels.json` (which implementation of each speed switch ran).
