@@ -6,10 +6,11 @@ the drafter is the only module DeepSpeed manages (ZeRO 0/1/2, bf16 or fp32, grad
 accumulation; `stages.train.optimizer`: Muon, DeepSpeed's, for the 2-D matrices and AdamW for the rest
 (the default), or AdamW for all, `dflashx.dflash.job.parameter_groups`; warm-up then
 `stages.train.schedule`, cosine or linear; gradient clipping under AdamW only), built with the resolved
-recipe's DeepSpeed config (`dflashx.resolve.deepspeed`) exactly as the plan prints it; the job (`TrainJob`, `dflashx.dflash.job`) is the resolved target,
-drafter and train sections plus where the inputs are, and the trainer re-derives none of their
-values. The step itself (engine, FP8 drafter, compiled layers, fused loss) is `dflashx.dflash.step`,
-the one the benchmark times; this module loads, loops, logs (`dflashx.dflash.window`), checkpoints.
+recipe's DeepSpeed config (`dflashx.resolve.deepspeed`) exactly as the plan prints it; the job
+(`TrainJob`, `dflashx.dflash.job`) is the resolved target, drafter and train sections plus where the
+inputs are, and the trainer re-derives none of their values. The step itself (engine, FP8 drafter,
+compiled layers, fused loss) is `dflashx.dflash.step`, the one the benchmark times; this module loads,
+loops, logs (`dflashx.dflash.window`), checkpoints.
 
 Entry points:
   `run_training(job, log=None) -> dict` — one process of the job (rank from the environment,
