@@ -77,7 +77,8 @@ def tiny_recipe(config: dict, block: int):
 
     config = config | {"mask_token_id": config["vocab_size"] - 1}
     recipe = Recipe.model_validate({
-        "name": "cpu-decode", "hardware": {"name": "cpu"}, "target": {"model": "tiny", "precision": "fp32"},
+        "name": "cpu-decode", "hardware": {"name": "cpu", "cpu_tflops": 0.1},
+        "target": {"model": "tiny", "precision": "fp32"},
         "drafter": {"num_layers": 1, "block_size": block, "num_target_layers": 2},
         "dataset": {"sources": [{"name": "s", "path": "x.jsonl"}], "stats": {
             "prompt_tokens_mean": len(PROMPT), "output_tokens_mean": TOKENS, "output_tokens_p90": TOKENS + 0.01}},

@@ -162,7 +162,7 @@ def _train_parts(parts: dict[str, float], resolved: Any, target: Any, tokenizer:
     from dflashx.dflash.trainer import build_drafter
 
     _timed(parts, "process_group", setup_distributed)
-    job = TrainJob.of(resolved, tmp / "train", tmp / "dataset", target_path)
+    job = TrainJob.of(resolved, tmp / "train", tmp / "dataset", target_path, target_path)
     drafter = build_drafter(job, target.config, tokenizer)
     step = _timed(parts, "engine_build", lambda: TrainStep(job, target, drafter, 10, torch.device("cpu")))
     _timed(parts, "checkpoint_save", lambda: ckpt.save_training_state(step.engine, tmp / "ckpt", 1, {"micro": 1},

@@ -124,11 +124,12 @@ def run_one(name: str, train: dict[str, Any], seed: int, data: dict[str, Path], 
     write `out` (JSON) atomically and return it."""
     from dflashx.dflash.job import TrainJob
     from dflashx.dflash.trainer import run_training
-    from dflashx.targets.locate import locate_target
+    from dflashx.targets.locate import locate_target, locate_tokenizer
 
     recipe = _resolved(train, seed)
     stage = out.with_suffix("")
-    job = TrainJob.of(recipe, stage, data["dataset"], locate_target(recipe.target))
+    job = TrainJob.of(recipe, stage, data["dataset"], locate_target(recipe.target),
+                       locate_tokenizer(recipe.target))
     curve: list[dict[str, Any]] = []
     start = time.perf_counter()
     last = run_training(job, log=lambda metrics, step: curve.append(metrics))

@@ -115,7 +115,7 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
 def make_job(name: str, shape: dict[str, Any], target: nn.Module, args, overrides: dict[str, Any],
              stage_dir: str) -> TrainJob:
     """The TrainJob the train stage would build for this shape and variant (resolved recipe)."""
-    hardware = load_profile("h200_x1").model_dump() if torch.cuda.is_available() else {"name": "cpu"}
+    hardware = load_profile("h200_x1").model_dump() if torch.cuda.is_available() else {"name": "cpu", "cpu_tflops": 0.1}
     recipe = merge({
         "name": name, "dataset": {"sources": [{"name": "random", "path": "unused.jsonl"}]},
         "target": {"model": name}, "hardware": hardware,
@@ -125,7 +125,7 @@ def make_job(name: str, shape: dict[str, Any], target: nn.Module, args, override
         "stages": {"train": {"zero_stage": 2, "anchors_per_seq": args.anchors, "max_length": args.seq,
                              }}}, overrides)
     resolved = resolve(Recipe.model_validate(recipe), facts_from_config(target.config.to_dict(), name=name))
-    return TrainJob.of(resolved, stage_dir, "-", "-")
+    return TrainJob.of(resolved, stage_dir, "-", "-", "-")
 
 
 def _free() -> None:

@@ -52,13 +52,14 @@ def job_recipe(target_dir: str | Path, drafter: dict[str, Any] | None = None, pr
     from helpers_models import make_recipe, resolved
 
     return resolved(make_recipe(target={"model": str(target_dir), "precision": precision},
-                                drafter=DRAFTER | (drafter or {}), hardware=hardware or {"name": "cpu"},
+                                drafter=DRAFTER | (drafter or {}),
+                                hardware=hardware or {"name": "cpu", "cpu_tflops": 0.1},
                                 stages={"train": train}))
 
 
 def train_job(stage_dir: str | Path, dataset: str | Path, target_dir: str | Path, **kw: Any) -> TrainJob:
     """The TrainJob the train stage would build for `job_recipe(target_dir, **kw)`."""
-    return TrainJob.of(job_recipe(target_dir, **kw), stage_dir, dataset, target_dir)
+    return TrainJob.of(job_recipe(target_dir, **kw), stage_dir, dataset, target_dir, target_dir)
 
 
 def config_for(target_config: Any, mask_token: str | None = None, **drafter: Any) -> DFlashConfig:

@@ -56,7 +56,7 @@ def make_recipe(sources: list[dict[str, Any]] | None = None, **sections: Any) ->
         "name": "test",
         "dataset": {"sources": sources or [{"name": "s", "path": "unused.jsonl"}]},
         "target": {"model": "unused", "precision": "fp32"},
-        "hardware": {"name": "cpu"},
+        "hardware": {"name": "cpu", "cpu_tflops": 0.1},
     }
     data.update(sections)
     return Recipe.model_validate(data)

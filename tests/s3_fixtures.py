@@ -132,7 +132,7 @@ def make_run(root: Path, s3: S3Spec | None = None, name: str = "tinyrun") -> Pat
     resolved = resolve(Recipe.model_validate({
         "name": name, "dataset": {"sources": [{"name": "p", "path": "p.jsonl"}]},
         "target": {"model": "builtin:tiny-qwen3"},
-        "hardware": {"name": "cpu"}, "storage": storage, "stages": {"backup": {"enabled": False}}}),
+        "hardware": {"name": "cpu", "cpu_tflops": 0.1}, "storage": storage, "stages": {"backup": {"enabled": False}}}),
         lookup("builtin:tiny-qwen3"))
     atomic_write_json(run / "run.json", {"run_id": f"{name}-1", "recipe": name})
     atomic_write_json(run / "plan.json", {"errors": [], "warnings": [], "totals": {}, "stages": [

@@ -60,7 +60,7 @@ def test_backup_with_wrong_credentials_exits_1_with_clear_message(
 def _ctx(run: Path, spec: S3Spec | None) -> StageContext:
     recipe = Recipe.model_validate({
         "name": "tinyrun", "dataset": {"sources": [{"name": "p", "path": "p.jsonl"}]},
-        "target": {"model": "builtin:tiny-qwen3"}, "hardware": {"name": "cpu"},
+        "target": {"model": "builtin:tiny-qwen3"}, "hardware": {"name": "cpu", "cpu_tflops": 0.1},
         "storage": {"s3": spec.model_dump() if spec else None}})
     return stage_context("backup", recipe, run)
 

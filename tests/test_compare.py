@@ -98,3 +98,14 @@ def test_the_run_summary_shows_tau_per_suite_only_when_it_adds_something() -> No
                                   "gsm8k": {"trained": 2.5, "untrained": 1.0, "z-lab": 3.0}}}
     assert figures(two, HEADLINES["eval"]) == ("τ 3.90 trained · vs 1.00 untrained · τ per suite: heldout "
                                                "3.90/1.00/4.25, gsm8k 2.50/1.00/3.00 (trained/untrained/z-lab)")
+
+
+def test_one_flattener_for_reports_keys_and_calibration():
+    """config.tree.flatten is the dotted-key flattener compare, the stage keys' leaves and the calibration
+    conditions use; lists of mappings are walked, lists of scalars and caller-chosen leaves stay values."""
+    from dflashx.config.tree import flatten
+
+    tree = {"a": {"b": 1, "e": {}}, "l": [{"x": 2}], "s": [1, 2], "p": {"fingerprint": "f"}}
+    assert flatten(tree) == {"a.b": 1, "a.e": {}, "l[0].x": 2, "s": [1, 2], "p.fingerprint": "f"}
+    assert flatten(tree, "r", lambda n: isinstance(n, list) or "fingerprint" in n) == {
+        "r.a.b": 1, "r.a.e": {}, "r.l": [{"x": 2}], "r.s": [1, 2], "r.p": {"fingerprint": "f"}}

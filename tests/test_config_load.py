@@ -25,7 +25,7 @@ gpus_per_node: 4
 usd_per_gpu_hour: 2.5
 interconnect_gbs: 63
 """
-CPU_PROFILE = "name: cpu\ngpu: null\ngpus_per_node: 0\n"
+CPU_PROFILE = "name: cpu\ngpu: null\ngpus_per_node: 0\ncpu_tflops: 0.1\n"
 MINIMAL = """\
 name: {name}
 dataset:
@@ -227,3 +227,14 @@ def test_repository_profiles_swap_in(profile: str, monkeypatch: pytest.MonkeyPat
     assert r.hardware.name == profile
     assert load_profile(profile) == r.hardware
 
+
+
+def test_a_profile_without_gpu_states_its_cpu_peak():
+    """cpu_tflops has no default of its own (the cpu profile's 0.1 is data): a GPU-less profile must give it."""
+    from pydantic import ValidationError
+
+    from dflashx.config.schema import HardwareProfile
+
+    with pytest.raises(ValidationError, match="needs cpu_tflops"):
+        HardwareProfile(name="bare", gpu=None)
+    assert HardwareProfile(name="cpu", gpu=None, cpu_tflops=0.1).peak_flops == 0.1e12

@@ -36,6 +36,19 @@ def test_from_target_reads_qwen3_5_nested_text_config():
     assert cfg.target_layer_ids == [1, 16, 31, 46, 61] and cfg.num_target_layers == 64
 
 
+def test_text_config_is_the_planners_rule():
+    """The trainer reads a nested config as the planner does (targets.read_config.text_section): the text
+    stack's keys win and a key only the wrapper holds is kept (the old rule dropped the wrapper)."""
+    from dflashx.dflash.config import text_config
+    from dflashx.targets.read_config import text_section
+
+    outer = {"model_type": "qwen3_5", "image_token_id": 42, "vocab_size": 1,
+             "text_config": _target(num_hidden_layers=64).to_dict()}
+    merged = text_config(outer)
+    assert merged == text_section(outer)
+    assert merged["image_token_id"] == 42 and merged["vocab_size"] == 500 and merged["num_hidden_layers"] == 64
+
+
 def test_hf_dict_layout_and_round_trip():
     spec = {"num_layers": 3, "block_size": 10, "target_layer_ids": [2, 20], "mask_token_id": 3,
             "layer_types": ["sliding_attention", "sliding_attention", "full_attention"], "sliding_window": 64}

@@ -33,7 +33,7 @@ def loaded_by_each_stage(target, precision: str, tmp_path) -> dict[str, torch.nn
     with make_backend(stage_context("generate", recipe, tmp_path)) as backend:
         generate = backend.model
     evaluate, _ = eval_stage._load_target(stage_context("eval", recipe, tmp_path))
-    job = TrainJob.of(resolved(recipe), tmp_path / "train", tmp_path / "unused", target)
+    job = TrainJob.of(resolved(recipe), tmp_path / "train", tmp_path / "unused", target, target)
     train, _, _ = trainer._load_target(job, torch.device("cpu"))
     return {"generate": generate, "eval": evaluate, "train": train}
 
@@ -61,3 +61,26 @@ def test_the_backend_refuses_fp8_without_a_converter(target):
     cfg = GenerateStage(backend="transformers")
     with pytest.raises(ValueError, match="fp8"):
         TransformersBackend(target, target, cfg, ChatTemplateSpec(), "fp8")
+
+
+def test_every_stage_loads_the_tokenizer_target_tokenizer_names(target, tmp_path):
+    """`target.tokenizer` names another folder: generation, evaluation and training (through the job the
+    train stage builds) all load that tokenizer, not the one beside the model (dflashx.targets.load)."""
+    from helpers_dflash import TEXTS
+
+    from dflashx.stages.train import INPUT, build_job
+    from dflashx.tiny.tokenizer import train_tokenizer
+
+    other = train_tokenizer([t.upper().replace("STEP", "pace") for t in TEXTS], vocab_size=320,
+                            out_dir=tmp_path / "other_tokenizer")
+    own = trainer.tokenizer_from(target)
+    assert "pace" in other.get_vocab() and "pace" not in own.get_vocab()  # the two are told apart
+    recipe = make_recipe(target={"model": str(target), "tokenizer": str(tmp_path / "other_tokenizer")},
+                         drafter=DRAFTER, stages={"generate": {"backend": "transformers"}})
+    with make_backend(stage_context("generate", recipe, tmp_path)) as backend:
+        generate = backend.tokenizer
+    _, evaluate = eval_stage._load_target(stage_context("eval", recipe, tmp_path))
+    job = build_job(stage_context("train", recipe, tmp_path, inputs={INPUT: tmp_path / "unused"}))
+    _, train, _ = trainer._load_target(job, torch.device("cpu"))
+    for tokenizer in (generate, evaluate, train):
+        assert tokenizer.get_vocab() == other.get_vocab()

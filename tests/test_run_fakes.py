@@ -25,7 +25,7 @@ from dflashx.targets.registry import lookup
 
 REPO = Path(__file__).resolve().parents[1]
 CALLS: Counter[str] = Counter()
-CPU = {"name": "cpu", "gpu": None, "gpus_per_node": 0, "usd_per_gpu_hour": 0.0}
+CPU = {"name": "cpu", "gpu": None, "gpus_per_node": 0, "usd_per_gpu_hour": 0.0, "cpu_tflops": 0.1}
 OTHER_HW = {"name": "h200_x8", "gpus_per_node": 8, "usd_per_gpu_hour": 3.5,
             "gpu": {"name": "H200", "memory_gb": 141, "bandwidth_tbs": 4.8, "bf16_tflops": 989}}
 

@@ -22,7 +22,8 @@ from dflashx.dflash.trainer import run_training
 from helpers_dflash import job_recipe, tiny_dataset, train_job
 from helpers_moe import tiny_moe_target
 
-TWO_PROCESSES = {"name": "cpu-2-processes", "gpus_per_node": 2}  # a CPU profile: one training process per "slot"
+# a CPU profile: one training process per "slot"
+TWO_PROCESSES = {"name": "cpu-2-processes", "gpus_per_node": 2, "cpu_tflops": 0.1}
 HERE = Path(__file__).resolve().parent
 
 
@@ -98,7 +99,7 @@ def test_two_ranks_train_on_the_sharded_target_and_resume(tmp_path):
     tiny_moe_target(tmp_path / "target")
     tiny_dataset(tmp_path / "data", n=16)
     one: dict[int, float] = {}
-    run_training(_job(tmp_path, "one", hardware={"name": "cpu"}, shard_target="never"),
+    run_training(_job(tmp_path, "one", hardware={"name": "cpu", "cpu_tflops": 0.1}, shard_target="never"),
                  log=lambda m, s: one.__setitem__(s, m["loss"]))
     two = tmp_path / "two"
     two.mkdir()

@@ -18,7 +18,8 @@ from dflashx.dflash.distributed import free_port
 from dflashx.dflash.trainer import TrainJob, run_training
 from helpers_dflash import tiny_dataset, tiny_target, train_job
 
-TWO_PROCESSES = {"name": "cpu-2-processes", "gpus_per_node": 2}  # a CPU profile: one training process per "slot"
+# a CPU profile: one training process per "slot"
+TWO_PROCESSES = {"name": "cpu-2-processes", "gpus_per_node": 2, "cpu_tflops": 0.1}
 
 
 def _job(root, stage, **kw) -> TrainJob:

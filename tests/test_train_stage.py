@@ -17,7 +17,7 @@ from helpers_models import make_recipe, stage_context
 
 H200_X8 = {"name": "h200_x8", "gpus_per_node": 8,
            "gpu": {"name": "H200", "memory_gb": 141, "bandwidth_tbs": 4.8, "bf16_tflops": 989}}
-CPU_2_PROCESSES = {"name": "cpu-2-processes", "gpus_per_node": 2}
+CPU_2_PROCESSES = {"name": "cpu-2-processes", "gpus_per_node": 2, "cpu_tflops": 0.1}
 
 
 def _ctx(tmp_path: Path, logs: list, hardware: dict | None = None):
@@ -28,7 +28,7 @@ def _ctx(tmp_path: Path, logs: list, hardware: dict | None = None):
         drafter={"num_layers": 1, "block_size": 4, "target_layer_ids": [1, 2]},
         stages={"train": {"max_steps": 2, "global_batch": 4, "micro_batch": 1, "anchors_per_seq": 8,
                           "lr": 1e-2, "log_every": 1, "checkpoint_every": 1, "zero_stage": 2}},
-        hardware=hardware or {"name": "cpu"},
+        hardware=hardware or {"name": "cpu", "cpu_tflops": 0.1},
     )
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -21,7 +21,8 @@ def _recipe(target, **train):
     # min_loss_tokens_blocks 0: tokenize drops nothing (the plan does not predict its drops)
     return make_recipe(dataset={"sources": [{"name": "s", "path": "unused.jsonl", "expected_count": ROWS + HOLDOUT}],
                                 "eval_holdout": HOLDOUT},
-                       target={"model": str(target), "precision": "fp32"}, drafter=DRAFTER, hardware={"name": "cpu"},
+                       target={"model": str(target), "precision": "fp32"}, drafter=DRAFTER,
+                       hardware={"name": "cpu", "cpu_tflops": 0.1},
                        stages={"tokenize": {"min_loss_tokens_blocks": 0}, "train": train})
 
 
@@ -42,7 +43,7 @@ def test_the_trainer_takes_the_steps_the_plan_counts(tmp_path, epochs, global_ba
                      log_every=1, checkpoint_every=100)
     r = resolved(recipe)
     train = r.stages.train
-    last = run_training(TrainJob.of(r, tmp_path / "stage", data, target))
+    last = run_training(TrainJob.of(r, tmp_path / "stage", data, target, target))
     expected = optimizer_steps(steps_per_epoch(ROWS, train.micro_batch, train.grad_accum, 1), epochs, None)
     assert last["total_steps"] == last["step"] == expected == _planned_steps(recipe)
     # DeepSpeed's batch is the effective batch, which rounds global_batch up to whole micro batches
@@ -58,7 +59,7 @@ def test_the_plan_counts_the_holdout_out(tmp_path):
     measured = _plan(make_recipe(dataset={"sources": [{"name": "s", "path": "unused.jsonl"}], "eval_holdout": HOLDOUT,
                                           "stats": {"samples": ROWS}},
                                  target={"model": str(target), "precision": "fp32"}, drafter=DRAFTER,
-                                 hardware={"name": "cpu"}))
+                                 hardware={"name": "cpu", "cpu_tflops": 0.1}))
     assert next(t for t in measured.terms if t.key == "tokens.samples").value == ROWS
 
 

@@ -62,11 +62,9 @@ def open_gate(target: TargetSpec, max_tokens: int, context_length: int) -> Conte
     """The gate with the target's tokenizer, or None (with one warning) when it cannot be loaded:
     the server's own refusals (HTTP 400) are then what is counted."""
     try:
-        from transformers import AutoTokenizer
+        from dflashx.targets.load import load_tokenizer
 
-        from dflashx.targets.locate import locate_tokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(locate_tokenizer(target)))
+        tokenizer = load_tokenizer(target)
     except Exception as exc:  # noqa: BLE001 - a hub id without network, a folder without a tokenizer, ...
         log.warning("generate: prompts are not checked against stages.generate.context_length before they are "
                     "sent (the target's tokenizer could not be loaded: %s); the server's refusals are counted "

@@ -6,8 +6,8 @@ batches of `batch_size`, and decoded greedily when `temperature` is 0. The reaso
 comes from the decoded `<think>...</think>`; usage counts are real token counts (the prompt's
 tokens, and the generated tokens up to and including end-of-turn).
 
-The target loads in the resolved `target.load_precision`, as training and evaluation load it
-(`dflashx.config.fields.TORCH_DTYPE`, the one table); `fp8` needs the converter the generate stage
+The target and its tokenizer load through `dflashx.targets.load` (the one loader), the target in the
+resolved `target.load_precision`, as training and evaluation load it; `fp8` needs the converter the generate stage
 hands in (`dflashx.dflash.fp8.target_to_fp8`: every decoder layer's linears in FP8, as eval runs it).
 """
 
@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from dflashx.backends.base import Backend, Emit, completion_record, split_think
-from dflashx.config.fields import TORCH_DTYPE
 from dflashx.config.schema import ChatTemplateSpec, GenerateStage
 from dflashx.data.chat_mask import THINK_OPEN, render_prompt
 
@@ -57,15 +56,13 @@ class TransformersBackend(Backend):
 
     def __enter__(self) -> "TransformersBackend":
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from dflashx.targets.load import model_from, tokenizer_from
 
         self.device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, padding_side="left")
+        self.tokenizer = tokenizer_from(self.tokenizer_path, padding_side="left")
         self.tokenizer.pad_token = self.tokenizer.pad_token or self.tokenizer.eos_token
-        # typed as the torch Module it is used as (transformers types PreTrainedModel.to through functools.wraps,
-        # which mypy cannot call as a method)
-        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=getattr(torch, TORCH_DTYPE[self.load_precision]))
+        model = model_from(self.model_path, self.load_precision)
         if self.to_fp8 is not None and self.load_precision == "fp8":
             self.to_fp8(model, torch.device(self.device))
         self.model = model.to(self.device).eval()

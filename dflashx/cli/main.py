@@ -7,7 +7,6 @@ level, so `--help`, `plan`, `validate` and `schema` never import torch, deepspee
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 from typing import Any
 
@@ -79,10 +78,11 @@ class OverridesCommand(TyperCommand):
         except Exception as exc:  # click's NoSuchOption, or the copy of click that typer vendors
             if type(exc).__name__ != "NoSuchOption" or not any(p.name == "overrides" for p in self.params):
                 raise
-            hint = override_hint(exc.option_name, given)
+            no_such: Any = exc  # NoSuchOption: option_name, and (message, ctx) keywords
+            hint = override_hint(no_such.option_name, given)
             if hint is None:
                 raise
-            raise type(exc)(exc.option_name, message=hint, ctx=ctx) from None
+            raise type(no_such)(no_such.option_name, message=hint, ctx=ctx) from None
 
 
 def _register(argv: list[str]) -> None:
@@ -91,10 +91,7 @@ def _register(argv: list[str]) -> None:
     for name, module_name, help_text in COMMANDS:
         if wanted is not None and name != wanted:
             continue
-        qualified = f"dflashx.cli.{module_name}"
-        if importlib.util.find_spec(qualified) is None:
-            continue  # command not built yet
-        module = importlib.import_module(qualified)
+        module = importlib.import_module(f"dflashx.cli.{module_name}")
         if isinstance(getattr(module, "app", None), typer.Typer):
             app.add_typer(module.app, name=name, help=help_text)
         else:

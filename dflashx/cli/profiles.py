@@ -23,7 +23,7 @@ def row(p: HardwareProfile) -> list[str]:
         str(p.num_gpus),
         f"{g.memory_gb:g}" if g else "-",
         f"{g.bandwidth_tbs:g}" if g else "-",
-        f"{g.bf16_tflops:g}" if g else f"{p.cpu_tflops:g} (CPU)",
+        f"{g.bf16_tflops:g}" if g else f"{p.peak_flops / 1e12:g} (CPU)",
         f"{g.fp8_tflops:g}" if g and g.fp8_tflops else "-",
         f"{p.usd_per_gpu_hour:.2f}",
         f"{p.interconnect_gbs:g}" if p.interconnect_gbs else "-",

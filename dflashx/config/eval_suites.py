@@ -19,10 +19,11 @@ the standard library.
 
 from __future__ import annotations
 
-import difflib
 import re
 import string
 from typing import Any
+
+from dflashx.config.suggest import did_you_mean
 
 HELDOUT = "heldout"  # the run's own held-out prompts: stages.eval.prompts, else ingest.eval_prompts
 UNTRAINED = "untrained"  # a drafter of the trained one's config, seeded init: shows training worked
@@ -86,7 +87,7 @@ def known_names(names: list[str], builtins: tuple[str, ...], what: str, fix: str
     """`names` when each is one of `builtins` (else an error with a did-you-mean and `fix`)."""
     for item in names:
         if item not in builtins:
-            hint = difflib.get_close_matches(item, builtins, n=1)
-            raise ValueError(f"unknown built-in {what} {item!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            hint = did_you_mean(item, builtins)
+            raise ValueError(f"unknown built-in {what} {item!r}" + (f" ({hint})" if hint else "")
                              + f"; built-ins: {', '.join(builtins)}; or {fix}")
     return names

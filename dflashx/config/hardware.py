@@ -4,7 +4,7 @@ about the node, never settings."""
 # No `from __future__ import annotations` here: pydantic would evaluate every field's string
 # annotation when the class is created, which `dflashx plan`'s start-up pays (benchmarks/cli_latency.py).
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dflashx.config.fields import UNCALIBRATED, FiniteFloat, Strict, calibrates
 
@@ -47,8 +47,9 @@ class HardwareProfile(Strict):
     usd_source: str = Field("", description="Where the price comes from (provider, list or quote).",
                             json_schema_extra=UNCALIBRATED)
     usd_date: str = Field("", description="When the price was read (YYYY-MM).", json_schema_extra=UNCALIBRATED)
-    cpu_tflops: FiniteFloat = Field(0.2, gt=0, description="Used when `gpu` is null.",
-                                    json_schema_extra=NODE_FACT)
+    cpu_tflops: FiniteFloat | None = Field(
+        None, gt=0, description="Host FP32 TFLOP/s; required when `gpu` is null (the CPU profile's figure is "
+        "data: hardware_profiles/cpu.yaml).", json_schema_extra=NODE_FACT)
     cpu_bandwidth_tbs: FiniteFloat = Field(0.02, gt=0,
                                            description="Host memory bandwidth, TB/s; used when `gpu` is null.",
                                            json_schema_extra=NODE_FACT)
@@ -56,6 +57,20 @@ class HardwareProfile(Strict):
         default_factory=dict, description="Measured factors written by `dflashx calibrate` (serving_ratio: "
         "measured / predicted generation throughput; training_mfu: measured MFU).", json_schema_extra=UNCALIBRATED
     )
+
+    @model_validator(mode="after")
+    def _cpu_peak_given(self) -> "HardwareProfile":
+        if self.gpu is None and self.cpu_tflops is None:
+            raise ValueError("a profile without a GPU (gpu: null) needs cpu_tflops, the host's FP32 TFLOP/s "
+                             "(the cpu profile says 0.1)")
+        return self
+
+    @property
+    def peak_flops(self) -> float:
+        """Dense peak FLOP/s of one device: the GPU's BF16 datasheet figure, else the host's `cpu_tflops`."""
+        tflops = self.gpu.bf16_tflops if self.gpu is not None else self.cpu_tflops
+        assert tflops is not None  # _cpu_peak_given
+        return tflops * 1e12
 
     @property
     def num_gpus(self) -> int:

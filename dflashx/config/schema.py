@@ -1,8 +1,11 @@
 """The recipe schema: the single source of truth for every key a recipe may hold.
 
-Every model forbids unknown keys (`extra="forbid"`), so a misspelled key is an error, never a
-silently ignored setting. Defaults live here and nowhere else; the planner fills in derived values
-(target layer ids, loss decay gamma, micro batch from the profile) in `Plan.resolved`.
+`Recipe` and its top-level sections are here; the larger sections live beside it (`stages.py`,
+`eval_stage.py`, `hardware.py`, `speculative.py`, `drafter.py`) and are re-exported. Every model
+forbids unknown keys (`extra="forbid"`), so a misspelled key is an error, never a silently ignored
+setting. Defaults live on the fields and nowhere else (a hardware profile's facts are data, in
+`dflashx/hardware_profiles/*.yaml`); derived values (target layer ids, loss decay gamma, micro batch,
+DeepSpeed config, ...) are filled in once by `dflashx.resolve.resolve` into the `ResolvedRecipe`.
 This module imports no torch, deepspeed or transformers.
 """
 

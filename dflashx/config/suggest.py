@@ -1,4 +1,8 @@
-"""Did-you-mean hints: close matches among the schema's keys, literal values and profile names."""
+"""Did-you-mean hints: close matches among the schema's keys, literal values and profile names; the one
+did-you-mean helper (`did_you_mean`) of every "unknown name" message.
+
+The schema is imported where a hint is made, not with this module: config.errors imports it, and
+`dflashx plan` pays for every import at start-up (benchmarks/cli_latency.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +13,6 @@ from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
-
-from dflashx.config.schema import STAGE_ORDER, Recipe
 
 Loc = tuple[str | int, ...]
 
@@ -31,6 +33,12 @@ def _phrase(matches: Sequence[str]) -> str | None:
     return "did you mean " + " or ".join(repr(m) for m in matches) + "?"
 
 
+def _recipe() -> type[BaseModel]:
+    from dflashx.config.schema import Recipe
+
+    return Recipe
+
+
 def _unwrap(tp: Any) -> Any:
     """Strip Annotated[...] and Optional[...] down to the type that holds the value."""
     while True:
@@ -46,9 +54,10 @@ def _unwrap(tp: Any) -> Any:
             return tp
 
 
-def type_at(loc: Sequence[str | int], root: type[BaseModel] = Recipe) -> Any:
-    """The schema type of the value at `loc` (e.g. ("stages", "train")), or None if unknown."""
-    tp: Any = root
+def type_at(loc: Sequence[str | int], root: type[BaseModel] | None = None) -> Any:
+    """The schema type of the value at `loc` (e.g. ("stages", "train")) in `root` (default: the recipe),
+    or None if unknown."""
+    tp: Any = root or _recipe()
     for part in loc:
         tp = _unwrap(tp)
         origin = get_origin(tp)
@@ -66,7 +75,7 @@ def type_at(loc: Sequence[str | int], root: type[BaseModel] = Recipe) -> Any:
     return _unwrap(tp)
 
 
-def keys_at(loc: Sequence[str | int], root: type[BaseModel] = Recipe) -> list[str] | None:
+def keys_at(loc: Sequence[str | int], root: type[BaseModel] | None = None) -> list[str] | None:
     """The keys the schema allows in the mapping at `loc`; None when that mapping is free-form."""
     tp = type_at(loc, root)
     if isinstance(tp, type) and issubclass(tp, BaseModel):
@@ -74,7 +83,7 @@ def keys_at(loc: Sequence[str | int], root: type[BaseModel] = Recipe) -> list[st
     return None
 
 
-def literal_values(loc: Sequence[str | int], root: type[BaseModel] = Recipe) -> list[str]:
+def literal_values(loc: Sequence[str | int], root: type[BaseModel] | None = None) -> list[str]:
     """The allowed values of a Literal field at `loc` (as strings), else []."""
     tp = type_at(loc, root)
     if get_origin(tp) is Literal:
@@ -82,12 +91,14 @@ def literal_values(loc: Sequence[str | int], root: type[BaseModel] = Recipe) -> 
     return []
 
 
-def unknown_key_hint(loc: Loc, root: type[BaseModel] = Recipe) -> str | None:
+def unknown_key_hint(loc: Loc, root: type[BaseModel] | None = None) -> str | None:
     """Hint for an unknown key at `loc`: a close match at its level, else the keys allowed there."""
+    from dflashx.config.schema import STAGE_ORDER
+
     key = str(loc[-1])
     allowed = keys_at(loc[:-1], root) or []
     matches = close_matches(key, allowed)
-    if root is Recipe and len(loc) == 1:  # `trian:` at the top level most likely meant stages.train
+    if root in (None, _recipe()) and len(loc) == 1:  # `trian:` at the top level most likely meant stages.train
         matches += [f"stages.{m}" for m in close_matches(key, STAGE_ORDER)]
     hint = _phrase(matches)
     if hint:
@@ -95,7 +106,7 @@ def unknown_key_hint(loc: Loc, root: type[BaseModel] = Recipe) -> str | None:
     return "allowed keys here: " + ", ".join(allowed) if allowed else None
 
 
-def value_hint(loc: Loc, value: Any, root: type[BaseModel] = Recipe) -> str | None:
+def value_hint(loc: Loc, value: Any, root: type[BaseModel] | None = None) -> str | None:
     """Hint for a value not among a Literal field's choices."""
     if not isinstance(value, str):
         return None

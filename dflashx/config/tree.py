@@ -1,7 +1,9 @@
-"""A composed recipe as plain dicts and lists: merge two files, read and write one dotted key."""
+"""A composed recipe as plain dicts and lists: merge two files, read and write one dotted key, flatten
+a tree to its dotted keys."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from dflashx.config.errors import Loc
@@ -60,3 +62,24 @@ def _index(part: Any, length: int) -> int:
     if not 0 <= part < length:
         raise IndexError(f"index {part} is out of range (the list has {length} items)")
     return part
+
+
+def _never(node: Any) -> bool:
+    return False
+
+
+def flatten(data: Any, prefix: str = "", leaf: Callable[[Any], bool] = _never) -> dict[str, Any]:
+    """The one dotted-key flattener: {"a": {"b": 1}, "l": [{"x": 2}]} -> {"a.b": 1, "l[0].x": 2}.
+
+    Mappings and lists of mappings are walked; anything else is a value: scalars, lists of scalars, an
+    empty mapping or list, and a node `leaf` accepts (a caller's own unit, e.g. a PATH field's identity)."""
+    if isinstance(data, dict) and data and not leaf(data):
+        items = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in data.items()]
+    elif isinstance(data, list) and data and all(isinstance(v, dict) for v in data) and not leaf(data):
+        items = [(f"{prefix}[{i}]", v) for i, v in enumerate(data)]
+    else:
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in items:
+        out.update(flatten(value, key, leaf))
+    return out

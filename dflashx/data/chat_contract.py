@@ -81,10 +81,8 @@ def check(expected: ChatContract, folder: Path, what: str) -> None:
 
 def recipe_contract(target: TargetSpec) -> ChatContract:
     """The contract the recipe renders with: its target tokenizer's template and its flags."""
-    from transformers import AutoTokenizer
+    from dflashx.targets.load import load_tokenizer
 
-    from dflashx.targets.locate import locate_tokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(locate_tokenizer(target)))
+    tokenizer = load_tokenizer(target)
     chat = target.chat_template
     return ChatContract.for_tokenizer(tokenizer, chat.enable_thinking, chat.kwargs)

@@ -110,9 +110,9 @@ class ChatMasker:
 
     @classmethod
     def from_path(cls, path: str | Path, **kwargs: Any) -> "ChatMasker":
-        from transformers import AutoTokenizer
+        from dflashx.targets.load import tokenizer_from
 
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = tokenizer_from(path)
         if not getattr(tokenizer, "is_fast", False):
             raise ChatTemplateError(f"{path}: the tokenizer is not a fast tokenizer (tokenizer.json needed)")
         if not tokenizer.chat_template:

@@ -40,6 +40,7 @@ from dflashx.config.drafter import Architecture, DFLASH2_KEYS, HF_ARCHITECTURE
 from dflashx.resolve.flops import DrafterDims, dflash2_dims
 from dflashx.resolve.formulas import spread_layer_ids
 from dflashx.resolve.model import ResolvedDrafter
+from dflashx.targets.read_config import text_section
 
 LayerType = Literal["full_attention", "sliding_attention"]
 
@@ -65,8 +66,8 @@ def _config_dict(target_config: Any) -> dict[str, Any]:
 
 
 def text_config(target_config: Any) -> dict[str, Any]:
-    cfg = _config_dict(target_config)
-    return dict(cfg.get("text_config") or cfg)
+    """The target's text stack (`dflashx.targets.read_config.text_section`, the one `text_config` rule)."""
+    return dict(text_section(_config_dict(target_config)))
 
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

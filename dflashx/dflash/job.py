@@ -1,7 +1,7 @@
 """What one training process is given: the `TrainJob` (the resolved recipe's target, drafter and
 train sections plus where the inputs are), the world check and the learning-rate schedule.
 
-Public API: `TrainJob` (`.of(recipe, stage_dir, dataset, target_path)`, `.save()`), `JOB_FILE`,
+Public API: `TrainJob` (`.of(recipe, stage_dir, dataset, target_path, tokenizer_path)`, `.save()`), `JOB_FILE`,
 `torch_dtype(precision)`, `check_world(train, world)`, `lr_schedule(train, total_steps)`,
 `parameter_groups(train, module)`.
 """
@@ -36,14 +36,16 @@ class TrainJob(BaseModel):
     stage_dir: str
     dataset: str
     target_path: str  # the folder (or hub id) the target loads from
+    tokenizer_path: str  # the folder (or hub id) its tokenizer loads from: target.tokenizer when set
     target: ResolvedTarget
     drafter: ResolvedDrafter
     train: ResolvedTrainStage
 
     @classmethod
     def of(cls, recipe: ResolvedRecipe, stage_dir: str | Path, dataset: str | Path,
-           target_path: str | Path) -> "TrainJob":
+           target_path: str | Path, tokenizer_path: str | Path) -> "TrainJob":
         return cls(stage_dir=str(stage_dir), dataset=str(dataset), target_path=str(target_path),
+                   tokenizer_path=str(tokenizer_path),
                    target=recipe.target, drafter=recipe.drafter, train=recipe.stages.train)
 
     def save(self) -> Path:

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from dflashx.dflash.config import text_config
+
 if TYPE_CHECKING:
     from dflashx.dflash.model import DFlashDrafter
 
@@ -67,7 +69,7 @@ def to_float8_training(drafter: nn.Module) -> int:
 
 def linear_attention_kernel(target: nn.Module) -> str | None:
     """"fla" or "torch" for a target with linear-attention (Gated DeltaNet) layers, None without any."""
-    types = getattr(getattr(target.config, "text_config", None) or target.config, "layer_types", None) or []
+    types = text_config(target.config).get("layer_types") or []
     if "linear_attention" not in types:
         return None
     fla = importlib.util.find_spec("fla") is not None and torch.cuda.is_available()

@@ -3,17 +3,22 @@
 Every rank holds its own frozen target copy (or, with `target_sharding: zero3`, its ZeRO-3 partition of
 it: `dflashx.dflash.target_shard`) and its own shard of the data (DistributedSampler);
 the drafter is the only module DeepSpeed manages (ZeRO 0/1/2, bf16 or fp32, gradient
-accumulation, AdamW + warm-up cosine, clipping), built with the resolved recipe's DeepSpeed config
-exactly as the plan prints it; the job (`TrainJob`, `dflashx.dflash.job`) is the resolved target,
-drafter and train sections plus where the inputs are, and the trainer re-derives none of their
-values. The step itself (engine, FP8 drafter, compiled layers, fused loss) is `dflashx.dflash.step`,
-the one the benchmark times; this module loads, loops, logs (`dflashx.dflash.window`), checkpoints.
+accumulation; `stages.train.optimizer`: Muon, DeepSpeed's, for the 2-D matrices and AdamW for the rest
+(the default), or AdamW for all, `dflashx.dflash.job.parameter_groups`; warm-up then
+`stages.train.schedule`, cosine or linear; gradient clipping under AdamW only), built with the resolved
+recipe's DeepSpeed config (`dflashx.resolve.deepspeed`) exactly as the plan prints it; the job
+(`TrainJob`, `dflashx.dflash.job`) is the resolved target, drafter and train sections plus where the
+inputs are, and the trainer re-derives none of their values. The step itself (engine, FP8 drafter,
+compiled layers, fused loss) is `dflashx.dflash.step`, the one the benchmark times; this module loads,
+loops, logs (`dflashx.dflash.window`), checkpoints.
 
 Entry points:
   `run_training(job, log=None) -> dict` — one process of the job (rank from the environment,
   or a one-rank group: `dflashx.dflash.distributed`);
-  `python -m dflashx.dflash.trainer --stage-dir DIR [--run-dir DIR]` — the same from
-  `DIR/train_job.json`, for torchrun / the deepspeed launcher.
+  `main(["--stage-dir", DIR, "--run-dir", RUN])` — the same from `DIR/train_job.json`; a launched
+  rank enters through `python -m dflashx.stages.train --run-dir RUN [--stage-dir DIR]` (the resolved
+  launch argv, `stages.train.launch`), which calls it.
+The target and its tokenizer (`target.tokenizer` when set) load through `dflashx.targets.load`.
 Outputs in the stage folder: `checkpoints/` (atomic DeepSpeed states + `latest`), `checkpoint/`
 (the drafter in the exported DFlash layout), `logs/metrics.jsonl` (one line per log step),
 `logs/kernels.json` (which implementation of each speed switch ran).
@@ -44,6 +49,7 @@ from dflashx.dflash.target_shard import shard_target
 from dflashx.dflash.window import Window
 from dflashx.resolve.formulas import optimizer_steps, steps_per_epoch
 from dflashx.store.atomic import atomic_write_text
+from dflashx.targets.load import model_from, tokenizer_from
 
 __all__ = ["TrainJob", "build_drafter", "main", "run_training"]
 Log = Callable[[dict[str, Any], int], None]
@@ -57,10 +63,8 @@ def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any, D
     holds the bf16 copies; layers past the deepest tapped one never run. `stages.train.target_sharding:
     zero3`: the target is partitioned over the ranks (`dflashx.dflash.target_shard`).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    target = AutoModelForCausalLM.from_pretrained(job.target_path, dtype=torch_dtype(job.target.load_precision))
-    tokenizer = AutoTokenizer.from_pretrained(job.target_path)
+    target = model_from(job.target_path, job.target.load_precision)
+    tokenizer = tokenizer_from(job.tokenizer_path)
     with device:  # initialised where it trains: a 2.6B drafter takes ~30 s to initialise on CPU cores
         drafter = build_drafter(job, target.config, tokenizer)
     if job.target.load_precision == "fp8":

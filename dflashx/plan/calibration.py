@@ -26,6 +26,7 @@ from pydantic.fields import FieldInfo
 
 from dflashx.config.fields import BY_FIELD, CALIBRATES, CALIBRATION_GROUPS, marker
 from dflashx.config.schema import DatasetStats, Recipe
+from dflashx.config.tree import flatten
 from dflashx.plan.context import PlanContext, build_context
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
 from dflashx.resolve import resolve
@@ -56,13 +57,8 @@ class PilotCalibration(BaseModel):
     measured: dict[str, Any] = Field(default_factory=dict, description="The pilot's raw figures, for reports.")
 
 
-def _flat(value: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(value, dict) and value:
-        for k, v in value.items():
-            _flat(v, f"{prefix}.{k}", out)
-    else:
-        out[prefix] = value
-    return out
+def _is_list(node: Any) -> bool:
+    return isinstance(node, list)  # a list (dataset.sources) is one condition, as calibration.json keeps it
 
 
 def calibration_marker(info: FieldInfo) -> list[str] | str | None:
@@ -93,7 +89,7 @@ def conditions(recipe: Recipe) -> dict[str, dict[str, Any]]:
     whose `calibrates` markers (`dflashx.config.fields`) name the group."""
     data = recipe.model_dump(mode="json")
     return {group: {k: v for section, value in _walk(recipe, data, group).items()
-                    for k, v in _flat(value, section, {}).items()}
+                    for k, v in flatten(value, section, _is_list).items()}
             for group in CALIBRATION_GROUPS}
 
 

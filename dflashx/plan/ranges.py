@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflashx.plan.context import PlanContext, build_context, stage_estimates
+from dflashx.plan.estimates.cost import usd
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
 from dflashx.plan.estimates.lengths import scaled_stats
 from dflashx.plan.estimates.mfu import MEASURED
@@ -126,8 +127,8 @@ def plan_ranges(ctx: PlanContext, rse: dict[str, float] | None = None) -> Ranges
     mid_total = sum(s[1] for s in seconds.values())
     model_total = math.sqrt(sum((seconds[n][1] * errors[n][0]) ** 2 for n in names)) / mid_total if mid_total else 0.0
     total = _band(sum(s[0] for s in seconds.values()), mid_total, sum(s[2] for s in seconds.values()), model_total)
-    rate = ctx.recipe.hardware.num_gpus * ctx.recipe.hardware.usd_per_gpu_hour / 3600  # USD per second of the node
-    usd = {n: b.times(rate) for n, b in stages.items()} | {"total": total.times(rate)}
+    rate = usd(1.0, ctx.recipe.hardware)  # USD per second of the node
+    costs = {n: b.times(rate) for n, b in stages.items()} | {"total": total.times(rate)}
     cap = recipe.stages.generate.max_tokens
     mean = Band(low.lengths.mean, ctx.lengths.mean, high.lengths.mean)
     truncated = Band(*(c.lengths.share_above(cap) for c in (low, ctx, high)))
@@ -146,4 +147,4 @@ def plan_ranges(ctx: PlanContext, rse: dict[str, float] | None = None) -> Ranges
              p10=total.p10, p90=total.p90, length_p10=sum(s[0] for s in seconds.values()),
              length_p90=sum(s[2] for s in seconds.values()), model_error=math.exp(model_total)),
     )
-    return Ranges(mean, truncated, stages, total, usd, terms)
+    return Ranges(mean, truncated, stages, total, costs, terms)

@@ -174,7 +174,7 @@ def generate_backend_fits(ctx: PlanContext) -> Iterable[Finding]:
                     "set stages.generate.backend=transformers, or give stages.generate.urls of running servers")
     native = ctx.facts.max_position_embeddings
     needed = ctx.tokens.prompt_mean + gen.max_tokens
-    if gen.context_length is not None and gen.context_length > native:
+    if gen.context_length > native:
         yield error("context_too_long", "stages.generate.context_length",
                     f"context length {gen.context_length} exceeds the target's {native}",
                     f"set stages.generate.context_length <= {native}")

@@ -4,9 +4,9 @@ first stage unless the recipe acknowledges the code (see `findings.acknowledged`
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterable
 
+from dflashx.config.suggest import did_you_mean
 from dflashx.plan.context import PlanContext
 from dflashx.plan.estimates.lengths import Lengths
 from dflashx.plan.findings import Finding, blocking, error, warning
@@ -70,8 +70,8 @@ def _tokens_for(lengths: Lengths, share: float) -> int:
 def acknowledgements_known(ctx: PlanContext) -> Iterable[Finding]:
     for code in ctx.recipe.acknowledge:
         if code not in BLOCKING_CODES:
-            close = difflib.get_close_matches(code, BLOCKING_CODES, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            close = did_you_mean(code, BLOCKING_CODES)
+            hint = f" ({close})" if close else ""
             yield error("acknowledge_unknown", "acknowledge",
                         f"acknowledge lists {code!r}, which is no blocking finding{hint}",
                         f"use codes among {', '.join(BLOCKING_CODES)}, or remove it")

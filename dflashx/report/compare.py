@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dflashx.config.schema import STAGE_ORDER
+from dflashx.config.tree import flatten
 from dflashx.dflash.acceptance import CONTEXT_BUCKET_LABELS
 from dflashx.report.fmt import Section, human_bytes, human_seconds, human_value
 from dflashx.report.runinfo import RunInfo
@@ -25,20 +26,6 @@ log = logging.getLogger(__name__)
 RESULT_STAGES = ("generate", "qc", "train", "eval")  # stages whose scalar metrics are "key results"
 THROUGHPUT = {"generate": "output_tokens_per_s", "tokenize": "tokens_per_s", "train": "tokens_per_s",
               "eval": "tokens_per_s"}
-
-
-def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}, "l": [{"x": 2}]} -> {"a.b": 1, "l[0].x": 2}; lists of scalars stay values."""
-    if isinstance(data, list) and data and all(isinstance(v, dict) for v in data):
-        items = [(f"{prefix}[{i}]", v) for i, v in enumerate(data)]
-    elif isinstance(data, dict):
-        items = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in data.items()]
-    else:
-        return {prefix: data}
-    out: dict[str, Any] = {}
-    for key, value in items:
-        out.update(flatten(value, key))
-    return out
 
 
 def recipe_differences(runs: list[RunInfo]) -> Section:

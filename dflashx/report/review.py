@@ -93,9 +93,9 @@ def materialize(path: Path, ref: str, workdir: Path) -> Path | None:
         tar.extractall(workdir, filter="data")
     # the ref's profiles go where the recipe's loader looks first (its ../hardware_profiles): the
     # built-in folder of the package, or a top-level folder of an older layout
-    for folder in PROFILE_FOLDERS:
-        if _git_ok(["cat-file", "-e", f"{ref}:{folder}"], top):
-            _extract_as(top, ref, folder, workdir / rel.parent.parent / "hardware_profiles")
+    for profiles in PROFILE_FOLDERS:
+        if _git_ok(["cat-file", "-e", f"{ref}:{profiles}"], top):
+            _extract_as(top, ref, profiles, workdir / rel.parent.parent / "hardware_profiles")
             break
     return workdir / rel
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from dflashx.plan.estimates.cost import node_usd
 from dflashx.run.rundir import RunDir
 from dflashx.run.status import NotARunDir, StageStatus, run_status
 from dflashx.store.manifest import Manifest
@@ -66,4 +67,4 @@ class RunInfo:
             return None
         hw = self.recipe.get("hardware") or {}
         gpus = int(hw.get("gpus_per_node", 0)) * int(hw.get("nodes", 1))
-        return duration / 3600 * gpus * float(hw.get("usd_per_gpu_hour", 0.0))
+        return node_usd(duration, gpus, float(hw.get("usd_per_gpu_hour", 0.0)))

@@ -125,7 +125,7 @@ def _train(recipe: Recipe, facts: TargetFacts, drafter: ResolvedDrafter, load_pr
     on_gpu = hw.gpu is not None
     precision = train_precision(on_gpu, recipe.target.precision)
     bf16 = precision == "bf16"
-    peak = hw.gpu.bf16_tflops * 1e12 if hw.gpu is not None else hw.cpu_tflops * 1e12
+    peak = hw.peak_flops
     return ResolvedTrainStage(**{
         **train.model_dump(include=set(TrainStage.model_fields)),
         "micro_batch": micro,

@@ -140,9 +140,9 @@ def check_target(target: TargetSpec, mask_id: int | None) -> Check:
 def _vocabulary(tokenizer_json: Path | None, folder: Path) -> dict[int, str]:
     """Token id -> token of a tokenizer.json (vocab + added tokens), else of AutoTokenizer(folder)."""
     if tokenizer_json is None:
-        from transformers import AutoTokenizer
+        from dflashx.targets.load import tokenizer_from
 
-        return {i: t for t, i in AutoTokenizer.from_pretrained(str(folder)).get_vocab().items()}
+        return {i: t for t, i in tokenizer_from(folder).get_vocab().items()}
     data = json.loads(tokenizer_json.read_text(encoding="utf-8"))
     vocab = data.get("model", {}).get("vocab") or {}
     ids = {i: str(t[0]) for i, t in enumerate(vocab)} if isinstance(vocab,

@@ -3,10 +3,10 @@ is declared in `dflashx.stages.graph`."""
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 
 from dflashx.config.schema import STAGE_ORDER
+from dflashx.config.suggest import did_you_mean
 
 
 @dataclass
@@ -19,8 +19,8 @@ class Selection:
 
 def _check(name: str, flag: str) -> None:
     if name not in STAGE_ORDER:
-        close = difflib.get_close_matches(name, STAGE_ORDER, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        close = did_you_mean(name, STAGE_ORDER)
+        hint = f" ({close})" if close else ""
         raise ValueError(f"{flag} {name!r}: unknown stage{hint}; stages are {', '.join(STAGE_ORDER)}")
 
 

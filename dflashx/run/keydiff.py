@@ -11,18 +11,12 @@ import hashlib
 import json
 from typing import Any
 
+from dflashx.config.tree import flatten
 
-def _leaves(node: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
-    """Dotted leaf keys of a key material section; a PATH field's identity counts as one leaf."""
-    if isinstance(node, dict) and node and not set(node) <= {"builtin", "fingerprint"}:
-        for k, v in node.items():
-            _leaves(v, f"{prefix}.{k}", out)
-    elif isinstance(node, list) and node and all(isinstance(v, dict) for v in node):
-        for i, v in enumerate(node):
-            _leaves(v, f"{prefix}[{i}]", out)
-    else:
-        out[prefix] = node
-    return out
+
+def _path_identity(node: Any) -> bool:
+    """A PATH field's identity (`{builtin}` / `{fingerprint}`) counts as one leaf."""
+    return isinstance(node, dict) and set(node) <= {"builtin", "fingerprint"}
 
 
 def key_leaves(material: dict[str, Any]) -> dict[str, Any]:
@@ -31,7 +25,7 @@ def key_leaves(material: dict[str, Any]) -> dict[str, Any]:
     secret or not, is written)."""
     leaves: dict[str, Any] = {}
     for section, value in material["config"].items():
-        _leaves(value, section, leaves)
+        leaves |= flatten(value, section, _path_identity)
     leaves |= {f"input {name}": sha for name, sha in material["inputs"].items()}
     digest = {k: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:16]
               for k, v in leaves.items()}

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from dflashx.config.eval_suites import TRAINED, UNTRAINED
-from dflashx.config.fields import TORCH_DTYPE
 from dflashx.data import chat_contract
 from dflashx.data.chat_mask import render_prompt
 from dflashx.data.suites import suite_prompts
@@ -55,22 +54,18 @@ def stop_ids(tokenizer: Any, generation_config: Any) -> list[int]:
 
 def _load_target(ctx: StageContext):
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflashx.targets.locate import locate_target, locate_tokenizer
+    from dflashx.targets.load import load_model, load_tokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     precision = ctx.recipe.target.load_precision
-    target = AutoModelForCausalLM.from_pretrained(str(locate_target(ctx.recipe.target)),
-                                                  dtype=getattr(torch, TORCH_DTYPE[precision]))
+    target = load_model(ctx.recipe.target, precision)
     if precision == "fp8":  # as served: every decoder layer's linears in FP8
         from dflashx.dflash.fp8 import target_to_fp8
 
         target_to_fp8(target, torch.device(device))
-    # transformers types PreTrainedModel.to through functools.wraps, whose result mypy calls unbound (self first)
-    target = target.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]
-    tokenizer = AutoTokenizer.from_pretrained(str(locate_tokenizer(ctx.recipe.target)))
-    return target, tokenizer
+    target = target.to(device).eval().requires_grad_(False)
+    return target, load_tokenizer(ctx.recipe.target)
 
 
 def prompt_source(prompt: dict[str, Any]) -> str:

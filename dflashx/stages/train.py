@@ -40,7 +40,7 @@ def _absolute(path: str) -> str:
 def build_job(ctx: StageContext) -> "TrainJob":
     """The `TrainJob` of this stage: the resolved recipe's sections and where the inputs are."""
     from dflashx.dflash.job import TrainJob
-    from dflashx.targets.locate import locate_target
+    from dflashx.targets.locate import locate_target, locate_tokenizer
 
     if INPUT not in ctx.inputs:
         raise ValueError(f"train stage needs input `{INPUT}` (the tokenize stage's dataset); enable stages.tokenize")
@@ -50,7 +50,8 @@ def build_job(ctx: StageContext) -> "TrainJob":
         drafter = recipe.drafter.model_copy(update={"init_from": _absolute(init_from)})
         recipe = recipe.model_copy(update={"drafter": drafter})
     return TrainJob.of(recipe, ctx.out_dir.resolve(), Path(ctx.inputs[INPUT]).resolve(),
-                       _absolute(str(locate_target(recipe.target))))
+                       _absolute(str(locate_target(recipe.target))),
+                       _absolute(str(locate_tokenizer(recipe.target))))
 
 
 def launch_command(ctx: StageContext) -> tuple[list[str], int]:

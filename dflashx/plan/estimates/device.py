@@ -30,10 +30,9 @@ class Device:
 def device_of(profile: HardwareProfile) -> Device:
     gpu = profile.gpu
     if gpu is None:
-        flops = profile.cpu_tflops * 1e12
-        return Device("cpu", None, profile.cpu_bandwidth_tbs * 1e12, flops, None, 1)
+        return Device("cpu", None, profile.cpu_bandwidth_tbs * 1e12, profile.peak_flops, None, 1)
     return Device(
-        gpu.name, gpu.memory_gb * 1e9, gpu.bandwidth_tbs * 1e12, gpu.bf16_tflops * 1e12,
+        gpu.name, gpu.memory_gb * 1e9, gpu.bandwidth_tbs * 1e12, profile.peak_flops,
         gpu.fp8_tflops * 1e12 if gpu.fp8_tflops else None, max(profile.num_gpus, 1),
     )
 

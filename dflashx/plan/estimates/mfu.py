@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from dflashx.config.schema import HardwareProfile
 
 H200_DATASHEET_TFLOPS = 989.0  # dense BF16, NVIDIA H200 datasheet (the h200 profiles' gpu.bf16_tflops)
-CPU_PROFILE_TFLOPS = 0.1  # the cpu profile's cpu_tflops, the tiny run's MFU reference
 
 # benchmarks/results/train_step.json (the product trainer at commit d97593b, lent H200, torch 2.11: the
 # DeepSpeed engine `dflashx.dflash.trainer` builds, with its GPU defaults — compiled drafter layers,
