@@ -211,7 +211,8 @@ def test_generate_stops_on_a_full_disk_and_resumes_without_duplicates_or_gaps(tm
 
 def test_the_generate_stop_says_what_the_plan_still_needs(tmp_path):
     (tmp_path / "shard-00000.jsonl").write_bytes(b"x" * 2048)
-    stop = _still_needed(DiskFull(tmp_path, "records", 100), SimpleNamespace(runtime=StagePlan("generate", True, estimates=Estimates(storage_bytes=8 << 20))))
+    planned = StagePlan("generate", True, estimates=Estimates(storage_bytes=8 << 20))
+    stop = _still_needed(DiskFull(tmp_path, "records", 100), SimpleNamespace(runtime=planned))
     assert "about 8.0 MiB needed (to finish: the plan's 8.0 MiB for generate, 2.0 KiB written)" in str(stop)
 
 
