@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dflashx.config.schema import Recipe
-from dflashx.plan.launch import StageRuntime
+from dflashx.plan.plan import StagePlan
 from dflashx.plan.plan import make_plan
 from dflashx.resolve import ResolvedRecipe, resolve
 from dflashx.stages.base import StageContext
@@ -77,10 +77,9 @@ def resolved(recipe: Recipe) -> ResolvedRecipe:
     return resolve(recipe, _facts(recipe))
 
 
-def planned_runtime(recipe: Recipe, name: str) -> StageRuntime:
-    """What the planner hands stage `name` of `recipe` (its `StagePlan.runtime()`), as `dflashx run` does."""
-    plan = make_plan(recipe, _facts(recipe))
-    return next(s for s in plan.stages if s.name == name).runtime()
+def planned_runtime(recipe: Recipe, name: str) -> StagePlan:
+    """What the planner hands stage `name` of `recipe` (its `StagePlan`), as `dflashx run` does."""
+    return make_plan(recipe, _facts(recipe)).stage(name)
 
 
 def stage_context(
@@ -88,7 +87,7 @@ def stage_context(
     recipe: Recipe,
     run_dir: Path,
     inputs: dict[str, Path] | None = None,
-    runtime: StageRuntime | None = None,
+    runtime: StagePlan | None = None,
     log: Any = None,
 ) -> StageContext:
     """A StageContext as the orchestrator builds it (stage folder `run_dir/<name>`, the plan's runtime)."""

@@ -109,7 +109,9 @@ def make_run(root: Path, s3: S3Spec | None = None, name: str = "tinyrun") -> Pat
     plan), with one artifact per tier and a superseded stage folder."""
     import yaml
 
-    from dflashx.config.schema import Recipe
+    from dflashx.config.schema import STAGE_ORDER, Recipe
+    from dflashx.plan.context import Estimates, totals
+    from dflashx.plan.plan import Plan, StagePlan
     from dflashx.resolve import resolve
     from dflashx.run.keys import stage_key
     from dflashx.targets.registry import lookup
@@ -135,12 +137,11 @@ def make_run(root: Path, s3: S3Spec | None = None, name: str = "tinyrun") -> Pat
         "hardware": {"name": "cpu", "cpu_tflops": 0.1}, "storage": storage, "stages": {"backup": {"enabled": False}}}),
         lookup("builtin:tiny-qwen3"))
     atomic_write_json(run / "run.json", {"run_id": f"{name}-1", "recipe": name})
-    atomic_write_json(run / "plan.json", {"errors": [], "warnings": [], "totals": {}, "stages": [
-        {"name": s, "enabled": s != "backup", "commands": [],
-         "estimates": {"seconds": 100.0, "gpu_hours": 0.0, "usd": 0.0, "storage_bytes": 1000,
-                       "peak_gpu_memory_bytes": 0}}
-        for s in ("ingest", "generate", "train", "backup")],
-        "resolved": resolved.model_dump(mode="json")})
+    planned = Estimates(seconds=100.0, storage_bytes=1000)  # every stage of the plan; these four with estimates
+    stages = tuple(StagePlan(s, s != "backup" and s in ("ingest", "generate", "train"),
+                             estimates=planned if s in ("ingest", "generate", "train", "backup") else Estimates())
+                   for s in STAGE_ORDER)
+    atomic_write_json(run / "plan.json", Plan((), stages, totals([s.estimates for s in stages]), resolved).to_json())
     log = RecordLog(run, f"{name}-1")
     log.append("run_start", argv=["dflashx", "run", "recipes/tiny.yaml"], stages=["ingest", "train"])
     log.append("stage_start", stage="ingest", stage_key="k1")

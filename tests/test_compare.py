@@ -40,7 +40,7 @@ def test_sections_show_differences_estimates_and_results(tmp_path: Path) -> None
     assert "storage.root" not in diff  # equal keys are left out
     assert _table(sections, "Time: actual / estimate")["train"] == ["1.3 min / 1.7 min (0.80x)"] * 2
     storage = _table(sections, "Storage: actual / estimate")
-    assert storage["ingest"][0] == "1010 B / 1000 B (1.01x)" and storage["qc"][0] == "- / -"
+    assert storage["ingest"][0] == "1010 B / 1000 B (1.01x)" and storage["qc"][0] == "- / 0 B"  # qc: planned, off
     assert _table(sections, "Throughput (tokens/s)")["train"] == ["900", "1200"]
     results = _table(sections, "Key results")
     assert results["train.loss"] == ["1.25", "0.75"]

@@ -35,7 +35,8 @@ from dflashx.data.jsonl import ShardWriter, iter_shards, shard_path, shard_paths
 from dflashx.dflash import checkpoint as ckpt
 from dflashx.dflash.trainer import run_training
 from dflashx.plan.context import build_context
-from dflashx.plan.launch import StageRuntime
+from dflashx.plan.context import Estimates
+from dflashx.plan.plan import StagePlan
 from dflashx.resolve import resolve
 from dflashx.stages import tokenize as tokenize_stage
 from dflashx.stages.base import StageFailed
@@ -212,7 +213,8 @@ def test_generate_stops_on_a_full_disk_and_resumes_without_duplicates_or_gaps(tm
 
 def test_the_generate_stop_says_what_the_plan_still_needs(tmp_path):
     (tmp_path / "shard-00000.jsonl").write_bytes(b"x" * 2048)
-    stop = _still_needed(DiskFull(tmp_path, "records", 100), SimpleNamespace(runtime=StageRuntime(8 << 20)))
+    planned = StagePlan("generate", True, estimates=Estimates(storage_bytes=8 << 20))
+    stop = _still_needed(DiskFull(tmp_path, "records", 100), SimpleNamespace(runtime=planned))
     assert "about 8.0 MiB needed (to finish: the plan's 8.0 MiB for generate, 2.0 KiB written)" in str(stop)
 
 

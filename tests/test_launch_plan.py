@@ -1,4 +1,4 @@
-"""The typed runtime contract: what a stage gets from the plan is a frozen `StageRuntime` that round-trips
+"""The typed runtime contract: what a stage gets from the plan is its frozen `StagePlan`, which round-trips
 through plan.json, generation's launch plan says which node starts which server, and the client keeps open
 what the estimate counted (attached URLs included)."""
 
@@ -15,18 +15,14 @@ import pytest
 from _plan_recipes import seeds_recipe
 from test_run_fakes import REPO
 
+from dflashx.backends import nodes as nodes_mod
 from dflashx.backends import servers as servers_mod
-from dflashx.backends.servers import (
-    NODE_HOSTS_ENV,
-    NODE_RANK_ENV,
-    ServerError,
-    node_hosts,
-    node_rank,
-)
+from dflashx.backends.nodes import NODE_HOSTS_ENV, NODE_RANK_ENV, node_hosts, node_rank
+from dflashx.backends.servers import ServerError
 from dflashx.backends.sglang import SGLangBackend
 from dflashx.plan.context import build_context
-from dflashx.plan.launch import LaunchPlan, StageRuntime, split_in_flight
-from dflashx.plan.plan import make_plan
+from dflashx.plan.launch import LaunchPlan, split_in_flight
+from dflashx.plan.plan import Plan, make_plan
 from dflashx.resolve import resolve
 from dflashx.stages.base import StageContext
 from dflashx.targets.registry import lookup
@@ -56,11 +52,10 @@ def backend(recipe, node: int, log_dir: Path | None = None) -> SGLangBackend:
 def test_every_stage_runtime_round_trips_through_plan_json(recipe):
     """A resumed run reads plan.json back into the very object the planner handed the stages."""
     plan = make_plan(recipe)
-    saved = json.loads(json.dumps(plan.to_json()))
+    saved = Plan.from_json(json.loads(json.dumps(plan.to_json())))
     for stage in plan.stages:
-        entry = next(s for s in saved["stages"] if s["name"] == stage.name)
-        assert StageRuntime.from_json(entry) == stage.runtime()
-        assert stage.runtime().storage_bytes == stage.estimates["storage_bytes"]
+        assert saved.stage(stage.name) == stage
+    assert plan.stage("train").train_launch is not None and plan.stage("generate").launch is not None
     launch = next(s for s in plan.stages if s.name == "generate").launch
     with pytest.raises(dataclasses.FrozenInstanceError):
         launch.mode = "attach"  # type: ignore[misc]
@@ -170,7 +165,7 @@ def test_an_unknown_node_address_is_a_clear_error(fake_node, monkeypatch):
         raise socket.gaierror(f"unknown host {host}")
 
     monkeypatch.delenv(NODE_HOSTS_ENV, raising=False)
-    monkeypatch.setattr(servers_mod.socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(nodes_mod.socket, "getaddrinfo", no_dns)
     with pytest.raises(ServerError, match=r"node 1's server http://node-1:\d+ has no address.*DFLASHX_NODE_HOSTS"):
         backend(seeds_recipe("h100_x8", **TWO_NODES), node=0)
     with pytest.raises(ServerError, match=r"this is node 2.*nodes 0, 1.*--node-rank"):
@@ -184,15 +179,22 @@ def test_the_node_rank_comes_from_the_environment():
         node_rank({NODE_RANK_ENV: "one"})
 
 
-def test_no_stage_or_backend_reads_a_plan_dict():
-    """Stages and backends get typed values only: `StageContext` has no `plan`, and no module of theirs
-    indexes a plan (`ctx.plan`, `plan[...]`, `plan.get(...)`, `from_plan`)."""
+PLAN_KEYS = "errors|warnings|stages|totals|ranges|calibration|resolved|deploy|estimates|servers|launch|explain|" \
+            "deepspeed_config"
+PLAN_DICT_READ = re.compile(r"ctx\.plan\b|\bplan\[|\bplan\.get\(|from_plan\b|\"servers\"|\"estimates\"|"
+                            rf"\[[\"'](?:{PLAN_KEYS})[\"']\]|\.get\([\"'](?:{PLAN_KEYS})[\"']")
+
+
+def test_no_reader_outside_the_planner_reads_a_plan_dict():
+    """The run, its stages and backends, the reports and the CLI read the typed `Plan` only: `StageContext` has
+    no `plan`, and no module of theirs indexes a plan (`ctx.plan`, `plan[...]`, `plan.get(...)`, `from_plan`, a
+    plan.json key such as `["totals"]` or `.get("stages")`); plan.json is read by `Plan.load` alone."""
     assert "plan" not in {f.name for f in dataclasses.fields(StageContext)}
-    pattern = re.compile(r"ctx\.plan\b|\bplan\[|\bplan\.get\(|from_plan\b|\"servers\"|\"estimates\"")
-    offenders = [f"{path.relative_to(REPO)}:{n}" for folder in ("stages", "backends")
-                 for path in sorted((REPO / "dflashx" / folder).glob("*.py"))
-                 for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    offenders = [f"{path.relative_to(REPO)}:{n}" for folder in ("run", "report", "cli", "stages", "backends")
+                 for path in sorted((REPO / "dflashx" / folder).rglob("*.py"))
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if PLAN_DICT_READ.search(line)]
     assert offenders == []
+    assert PLAN_DICT_READ.search('t = plan["totals"]') and PLAN_DICT_READ.search('p.get("stages", [])')
 
 
 def test_the_generate_stage_on_node_1_serves_and_writes_nothing(fake_node, monkeypatch, tmp_path):

@@ -104,8 +104,8 @@ def test_stage_seconds_are_work_plus_fixed_and_explained():
             continue
         fixed = explained[f"{stage.name}.fixed_seconds"]
         assert fixed["value"] > 0
-        assert stage.estimates["seconds"] == pytest.approx(explained[work[stage.name]]["value"] + fixed["value"])
-        assert ctx.seconds[stage.name] == pytest.approx(stage.estimates["seconds"])
+        assert stage.estimates.seconds == pytest.approx(explained[work[stage.name]]["value"] + fixed["value"])
+        assert ctx.seconds[stage.name] == pytest.approx(stage.estimates.seconds)
     assert "modeling" in explained["generate.fixed_seconds"]["inputs"]
 
 

@@ -77,8 +77,8 @@ def test_a_pilot_measured_accept_length_replaces_the_published_profile():
                            mtp_accept_length=2.5)
     planned, report = apply_calibration(recipe, cal)
     key = "stages.generate.serving.speculative.acceptance"
-    assert accepted_length(report["applied"][key], 3) == pytest.approx(2.5)
+    assert accepted_length(report.applied[key], 3) == pytest.approx(2.5)
     assert explain(planned)["generate.speculation"]["inputs"]["tau"] == pytest.approx(2.5)
     other = seeds_recipe("h200_x1", stages__generate__serving={"speculative": {"num_steps": 2, "num_draft_tokens": 3}})
     _, skipped = apply_calibration(other, cal)  # measured under other draft settings: not applied
-    assert key not in skipped["applied"] and skipped["not_applied"][0]["group"] == "serving"
+    assert key not in skipped.applied and skipped.not_applied[0].group == "serving"

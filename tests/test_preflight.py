@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from dflashx.cli.main import app
 from dflashx.config.load import load_profile
 from dflashx.config.schema import SourceSpec, TargetSpec
+from dflashx.plan.context import Totals
 from dflashx.run import orchestrator
 from dflashx.run import preflight as pf
 
@@ -178,9 +179,9 @@ def test_builtin_target_is_not_built(monkeypatch):
 
 def test_disk_covers_the_planned_storage(tmp_path):
     root = tmp_path / "not" / "made" / "yet"
-    ok = pf.check_disk(str(root), {"totals": {"storage_bytes": 1024}}, root / "run")
+    ok = pf.check_disk(str(root), Totals(storage_bytes=1024), root / "run")
     assert ok.status == "ok" and f"({tmp_path}:" in ok.message
-    short = pf.check_disk(str(root), {"totals": {"storage_bytes": 2**70}}, root / "run")
+    short = pf.check_disk(str(root), Totals(storage_bytes=2**70), root / "run")
     assert short.status == "fail" and short.message.startswith("storage.root:") and "bigger disk" in short.fix
 
 
@@ -188,7 +189,7 @@ def test_disk_covers_the_planned_storage(tmp_path):
 
 
 def test_gpus_against_the_profile(monkeypatch):
-    profile, plan = load_profile("rtx_pro_6000_x4"), {"totals": {"peak_gpu_memory_bytes": 70 * GiB}}
+    profile, plan = load_profile("rtx_pro_6000_x4"), Totals(peak_gpu_memory_bytes=70 * GiB)
     _simulate_gpus(monkeypatch, 4)  # simulated: 4 RTX PRO 6000 of 96 GB
     assert pf.check_gpus(profile, plan).status == "ok"
     _simulate_gpus(monkeypatch, 2)

@@ -14,6 +14,7 @@ from dflashx.config.errors import RecipeError
 from dflashx.config.load import load_recipe
 from dflashx.config.problem import Problem, describe
 from dflashx.export.contract import need_block_size, report
+from dflashx.plan.context import Totals
 from dflashx.plan.plan import make_plan
 from dflashx.resolve import ResolveError, resolve
 from dflashx.run.checks_node import check_disk
@@ -39,7 +40,7 @@ def _resolve_error(tmp_path: Path) -> Problem:
 
 
 def _check(tmp_path: Path) -> Problem:
-    return check_disk(str(tmp_path), {"totals": {"storage_bytes": 1e30}}, tmp_path / "run")
+    return check_disk(str(tmp_path), Totals(storage_bytes=1e30), tmp_path / "run")
 
 
 def _violation(tmp_path: Path) -> Problem:

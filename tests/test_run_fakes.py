@@ -15,6 +15,8 @@ from typing import Any
 import yaml
 
 from dflashx.config.schema import Recipe
+from dflashx.plan.context import Estimates, totals
+from dflashx.plan.plan import Plan, StagePlan
 from dflashx.report.lines import EchoObserver
 from dflashx.report.progress import write_progress
 from dflashx.resolve import ResolvedRecipe, resolve
@@ -74,13 +76,12 @@ def resolved(recipe: Recipe) -> ResolvedRecipe:
     return recipe if isinstance(recipe, ResolvedRecipe) else resolve(recipe, lookup("builtin:tiny-qwen3"))
 
 
-def make_plan(recipe: Recipe) -> dict[str, Any]:
-    """A plan JSON in the planner's shape (the planner itself is tested elsewhere)."""
-    stages = [{"name": n, "enabled": getattr(recipe.stages, n).enabled, "commands": [],
-               "estimates": {"seconds": 1.0, "gpu_hours": 0.0, "usd": 0.25, "storage_bytes": 100,
-                             "peak_gpu_memory_bytes": 0}} for n in type(recipe.stages).model_fields]
-    return {"errors": [], "warnings": [], "stages": stages, "totals": {},
-            "resolved": resolved(recipe).model_dump(mode="json")}
+def make_plan(recipe: Recipe) -> Plan:
+    """A plan of the planner's type with fixed estimates (the planner itself is tested elsewhere)."""
+    estimates = Estimates(seconds=1.0, usd=0.25, storage_bytes=100)
+    stages = tuple(StagePlan(n, getattr(recipe.stages, n).enabled, estimates=estimates)
+                   for n in type(recipe.stages).model_fields)
+    return Plan((), stages, totals([s.estimates for s in stages]), resolved(recipe))
 
 
 def _lines(folder: Path) -> list[dict[str, Any]]:

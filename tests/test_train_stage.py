@@ -66,3 +66,62 @@ def test_stage_launches_one_process_per_rank(tmp_path):
     result = train_stage.run(ctx)
     assert result.metrics["world_size"] == 2 and [s for s, _ in logs] == [1, 2]
     assert (ctx.out_dir / "checkpoint" / "model.safetensors").exists()
+
+
+H200_X8_TWO_NODES = H200_X8 | {"nodes": 2}
+
+
+def _no_dns_for_invalid(monkeypatch):
+    """Mocked name service: `.invalid` names never resolve (RFC 6761), whatever DNS this machine has."""
+    import socket
+
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kwargs):
+        if str(host).endswith(".invalid"):
+            raise socket.gaierror(f"unknown host {host}")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+def test_on_two_nodes_the_stage_writes_the_hostfile_its_launch_reads(tmp_path, monkeypatch):
+    """The plan's launch on a 2-node profile reads `{run_dir}/train/hostfile`; the stage writes it with the
+    nodes' real addresses (`DFLASHX_NODE_HOSTS`) before it launches. The launcher (`subprocess.run` of
+    `deepspeed`) is mocked: no second node exists here; the fake reads the hostfile when it is called."""
+    from dflashx.backends.nodes import NODE_HOSTS_ENV
+
+    monkeypatch.setenv(NODE_HOSTS_ENV, "127.0.0.1, 127.0.0.2")
+    ctx = _ctx(tmp_path, [], H200_X8_TWO_NODES)
+    launch = ctx.runtime.train_launch
+    assert launch.nodes == 2 and launch.hostfile() == ("node-0 slots=8", "node-1 slots=8")
+    launched = []
+
+    def fake_run(argv, **kwargs):
+        hostfile = Path(argv[argv.index("--hostfile") + 1])
+        launched.append((argv, hostfile.read_text()))
+        return train_stage.subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(train_stage.subprocess, "run", fake_run)
+    result = train_stage.run(ctx)
+    [(argv, written)] = launched
+    hostfile = ctx.run_dir / "train" / "hostfile"
+    assert argv[:5] == ["deepspeed", "--hostfile", str(hostfile), "--num_nodes", "2"]
+    assert written == "127.0.0.1 slots=8\n127.0.0.2 slots=8\n" == hostfile.read_text()
+    assert result.metrics["world_size"] == 16
+
+
+def test_an_unresolvable_node_address_stops_the_stage_before_it_launches(tmp_path, monkeypatch):
+    from dflashx.backends.nodes import NODE_HOSTS_ENV
+    from dflashx.stages.base import StageFailed
+
+    _no_dns_for_invalid(monkeypatch)
+    monkeypatch.setenv(NODE_HOSTS_ENV, "127.0.0.1,node-b.invalid")
+    ctx = _ctx(tmp_path, [], H200_X8_TWO_NODES)
+    monkeypatch.setattr(train_stage.subprocess, "run", lambda *a, **k: pytest.fail("launched without a hostfile"))
+    with pytest.raises(StageFailed) as stop:
+        train_stage.run(ctx)
+    message = str(stop.value)
+    assert "training hostfile" in message and "node 1's address 'node-b.invalid' does not resolve" in message
+    assert f"Set {NODE_HOSTS_ENV}=" in message and "/etc/hosts" in message
+    assert not (ctx.run_dir / "train" / "hostfile").exists()

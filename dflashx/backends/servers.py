@@ -2,8 +2,9 @@
 
 Where servers start is decided here, once: a machine starts only the launch plan's servers whose `node`
 is its own (`node_rank`: `DFLASHX_NODE_RANK`, which `dflashx run --node-rank K` sets; 0 when unset) and
-reaches every other node's servers at their addresses (`reachable`: `DFLASHX_NODE_HOSTS`, else the planned
-`node-<i>` names). Node 0 drives generation; node K > 0 only serves (docs/running.md). Launched servers
+reaches every other node's servers at their addresses (`reachable`: `dflashx.backends.nodes.node_address`,
+`DFLASHX_NODE_HOSTS` else the planned `node-<i>` names). Node 0 drives generation; node K > 0 only serves
+(docs/running.md). Launched servers
 run in their own process group with `CUDA_VISIBLE_DEVICES` set from the plan's `gpus`, stdout+stderr going
 to `server-<port>.log` in the stage folder, and are stopped (SIGTERM, then SIGKILL) on exit. Nothing is
 sent before every server answers `GET /health` with 200; a launched server that exits while starting
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Mapping
@@ -23,60 +23,28 @@ from pathlib import Path
 
 import httpx
 
+from dflashx.backends.nodes import NODE_RANK_ENV, NodeAddressError, node_address
 from dflashx.plan.launch import LaunchPlan, ServerSpec, base_url
 from dflashx.track.waiting import waiting_on
-
-NODE_RANK_ENV = "DFLASHX_NODE_RANK"  # this machine's node in the profile (0 .. nodes-1); `dflashx run --node-rank`
-NODE_HOSTS_ENV = "DFLASHX_NODE_HOSTS"  # the nodes' addresses, node 0 first, comma-separated
-
 
 class ServerError(RuntimeError):
     """A server did not come up (exited, or not healthy before the startup timeout)."""
 
 
-def node_rank(env: Mapping[str, str] | None = None) -> int:
-    """This machine's node: `DFLASHX_NODE_RANK` (set by `dflashx run --node-rank K`), else 0. The environment
-    is read at call time (`datasets` rebinds `os.environ` in multi-process maps; a default bound at import
-    would keep the old mapping)."""
-    env = os.environ if env is None else env
-    raw = env.get(NODE_RANK_ENV, "0").strip() or "0"
-    if not raw.isdigit():
-        raise ValueError(f"{NODE_RANK_ENV}={raw!r} is not a node index: set it to 0 on the first node, 1 on the "
-                         f"second, ... (or pass `dflashx run --node-rank K`)")
-    return int(raw)
-
-
-def node_hosts(env: Mapping[str, str] | None = None) -> dict[int, str]:
-    """The addresses `DFLASHX_NODE_HOSTS` gives (node 0 first); empty when unset."""
-    env = os.environ if env is None else env
-    raw = env.get(NODE_HOSTS_ENV, "")
-    return {i: h.strip() for i, h in enumerate(raw.split(",")) if h.strip()}
-
-
-def resolvable(host: str) -> bool:
-    try:
-        socket.getaddrinfo(host, None)
-    except (socket.gaierror, UnicodeError):
-        return False
-    return True
-
-
 def reachable(plan: LaunchPlan, env: Mapping[str, str] | None = None) -> tuple[ServerSpec, ...]:
     """The plan's servers as node 0 (the driver) reaches them: node 0's and attached ones at their planned
-    address, node i's at `DFLASHX_NODE_HOSTS`'s i-th address, else the planned `node-<i>` name, which must
-    resolve (else a clear error: nothing is waited for in vain)."""
-    hosts, out = node_hosts(env), []
+    address, node i's at `node_address(i)` (`DFLASHX_NODE_HOSTS`'s i-th address, else the planned `node-<i>`
+    name), which must resolve (else a clear error: nothing is waited for in vain)."""
+    out = []
     for server in plan.servers:
         if not server.node:
             out.append(server)
             continue
-        host = hosts.get(server.node, server.host)
-        if not resolvable(host):
-            raise ServerError(
-                f"node {server.node}'s server {server.url} has no address: {host!r} does not resolve. Set "
-                f"{NODE_HOSTS_ENV}=<node-0 host>,<node-1 host>,... (node 0 first), or name the nodes node-<i> in "
-                f"/etc/hosts (as the training hostfile does), or start the servers yourself and give "
-                f"stages.generate.urls")
+        try:
+            host = node_address(server.node, env)
+        except NodeAddressError as e:
+            raise ServerError(f"node {server.node}'s server {server.url} has no address: {e} (as the training "
+                              "hostfile does), or start the servers yourself and give stages.generate.urls") from None
         out.append(server.at_host(host))
     return tuple(out)
 

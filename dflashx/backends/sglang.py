@@ -25,7 +25,8 @@ from typing import Any, Iterable
 import httpx
 
 from dflashx.backends.base import Backend, Emit, completion_record, rejected_record, split_think
-from dflashx.backends.servers import ServerError, ServerPool, node_rank
+from dflashx.backends.nodes import node_rank
+from dflashx.backends.servers import ServerError, ServerPool
 from dflashx.config.schema import ChatTemplateSpec, GenerateStage
 from dflashx.plan.launch import LaunchPlan
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from dflashx.config.schema import Recipe
     from dflashx.plan.calibration import PilotCalibration
+    from dflashx.plan.findings import Finding
     from dflashx.targets.registry import TargetFacts
 
 RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="Default: <storage.root>/<recipe name>.")]
@@ -61,10 +62,10 @@ def target_facts(recipe: Recipe) -> TargetFacts | None:
         raise typer.Exit(RecipeError.exit_code) from None
 
 
-def format_finding(finding: dict) -> str:
+def format_finding(finding: Finding) -> str:
     """One plan finding as `dflashx plan`, `validate` and `run` print it: severity, code, key, fix."""
-    line = f"{finding['severity']} [{finding['code']}] {finding['key']}: {finding['message']}"
-    return line + (f"\n    fix: {finding['fix']}" if finding.get("fix") else "")
+    line = f"{finding.severity} [{finding.code}] {finding.key}: {finding.message}"
+    return line + (f"\n    fix: {finding.fix}" if finding.fix else "")
 
 
 def make_console(**kwargs: Any) -> Console:

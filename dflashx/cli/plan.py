@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -30,6 +30,12 @@ from dflashx.cli._common import (
 from dflashx.config.errors import RecipeProblem, RecipeError
 from dflashx.config.load import LoadedRecipe, load_recipe
 from dflashx.plan.explain import human_bytes, human_count, human_seconds
+
+if TYPE_CHECKING:
+    from dflashx.plan.calibration import CalibrationReport
+    from dflashx.plan.estimates.deployment import Deployment
+    from dflashx.plan.plan import Plan
+    from dflashx.plan.ranges import Band
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Plan only (planning never runs anything).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object (see docs/planner.md).")]
@@ -55,83 +61,83 @@ def _inputs(inputs: dict[str, Any]) -> str:
     return ", ".join(f"{k}={fmt(v)}" for k, v in inputs.items())
 
 
-def span(band: dict[str, float] | None, fmt: Callable[[float], str]) -> str:
+def span(band: Band | None, fmt: Callable[[float], str]) -> str:
     """`P10 – P90` of a range; `-` without one, empty when the stage's estimate has no spread."""
-    if not band:
+    if band is None:
         return "-"
-    if band["p90"] - band["p10"] <= 0.005 * band["p50"]:
+    if band.p90 - band.p10 <= 0.005 * band.p50:
         return ""
-    return f"{fmt(band['p10'])} – {fmt(band['p90'])}"
+    return f"{fmt(band.p10)} – {fmt(band.p90)}"
 
 
 def _usd(value: float) -> str:
     return f"{value:,.0f}"
 
 
-def calibration_lines(cal: dict[str, Any] | None) -> list[str]:
+def calibration_lines(cal: CalibrationReport | None) -> list[str]:
     """Which figures a pilot measured (and which it could not vouch for any more), in words."""
-    if not cal:
+    if cal is None:
         return []
-    lines = [f"calibrated by the pilot of run {cal['run_id']} ({cal['measured_at']}, {cal['run_dir']}):"]
-    lines += [f"  {key} = {_short(value)}" for key, value in cal["applied"].items()]
-    for skipped in cal["not_applied"]:
-        more = f" and {len(skipped['changed']) - 3} more" if len(skipped["changed"]) > 3 else ""
-        lines.append(f"  not applied ({skipped['group']}): {', '.join(skipped['figures'])} — measured under other "
-                     f"values of {', '.join(skipped['changed'][:3])}{more}")
+    lines = [f"calibrated by the pilot of run {cal.run_id} ({cal.measured_at}, {cal.run_dir}):"]
+    lines += [f"  {key} = {_short(value)}" for key, value in cal.applied.items()]
+    for skipped in cal.not_applied:
+        more = f" and {len(skipped.changed) - 3} more" if len(skipped.changed) > 3 else ""
+        lines.append(f"  not applied ({skipped.group}): {', '.join(skipped.figures)} — measured under other "
+                     f"values of {', '.join(skipped.changed[:3])}{more}")
     return lines
 
 
-def deploy_lines(deploy: dict[str, Any] | None) -> list[str]:
+def deploy_lines(deploy: Deployment | None) -> list[str]:
     """The drafter's predicted serving speed-up before training (--explain: deploy.speedup)."""
-    if not deploy:
+    if deploy is None:
         return []
-    cells = " · ".join(f"{r['speedup']:.2f}x @{r['concurrency']}" for r in deploy["rows"])
-    return [f"serving the drafter on {deploy['profile']} at expected tau {deploy['tau']:.2f} (block "
-            f"{deploy['block_size']}): {cells} (requests in flight per server; --explain: deploy.speedup)"]
+    cells = " · ".join(f"{r.speedup:.2f}x @{r.concurrency}" for r in deploy.rows)
+    return [f"serving the drafter on {deploy.profile} at expected tau {deploy.tau:.2f} (block "
+            f"{deploy.block_size}): {cells} (requests in flight per server; --explain: deploy.speedup)"]
 
 
 def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def render(plan: dict[str, Any], title: str, explain: bool) -> None:
+def render(plan: Plan, title: str, explain: bool) -> None:
     """The human view: stages table with P10–P90, totals, commands, calibration, findings (and
     formulas with --explain). Drawn without rich: see `report.text_table`."""
     from dflashx.report.text_table import Styler, box_table
 
     style = Styler()
     headers = ("stage", "on", "time", "P10 – P90", "GPU-h", "USD", "USD P10 – P90", "storage", "peak mem/GPU")
-    ranges = plan.get("ranges") or {"stages": {}, "totals": {}}
+    r = plan.ranges
     rows = []
-    for stage in plan["stages"]:
-        e, r = stage["estimates"], ranges["stages"].get(stage["name"], {})
-        rows.append((stage["name"], "yes" if stage["enabled"] else "no", human_seconds(e["seconds"]),
-                     span(r.get("seconds"), human_seconds), f"{e['gpu_hours']:,.1f}", _usd(e["usd"]),
-                     span(r.get("usd"), _usd), human_bytes(e["storage_bytes"]),
-                     human_bytes(e["peak_gpu_memory_bytes"])))
-    t, r = plan["totals"], ranges["totals"]
-    rows.append(("total", "", human_seconds(t["seconds"]), span(r.get("seconds"), human_seconds),
-                 f"{t['gpu_hours']:,.1f}", _usd(t["usd"]), span(r.get("usd"), _usd), human_bytes(t["storage_bytes"]),
-                 human_bytes(t["peak_gpu_memory_bytes"])))
+    for stage in plan.stages:
+        e = stage.estimates
+        seconds, usd = (r.stages.get(stage.name), r.usd.get(stage.name)) if r else (None, None)
+        rows.append((stage.name, "yes" if stage.enabled else "no", human_seconds(e.seconds),
+                     span(seconds, human_seconds), f"{e.gpu_hours:,.1f}", _usd(e.usd), span(usd, _usd),
+                     human_bytes(e.storage_bytes), human_bytes(e.peak_gpu_memory_bytes)))
+    t = plan.totals
+    rows.append(("total", "", human_seconds(t.seconds), span(r.total if r else None, human_seconds),
+                 f"{t.gpu_hours:,.1f}", _usd(t.usd), span(r.usd["total"] if r else None, _usd),
+                 human_bytes(t.storage_bytes), human_bytes(t.peak_gpu_memory_bytes)))
     lines = [box_table(title, headers, rows, [h not in ("stage", "on") for h in headers], bold_last=True, style=style)]
-    if plan.get("ranges"):
+    if r:
         lines.append("P10 – P90: the mean output length's uncertainty and each model's error (--explain says which)")
-    lines += calibration_lines(plan.get("calibration"))
-    lines += deploy_lines(plan.get("deploy"))
-    for stage in plan["stages"]:
-        if stage["enabled"] and stage["commands"]:
-            lines.append(style(stage["name"], "bold") + " runs:")
-            lines += [f"  {line}" for line in stage["commands"]]
+    lines += calibration_lines(plan.calibration)
+    lines += deploy_lines(plan.deploy)
+    for stage in plan.stages:
+        if stage.enabled and stage.commands:
+            lines.append(style(stage.name, "bold") + " runs:")
+            lines += [f"  {line}" for line in stage.commands]
     if explain:
         lines.append(style("how each number is estimated", "bold"))
-        for term in plan["explain"]:
-            lines += [f"  {term['key']} = {_value(term['value'], term['unit'])}", f"      {term['formula']}"]
-            if term["inputs"]:
-                lines.append(f"      inputs: {_inputs(term['inputs'])}")
-    for kind, color in (("warnings", "yellow"), ("errors", "red")):
-        lines += [style(format_finding(f), color) for f in plan[kind]]
-    verdict = f"{len(plan['errors'])} error(s), {len(plan['warnings'])} warning(s)"
-    lines.append(style(verdict, "red" if plan["errors"] else "green"))
+        for term in plan.terms:
+            lines += [f"  {term.key} = {_value(term.value, term.unit)}", f"      {term.formula}"]
+            if term.inputs:
+                lines.append(f"      inputs: {_inputs(term.inputs)}")
+    for findings, color in ((plan.warnings, "yellow"), (plan.errors, "red")):
+        lines += [style(format_finding(f), color) for f in findings]
+    verdict = f"{len(plan.errors)} error(s), {len(plan.warnings)} warning(s)"
+    lines.append(style(verdict, "red" if plan.errors else "green"))
     sys.stdout.write("\n".join(lines) + "\n")
 
 
@@ -169,11 +175,11 @@ def command(recipe: RecipeArg, overrides: OverridesArg = None, dry_run: DryRunOp
         loaded = load_or_exit(recipe, overrides)
         facts = target_facts(loaded.recipe)
     calibration = None if uncalibrated else pilot_calibration(loaded.recipe, run_dir)
-    plan = make_plan(loaded.recipe, facts, calibration).to_json(explain=explain)
+    plan = make_plan(loaded.recipe, facts, calibration)
     if json_output:
-        sys.stdout.write(json.dumps(plan) + "\n")
+        sys.stdout.write(json.dumps(plan.to_json(explain=explain)) + "\n")
     else:
         r = loaded.recipe
         render(plan, f"{r.name}: {r.target.model} on {r.hardware.name} (train {r.stages.train.mode})", explain)
-    if plan["errors"]:
+    if plan.errors:
         raise typer.Exit(1)

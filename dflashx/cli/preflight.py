@@ -69,8 +69,7 @@ def command(
     loaded = load_or_exit(recipe, overrides)
     made = make_plan(loaded.recipe, target_facts(loaded.recipe))
     checked = made.resolved or loaded.recipe
-    plan = made.to_json()
-    checks = [check_plan(plan), *preflight(checked, plan, run_dir or default_run_dir(checked))]
+    checks = [check_plan(made), *preflight(checked, made, run_dir or default_run_dir(checked))]
     if json_out:
         typer.echo(json.dumps({"recipe": str(recipe), "ok": not failures(checks),
                                "checks": [asdict(c) for c in checks]}, indent=2))

@@ -48,9 +48,9 @@ def command(
     from dflashx.track.output import terminal
 
     if node_rank is not None:
-        from dflashx.backends.servers import NODE_RANK_ENV
+        from dflashx.backends.nodes import NODE_RANK_ENV
 
-        os.environ[NODE_RANK_ENV] = str(node_rank)  # read where servers start (backends.servers.node_rank)
+        os.environ[NODE_RANK_ENV] = str(node_rank)  # read where servers start (backends.nodes.node_rank)
 
     with terminal() as stream, SessionConsole(file=stream) as view, view.route_logs():
         view.line(f"dflashx run {recipe}: planning…")  # before the heavy imports: a line at once

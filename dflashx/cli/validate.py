@@ -35,10 +35,10 @@ def command(recipe: RecipeArg, overrides: OverridesArg = None) -> None:
     loaded = load_or_exit(recipe, overrides)
     typer.echo(f"recipe {recipe}: {loaded.recipe.name}")
     typer.echo("\n".join(summary(loaded)))
-    plan = make_plan(loaded.recipe, target_facts(loaded.recipe)).to_json()
-    for w in plan["warnings"]:
+    plan = make_plan(loaded.recipe, target_facts(loaded.recipe))
+    for w in plan.warnings:
         typer.echo(format_finding(w))
-    errors = plan["errors"]
+    errors = plan.errors
     for e in errors:
         typer.echo(format_finding(e))
     if errors:

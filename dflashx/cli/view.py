@@ -27,7 +27,7 @@ class SessionConsole(RunConsole):
 
     def findings(self, findings: Sequence[Finding]) -> None:
         for finding in findings:
-            typer.echo(format_finding(finding.to_json()), err=True)
+            typer.echo(format_finding(finding), err=True)
 
     def preflight(self, checks: Sequence[Check]) -> None:
         def echo(text: str, err: bool = False) -> None:
@@ -47,5 +47,5 @@ class SessionConsole(RunConsole):
 def stopped(view: RunConsole, stop: Stopped) -> typer.Exit:
     """Stop the live rows, print why the session stopped (and the findings behind it) on stderr."""
     view.close(interrupted=stop.interrupted)
-    typer.echo("\n".join([stop.message, *(format_finding(f.to_json()) for f in stop.findings)]), err=True)
+    typer.echo("\n".join([stop.message, *(format_finding(f) for f in stop.findings)]), err=True)
     return typer.Exit(stop.exit_code)

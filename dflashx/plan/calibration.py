@@ -19,6 +19,7 @@ values differ from the recipe being planned is not applied, and the plan says wh
 # No `from __future__ import annotations` here: pydantic would evaluate every field's string
 # annotation when the class is created, which `dflashx plan`'s start-up pays (benchmarks/cli_latency.py).
 
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -59,6 +60,39 @@ class PilotCalibration(BaseModel):
 
 def _is_list(node: Any) -> bool:
     return isinstance(node, list)  # a list (dataset.sources) is one condition, as calibration.json keeps it
+
+
+@dataclass(frozen=True)
+class NotApplied:
+    """A group of figures measured under other recipe values: its figures and the keys that changed."""
+
+    group: str
+    figures: tuple[str, ...]
+    changed: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    """What a plan took from a pilot (plan.json's `calibration`): the figures `applied` (dotted recipe key ->
+    value), those `not_applied`, the run and when, and the relative standard errors of the applied groups."""
+
+    run_id: str
+    run_dir: str
+    measured_at: str
+    applied: dict[str, Any] = field(default_factory=dict)
+    not_applied: tuple[NotApplied, ...] = ()
+    rse: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self) | {"not_applied": [asdict(n) | {"figures": list(n.figures), "changed": list(n.changed)}
+                                               for n in self.not_applied]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "CalibrationReport":
+        return cls(str(data["run_id"]), str(data["run_dir"]), str(data["measured_at"]), dict(data["applied"]),
+                   tuple(NotApplied(str(n["group"]), tuple(n["figures"]), tuple(n["changed"]))
+                         for n in data["not_applied"]),
+                   {str(g): float(v) for g, v in data["rse"].items()})
 
 
 def calibration_marker(info: FieldInfo) -> list[str] | str | None:
@@ -122,7 +156,7 @@ def with_mtp_accept_length(recipe: Recipe, tau: float) -> Recipe:
         "generate": gen.model_copy(update={"serving": serving})})})
 
 
-def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, dict[str, Any]]:
+def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, CalibrationReport]:
     """The recipe with the pilot's figures in place, and what was (not) applied, for the plan's JSON."""
     now = conditions(recipe)
     stats, calibrated = recipe.dataset.stats, dict(recipe.hardware.calibrated)
@@ -133,12 +167,12 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, di
         "training": {f"hardware.calibrated.{CALIBRATED_MFU}": cal.training_mfu},
     }
     applied: dict[str, Any] = {}
-    not_applied: list[dict[str, Any]] = []
+    not_applied: list[NotApplied] = []
     for group, values in figures.items():
         values = {k: v for k, v in values.items() if v is not None}
         diff = changed(cal.conditions.get(group, {}), now[group]) if values else []
         if diff:
-            not_applied.append({"group": group, "figures": sorted(values), "changed": diff})
+            not_applied.append(NotApplied(group, tuple(sorted(values)), tuple(diff)))
             continue
         applied |= values
         if group == "data" and values:
@@ -155,10 +189,9 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, di
         "hardware": recipe.hardware.model_copy(update={"calibrated": calibrated}),
     })
     rse = {"serving": cal.serving_ratio_rse, "training": cal.training_mfu_rse}
-    report = {"run_id": cal.run_id, "run_dir": cal.run_dir, "measured_at": cal.measured_at,
-              "applied": applied, "not_applied": not_applied,
-              "rse": {g: v for g, v in rse.items() if v is not None and g not in {n["group"] for n in not_applied}}}
-    return updated, report
+    skipped = {n.group for n in not_applied}
+    return updated, CalibrationReport(cal.run_id, cal.run_dir, cal.measured_at, applied, tuple(not_applied),
+                                      {g: v for g, v in rse.items() if v is not None and g not in skipped})
 
 
 def uncalibrated(recipe: Recipe, stats: dict[str, Any], **sections: dict[str, Any]) -> Recipe:

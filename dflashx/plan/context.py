@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Self
 
 from dflashx.plan.estimates.cost import gpu_hours, usd
 from dflashx.plan.estimates.fixed import fixed_costs
@@ -73,28 +74,48 @@ def build_context(recipe: ResolvedRecipe) -> PlanContext:
                        (*time_terms.values(), *fixed.terms.values()))
 
 
-ESTIMATE_KEYS = ("seconds", "gpu_hours", "usd", "storage_bytes", "peak_gpu_memory_bytes")
+@dataclass(frozen=True)
+class Estimates:
+    """One stage's five estimates (plan.json's `estimates` entry); zeros for a disabled stage."""
+
+    seconds: float = 0.0  # wall time
+    gpu_hours: float = 0.0  # billed: wall time x every GPU of the profile
+    usd: float = 0.0
+    storage_bytes: float = 0.0  # what the stage writes locally
+    peak_gpu_memory_bytes: float = 0.0  # per GPU (host memory on the CPU profile)
+
+    def to_json(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Self:
+        """From `to_json`'s dict (a missing field raises KeyError naming it)."""
+        return cls(**{f.name: float(data[f.name]) for f in fields(cls)})
 
 
-def stage_estimates(ctx: PlanContext, stage: str) -> dict[str, float]:
+@dataclass(frozen=True)
+class Totals(Estimates):
+    """The sums over stages (they run one after another), peak memory the maximum, and `days`."""
+
+    days: float = 0.0
+
+
+ESTIMATE_KEYS = tuple(f.name for f in fields(Estimates))
+
+
+def stage_estimates(ctx: PlanContext, stage: str) -> Estimates:
     """The five estimate fields of one stage; zeros for a disabled stage."""
     if not getattr(ctx.recipe.stages, stage).enabled:
-        return dict.fromkeys(ESTIMATE_KEYS, 0.0)
+        return Estimates()
     hw = ctx.recipe.hardware
     seconds = ctx.seconds.get(stage, 0.0)
     memory = ctx.memory.get(stage)
-    return {
-        "seconds": seconds,
-        "gpu_hours": gpu_hours(seconds, hw),
-        "usd": usd(seconds, hw),
-        "storage_bytes": ctx.storage.for_stage(stage),
-        "peak_gpu_memory_bytes": memory.bytes if memory else 0.0,
-    }
+    return Estimates(seconds, gpu_hours(seconds, hw), usd(seconds, hw), ctx.storage.for_stage(stage),
+                     memory.bytes if memory else 0.0)
 
 
-def totals(per_stage: dict[str, dict[str, float]]) -> dict[str, float]:
+def totals(per_stage: list[Estimates]) -> Totals:
     """Sums over stages (they run one after another); peak memory is the maximum."""
-    out = {key: sum(e[key] for e in per_stage.values()) for key in ESTIMATE_KEYS}
-    out["peak_gpu_memory_bytes"] = max((e["peak_gpu_memory_bytes"] for e in per_stage.values()), default=0.0)
-    out["days"] = out["seconds"] / 86_400
-    return out
+    sums = {key: sum(getattr(e, key) for e in per_stage) for key in ESTIMATE_KEYS}
+    sums["peak_gpu_memory_bytes"] = max((e.peak_gpu_memory_bytes for e in per_stage), default=0.0)
+    return Totals(**sums, days=sums["seconds"] / 86_400)

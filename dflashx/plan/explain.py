@@ -21,6 +21,11 @@ class Term:
         return {"key": self.key, "value": self.value, "unit": self.unit, "formula": self.formula,
                 "inputs": self.inputs, "source": self.source}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Term:
+        return cls(str(data["key"]), float(data["value"]), str(data["unit"]), str(data["formula"]),
+                   dict(data["inputs"]), str(data["source"]))
+
 
 def term(key: str, value: float, unit: str, formula: str, source: str = "", **inputs: Any) -> Term:
     """Shorthand constructor; inputs are given as keyword arguments."""

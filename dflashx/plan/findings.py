@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Severity = Literal["error", "blocking", "warning"]
 
@@ -19,6 +19,10 @@ class Finding:
 
     def to_json(self) -> dict[str, str]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Finding:
+        return cls(str(data["code"]), str(data["key"]), str(data["message"]), str(data["fix"]), data["severity"])
 
 
 def error(code: str, key: str, message: str, fix: str) -> Finding:

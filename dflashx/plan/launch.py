@@ -1,23 +1,27 @@
-"""The typed launch plan of the generate stage: which servers run where, and how many requests each keeps open.
+"""The typed launch plans: the generate stage's (which servers run where, and how many requests each keeps
+open) and the train stage's (`TrainLaunch`: the DeepSpeed or torchrun argv, its world size and nodes).
 
-The planner builds it once (`plan.expand.sglang.launch_plan`); plan.json stores it in the generate stage's
-entry (`to_json`) and the run reads it back (`from_json`, the same object), so the client keeps open exactly
-what the estimate assumed and starts exactly the servers the plan lists. The shape (an immutable plan of
-one frozen spec per service) follows SpecForge's `LaunchPlan` / `ServiceSpec`, which issue 22 names as the
-model (sgl-project/SpecForge); the fields are dflashx's own.
+The planner builds the generate stage's once (`plan.expand.sglang.launch_plan`); plan.json stores it in the
+generate stage's entry (`to_json`) and `Plan.load` reads it back (`from_json`, the same object), so the client
+keeps open exactly what the estimate assumed and starts exactly the servers the plan lists. The shape (an
+immutable plan of one frozen spec per service) follows SpecForge's `LaunchPlan` / `ServiceSpec`, which issue 22
+names as the model (sgl-project/SpecForge); the fields are dflashx's own.
 
 Modes:
   launch      the generate stage starts `servers` (each node only its own: `node`) and waits for all of them
   attach      `stages.generate.urls`: servers someone else started; nothing is launched
   in-process  the transformers backend: no server, `in_flight_per_replica` is its batch
-Addresses: a node-0 server is `127.0.0.1`; a server on node i > 0 is named `node-<i>` (the names the
-training hostfile uses) until the run maps it to a real host (`dflashx.backends.servers.node_hosts`).
+Addresses: a node-0 server is `127.0.0.1`; a server on node i > 0 is named `node-<i>` (`node_name`, the names
+the training hostfile uses) until the run maps it to a real host (`dflashx.backends.nodes.node_address`).
 """
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Callable, Literal
+
+from dflashx.resolve.deepspeed import HOSTFILE
 
 Mode = Literal["launch", "attach", "in-process"]
 LOCAL_HOST = "127.0.0.1"
@@ -29,9 +33,14 @@ def base_url(url: str) -> str:
     return url.removesuffix("/v1")
 
 
+def node_name(node: int) -> str:
+    """The planned name of node `node` (`node-<i>`) until the run maps it to a real address."""
+    return f"node-{node}"
+
+
 def node_host(node: int) -> str:
     """The planned host of a server on `node`: this machine for node 0, `node-<i>` for the others."""
-    return LOCAL_HOST if node == 0 else f"node-{node}"
+    return LOCAL_HOST if node == 0 else node_name(node)
 
 
 def split_in_flight(total: int, parts: int) -> tuple[int, ...]:
@@ -125,20 +134,45 @@ class LaunchPlan:
 
 
 @dataclass(frozen=True)
-class StageRuntime:
-    """What the plan hands one stage when it runs, typed: its planned storage (a full disk names what is still
-    needed) and, for generate, the launch plan. Read back from plan.json's stage entry by `from_json`."""
+class TrainLaunch:
+    """How the train stage starts its processes: `argv` (`stages.train.launch` of the resolved recipe, `{run_dir}`
+    still in it), `world_size` processes over `nodes` nodes, and `deepspeed_config`, the config the engine is
+    built with. On several nodes `argv` reads the hostfile at `hostfile_path`, one `<host> slots=<per node>`
+    line per node, which the train stage writes with the nodes' real addresses before it launches."""
 
-    storage_bytes: float = 0.0
-    launch: LaunchPlan | None = None
+    argv: tuple[str, ...]
+    world_size: int
+    nodes: int
+    deepspeed_config: dict[str, Any]
+
+    @property
+    def shell(self) -> str:
+        return shlex.join(self.argv)
+
+    @property
+    def hostfile_path(self) -> str | None:
+        """Where `argv` reads the hostfile (`{run_dir}` not filled in); None when it reads none (one node)."""
+        return HOSTFILE if HOSTFILE in self.argv else None
+
+    def hostfile(self, host: Callable[[int], str] = node_name) -> tuple[str, ...]:
+        """The hostfile's lines with node i named `host(i)` (the planned `node-<i>` by default); () on one node."""
+        if self.nodes == 1:
+            return ()
+        return tuple(f"{host(i)} slots={self.world_size // self.nodes}" for i in range(self.nodes))
+
+    def to_json(self) -> dict[str, Any]:
+        """The train stage's entry keys of plan.json: `deepspeed_config` and `launch`."""
+        return {"deepspeed_config": self.deepspeed_config,
+                "launch": {"command": list(self.argv), "shell": self.shell, "hostfile": list(self.hostfile()) or None,
+                           "world_size": self.world_size}}
 
     @classmethod
-    def from_json(cls, entry: dict[str, Any]) -> StageRuntime:
-        """From one stage's entry of plan.json (`StagePlan.to_json`); `{}` gives the empty runtime."""
-        estimates = entry.get("estimates") or {}
-        return cls(float(estimates.get("storage_bytes") or 0.0),
-                   LaunchPlan.from_json(entry) if "mode" in entry else None)
+    def from_json(cls, entry: dict[str, Any]) -> TrainLaunch:
+        """From the train stage's entry of plan.json (`to_json`); the nodes are the hostfile's lines."""
+        launch = entry["launch"]
+        return cls(tuple(str(a) for a in launch["command"]), int(launch["world_size"]),
+                   len(launch["hostfile"] or ()) or 1, dict(entry["deepspeed_config"]))
 
 
-__all__ = ["LOCAL_HOST", "LaunchPlan", "Mode", "RouterSpec", "ServerSpec", "StageRuntime", "base_url", "node_host",
-           "split_in_flight"]
+__all__ = ["LOCAL_HOST", "LaunchPlan", "Mode", "RouterSpec", "ServerSpec", "TrainLaunch", "base_url", "node_host",
+           "node_name", "split_in_flight"]

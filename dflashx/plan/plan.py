@@ -1,35 +1,32 @@
-"""`make_plan(recipe, facts) -> Plan`: pure (no file or network I/O, no torch).
+"""`make_plan(recipe, facts) -> Plan`: pure (no network I/O, no torch); `Plan.load` reads a saved plan.json.
 
-The plan holds the findings of every rule, one entry per stage (its commands, estimates and
-extras: the typed launch plan for generate (`dflashx.plan.launch`), `deepspeed_config`/`launch` for
-train; `StagePlan.runtime()` is what a stage gets when it runs, and `StageRuntime.from_json` reads the
-same object back from plan.json), the totals,
-their P10/P50/P90 (`ranges`), the recipe with every derived value filled in (`resolved`), which
-figures a pilot calibrated (`calibration`), the drafter's predicted serving speed-up at the recipe's
-expected tau (`deploy`) and, for `--explain`, the formula and inputs of every
-number. The JSON layout is documented in docs/planner.md.
+The plan holds the findings of every rule, one entry per stage (its commands, typed estimates and launch:
+generate's `LaunchPlan` and train's `TrainLaunch`, `dflashx.plan.launch`), the totals, their P10/P50/P90
+(`ranges`), the recipe with every derived value filled in (`resolved`), which figures a pilot calibrated
+(`calibration`), the drafter's predicted serving speed-up at the recipe's expected tau (`deploy`) and, for
+`--explain`, the formula and inputs of every number. It is one frozen document: `to_json` writes it (the
+layout documented in docs/planner.md), `from_json` / `load` give back the same `Plan`, and every reader (the
+run, its stages, the reports, the CLI) reads its attributes.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from dflashx.config.schema import STAGE_ORDER, Recipe
-from dflashx.plan.context import (
-    ESTIMATE_KEYS,
-    PlanContext,
-    build_context,
-    stage_estimates,
-    totals,
-)
-from dflashx.plan.estimates.deployment import deploy_term, expected_speedup
+from dflashx.plan.calibration import CalibrationReport, PilotCalibration, apply_calibration
+from dflashx.plan.context import Estimates, PlanContext, Totals, build_context, stage_estimates, totals
+from dflashx.plan.estimates.deployment import Deployment, deploy_term, expected_speedup
 from dflashx.plan.expand.deepspeed import launch
 from dflashx.plan.expand.sglang import launch_plan, shell_lines
-from dflashx.plan.calibration import PilotCalibration, apply_calibration
 from dflashx.plan.explain import Term
 from dflashx.plan.findings import Finding, error, warning
-from dflashx.plan.launch import LaunchPlan, StageRuntime
+from dflashx.plan.launch import LaunchPlan, TrainLaunch
 from dflashx.plan.ranges import Ranges, plan_ranges
 from dflashx.plan.rules import check
 from dflashx.resolve import ResolvedRecipe, ResolveError, resolve
@@ -37,34 +34,43 @@ from dflashx.targets.facts import registry_facts
 from dflashx.targets.registry import REGISTRY, TargetFacts
 
 
-@dataclass
+class PlanFileError(ValueError):
+    """A plan.json that does not hold a plan (`Plan.load`): names the file, the key and the fix."""
+
+
+@dataclass(frozen=True)
 class StagePlan:
+    """What the plan decided for one stage; a stage reads it as `ctx.runtime`."""
+
     name: str
     enabled: bool
-    commands: list[str] = field(default_factory=list)
-    estimates: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ESTIMATE_KEYS, 0.0))
-    extra: dict[str, Any] = field(default_factory=dict)
+    commands: tuple[str, ...] = ()  # shell lines for people
+    estimates: Estimates = field(default_factory=Estimates)
     launch: LaunchPlan | None = None  # generate's servers, router, mode and in-flight counts
-
-    def runtime(self) -> StageRuntime:
-        """What the stage gets when it runs (`StageRuntime.from_json(self.to_json())` is the same)."""
-        return StageRuntime(float(self.estimates.get("storage_bytes") or 0.0), self.launch)
+    train_launch: TrainLaunch | None = None  # train's argv, world size, nodes, engine config
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "enabled": self.enabled, "commands": self.commands,
-                "estimates": self.estimates, **(self.launch.to_json() if self.launch else {}), **self.extra}
+        return {"name": self.name, "enabled": self.enabled, "commands": list(self.commands),
+                "estimates": self.estimates.to_json(), **(self.launch.to_json() if self.launch else {}),
+                **(self.train_launch.to_json() if self.train_launch else {})}
+
+    @classmethod
+    def from_json(cls, entry: dict[str, Any]) -> StagePlan:
+        return cls(str(entry["name"]), bool(entry["enabled"]), tuple(str(c) for c in entry["commands"]),
+                   Estimates.from_json(entry["estimates"]), LaunchPlan.from_json(entry) if "mode" in entry else None,
+                   TrainLaunch.from_json(entry) if "launch" in entry else None)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    findings: list[Finding]
-    stages: list[StagePlan]
-    totals: dict[str, float]
+    findings: tuple[Finding, ...]  # errors first, then warnings
+    stages: tuple[StagePlan, ...]  # every stage, in pipeline order
+    totals: Totals
     resolved: ResolvedRecipe | None  # None when the target is unknown or a value cannot be resolved
-    terms: list[Term] = field(default_factory=list)
+    terms: tuple[Term, ...] = field(default=(), compare=False)  # --explain's view; in plan.json with explain only
     ranges: Ranges | None = None
-    calibration: dict[str, Any] | None = None  # which figures a pilot measured (apply_calibration's report)
-    deploy: dict[str, Any] | None = None  # the drafter's predicted serving speed-up at its expected tau
+    calibration: CalibrationReport | None = None  # which figures a pilot measured
+    deploy: Deployment | None = None  # the drafter's predicted serving speed-up at its expected tau
 
     @property
     def errors(self) -> list[Finding]:
@@ -74,42 +80,70 @@ class Plan:
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.severity == "warning"]
 
+    def stage(self, name: str) -> StagePlan:
+        """The plan of stage `name` (every plan has all of them)."""
+        return next(s for s in self.stages if s.name == name)
+
     def to_json(self, explain: bool = False) -> dict[str, Any]:
         out = {
             "errors": [f.to_json() for f in self.errors],
             "warnings": [f.to_json() for f in self.warnings],
             "stages": [s.to_json() for s in self.stages],
-            "totals": self.totals,
+            "totals": self.totals.to_json(),
             "ranges": self.ranges.to_json() if self.ranges is not None else None,
-            "calibration": self.calibration,
+            "calibration": self.calibration.to_json() if self.calibration is not None else None,
             "resolved": self.resolved.model_dump(mode="json") if self.resolved is not None else None,
-            "deploy": self.deploy,
+            "deploy": self.deploy.to_json() if self.deploy is not None else None,
         }
         if explain:
             out["explain"] = [t.to_json() for t in self.terms]
         return out
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        """The `Plan` that `to_json` wrote (a missing key raises KeyError naming it)."""
+        ranges, cal, resolved, deploy = data["ranges"], data["calibration"], data["resolved"], data["deploy"]
+        return cls(tuple(Finding.from_json(f) for f in [*data["errors"], *data["warnings"]]),
+                   tuple(StagePlan.from_json(s) for s in data["stages"]), Totals.from_json(data["totals"]),
+                   None if resolved is None else ResolvedRecipe.model_validate(resolved),
+                   tuple(Term.from_json(t) for t in data.get("explain", ())),
+                   None if ranges is None else Ranges.from_json(ranges),
+                   None if cal is None else CalibrationReport.from_json(cal),
+                   None if deploy is None else Deployment.from_json(deploy))
 
-def _stage_plans(ctx: PlanContext) -> list[StagePlan]:
-    recipe = ctx.recipe
-    plans = []
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """The plan saved at `path` (a run's plan.json); `PlanFileError` names what is wrong with it."""
+        fix = "plan again: `dflashx run` rewrites the run's plan.json (or `dflashx plan RECIPE --json > FILE`)"
+        try:
+            return cls.from_json(json.loads(Path(path).read_text()))
+        except json.JSONDecodeError as e:
+            raise PlanFileError(f"{path}: not JSON ({e}); {fix}") from None
+        except KeyError as e:
+            raise PlanFileError(f"{path}: key {e} is missing, so this is not a dflashx plan (or one from an "
+                                f"older dflashx); {fix}") from None
+        except (TypeError, ValueError, ValidationError) as e:
+            raise PlanFileError(f"{path}: a value does not fit the plan: {e}; {fix}") from None
+
+
+def _stage_plans(ctx: PlanContext) -> tuple[StagePlan, ...]:
+    recipe, plans = ctx.recipe, []
+    serving, train = launch_plan(ctx.recipe, ctx.facts, ctx.generation.serving), launch(recipe)
     for name in STAGE_ORDER:
-        enabled = getattr(recipe.stages, name).enabled
-        plans.append(StagePlan(name, enabled, estimates=stage_estimates(ctx, name)))
-    by_name = {p.name: p for p in plans}
-    serving = launch_plan(ctx.recipe, ctx.facts, ctx.generation.serving)
-    by_name["generate"].commands = shell_lines(serving)
-    by_name["generate"].launch = serving
-    run = launch(recipe)
-    by_name["train"].commands = [run["shell"]]
-    by_name["train"].extra = {"deepspeed_config": recipe.stages.train.deepspeed_config, "launch": run}
-    return plans
+        enabled, estimates = getattr(recipe.stages, name).enabled, stage_estimates(ctx, name)
+        if name == "generate":
+            plans.append(StagePlan(name, enabled, tuple(shell_lines(serving)), estimates, launch=serving))
+        elif name == "train":
+            plans.append(StagePlan(name, enabled, (train.shell,), estimates, train_launch=train))
+        else:
+            plans.append(StagePlan(name, enabled, estimates=estimates))
+    return tuple(plans)
 
 
 def _unresolved(recipe: Recipe, finding: Finding) -> Plan:
     """A plan that stops at resolution: one error finding, zero estimates, nothing resolved."""
-    stages = [StagePlan(n, getattr(recipe.stages, n).enabled) for n in STAGE_ORDER]
-    return Plan([finding], stages, totals({s.name: s.estimates for s in stages}), None)
+    stages = tuple(StagePlan(n, getattr(recipe.stages, n).enabled) for n in STAGE_ORDER)
+    return Plan((finding,), stages, totals([s.estimates for s in stages]), None)
 
 
 def _unknown_target(recipe: Recipe) -> Finding:
@@ -156,10 +190,12 @@ def make_plan(recipe: Recipe, facts: TargetFacts | None = None,
         return _unresolved(recipe, error(e.code, e.key, e.message, e.fix))
     ctx = build_context(resolved)
     stages = _stage_plans(ctx)
-    ranges = plan_ranges(ctx, (report or {}).get("rse"))
-    deploy = expected_speedup(resolved).to_json()
-    return Plan([*check(ctx), *range_findings(ranges, recipe)], stages, totals({s.name: s.estimates for s in stages}),
-                resolved, [*ctx.terms, *ranges.terms, deploy_term(deploy)], ranges, report, deploy)
+    ranges = plan_ranges(ctx, report.rse if report else None)
+    deploy = expected_speedup(resolved)
+    found = [*check(ctx), *range_findings(ranges, recipe)]
+    findings = tuple(sorted(found, key=lambda f: f.severity != "error"))  # as plan.json lists them
+    return Plan(findings, stages, totals([s.estimates for s in stages]), resolved,
+                (*ctx.terms, *ranges.terms, deploy_term(deploy)), ranges, report, deploy)
 
 
-__all__ = ["Plan", "StagePlan", "make_plan"]
+__all__ = ["Plan", "PlanFileError", "StagePlan", "make_plan"]

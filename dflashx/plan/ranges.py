@@ -19,7 +19,7 @@ Cost follows time: every stage bills the whole node.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dflashx.plan.context import PlanContext, build_context, stage_estimates
@@ -54,6 +54,10 @@ class Band:
     def to_json(self) -> dict[str, float]:
         return {"p10": self.p10, "p50": self.p50, "p90": self.p90}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Band:
+        return cls(float(data["p10"]), float(data["p50"]), float(data["p90"]))
+
     def times(self, factor: float) -> "Band":
         return Band(self.p10 * factor, self.p50 * factor, self.p90 * factor)
 
@@ -65,7 +69,7 @@ class Ranges:
     stages: dict[str, Band]  # stage -> seconds
     total: Band  # seconds
     usd: dict[str, Band]  # stage -> USD, and "total"
-    terms: tuple[Term, ...]
+    terms: tuple[Term, ...] = field(default=(), compare=False)  # --explain's view; not in plan.json
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +79,16 @@ class Ranges:
             "totals": {"seconds": self.total.to_json(), "usd": self.usd["total"].to_json(),
                        "days": self.total.times(1 / 86_400).to_json()},
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Ranges:
+        """From `to_json`'s dict (the terms are not in it: `Plan.from_json` reads `explain`)."""
+        stages = data["stages"]
+        return cls(Band.from_json(data["output_tokens_mean"]), Band.from_json(data["truncated_share"]),
+                   {n: Band.from_json(s["seconds"]) for n, s in stages.items()},
+                   Band.from_json(data["totals"]["seconds"]),
+                   {n: Band.from_json(s["usd"]) for n, s in stages.items()}
+                   | {"total": Band.from_json(data["totals"]["usd"])})
 
 
 def mean_factors(ctx: PlanContext) -> tuple[float, float, str]:
@@ -121,7 +135,7 @@ def plan_ranges(ctx: PlanContext, rse: dict[str, float] | None = None) -> Ranges
     low, high = (build_context(recipe.model_copy(update={"dataset": recipe.dataset.model_copy(
         update={"stats": scaled_stats(stats, f)})})) for f in (f10, f90))
     names = [name for name, stage in recipe.stages if stage.enabled]
-    seconds = {n: [stage_estimates(c, n)["seconds"] for c in (low, ctx, high)] for n in names}
+    seconds = {n: [stage_estimates(c, n).seconds for c in (low, ctx, high)] for n in names}
     errors = {n: model_error(ctx, n, rse) for n in names}
     stages = {n: _band(seconds[n][0], seconds[n][1], seconds[n][2], errors[n][0]) for n in names}
     mid_total = sum(s[1] for s in seconds.values())

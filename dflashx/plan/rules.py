@@ -142,20 +142,20 @@ def offline_within_storage(ctx: PlanContext) -> Iterable[Finding]:
 
 def within_budget(ctx: PlanContext) -> Iterable[Finding]:
     b = ctx.recipe.budget
-    t = totals({s: stage_estimates(ctx, s) for s in STAGE_ORDER})
+    t = totals([stage_estimates(ctx, s) for s in STAGE_ORDER])
     hw = ctx.recipe.hardware.name
-    if b.max_usd is not None and t["usd"] > b.max_usd:
-        yield error("budget_usd", "budget.max_usd", f"the plan costs about ${t['usd']:,.0f} on {hw}, "
+    if b.max_usd is not None and t.usd > b.max_usd:
+        yield error("budget_usd", "budget.max_usd", f"the plan costs about ${t.usd:,.0f} on {hw}, "
                     f"over budget.max_usd ${b.max_usd:,.0f}",
                     "raise budget.max_usd, lower stages.train.epochs or the dataset size, or use a cheaper profile")
-    if b.max_days is not None and t["days"] > b.max_days:
-        yield error("budget_days", "budget.max_days", f"the plan takes about {t['days']:.1f} days on {hw}, "
+    if b.max_days is not None and t.days > b.max_days:
+        yield error("budget_days", "budget.max_days", f"the plan takes about {t.days:.1f} days on {hw}, "
                     f"over budget.max_days {b.max_days:g}",
                     "raise budget.max_days, lower stages.train.epochs or the dataset size, or use a faster "
                     "profile (e.g. hardware=b200_nvl8)")
-    if b.max_storage_bytes is not None and t["storage_bytes"] > b.max_storage_bytes:
+    if b.max_storage_bytes is not None and t.storage_bytes > b.max_storage_bytes:
         yield error("budget_storage", "budget.max_storage_bytes",
-                    f"the run stores about {human_bytes(t['storage_bytes'])}, over budget.max_storage_bytes "
+                    f"the run stores about {human_bytes(t.storage_bytes)}, over budget.max_storage_bytes "
                     f"{human_bytes(b.max_storage_bytes)}",
                     "raise budget.max_storage_bytes, or keep fewer checkpoints (stages.train.keep_checkpoints)")
 

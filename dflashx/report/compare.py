@@ -57,10 +57,10 @@ def estimate_vs_actual(runs: list[RunInfo]) -> list[Section]:
     for stage in STAGE_ORDER:
         est = [r.estimates(stage) for r in runs]
         time.rows.append([stage, *(_ratio(r.stages[stage].duration_s if stage in r.stages else None,
-                                          e.get("seconds"), human_seconds) for r, e in zip(runs, est))])
-        storage.rows.append([stage, *(_ratio(r.storage(stage), e.get("storage_bytes"), human_bytes)
+                                          e.seconds, human_seconds) for r, e in zip(runs, est))])
+        storage.rows.append([stage, *(_ratio(r.storage(stage), e.storage_bytes, human_bytes)
                                       for r, e in zip(runs, est))])
-        cost.rows.append([stage, *(_ratio(r.usd(stage), e.get("usd"), _usd) for r, e in zip(runs, est))])
+        cost.rows.append([stage, *(_ratio(r.usd(stage), e.usd, _usd) for r, e in zip(runs, est))])
         if stage in THROUGHPUT:
             speed.rows.append([stage, *(human_value(r.metrics(stage).get(THROUGHPUT[stage])) for r in runs)])
     return [time, storage, cost, speed]

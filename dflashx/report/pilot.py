@@ -10,6 +10,7 @@ from typing import Any
 
 from dflashx.plan.context import build_context
 from dflashx.plan.plan import Plan
+from dflashx.plan.ranges import Band
 from dflashx.report.fmt import Section, human_seconds
 from dflashx.run.pilot import PilotOutcome
 
@@ -26,8 +27,8 @@ def _num(v: float | None, digits: int = 4) -> str:
     return "-" if v is None else f"{v:,.{digits}g}"
 
 
-def _range(band: dict[str, float] | None, fmt: Any) -> str:
-    return "" if not band else f" ({fmt(band['p10'])} – {fmt(band['p90'])})"
+def _range(band: Band, fmt: Any) -> str:
+    return f" ({fmt(band.p10)} – {fmt(band.p90)})"
 
 
 def comparison(outcome: PilotOutcome) -> Section:
@@ -44,12 +45,12 @@ def comparison(outcome: PilotOutcome) -> Section:
         ["prompts to generate", _num(_term(before, "tokens.samples").value, 9), _num(m["samples"], 9),
          "ingest (the run's own stage)"],
         ["prompt tokens, mean", _num(stats.prompt_tokens_mean), _num(lengths["prompt_tokens_mean"]), ""],
-        ["output tokens, mean", _num(dist.mean) + _range(r.mean.to_json(), _num),
+        ["output tokens, mean", _num(dist.mean) + _range(r.mean, _num),
          f"{_num(lengths['output_tokens_mean'])} ± {_num(lengths['output_tokens_mean_se'], 2)}",
          f"{lengths['completions']} completions (± one standard error, by source)"],
         ["output tokens, p90", _num(dist.quantile(0.9)), _num(lengths["output_tokens_p90"]), dist.source],
         [f"stopped at max_tokens {recipe.stages.generate.max_tokens:,}", _pct(r.truncated.p50)
-         + _range(r.truncated.to_json(), _pct), _pct(lengths["truncated_share"]), f"QC limit {_pct(limit)}"],
+         + _range(r.truncated, _pct), _pct(lengths["truncated_share"]), f"QC limit {_pct(limit)}"],
         [f"cut at max_length {recipe.stages.train.max_length:,}", _pct(dist.share_above(planned.tokens.output_room)),
          _pct(lengths["train_cut_share"]), "prompt + output tokens"],
     ]
@@ -71,8 +72,8 @@ def comparison(outcome: PilotOutcome) -> Section:
 def _plan_row(label: str, plan: Plan) -> list[str]:
     t, r = plan.totals, plan.ranges
     assert r is not None
-    return [label, human_seconds(t["seconds"]) + _range(r.total.to_json(), human_seconds),
-            f"{t['usd']:,.0f}" + _range(r.usd["total"].to_json(), lambda v: f"{v:,.0f}"),
+    return [label, human_seconds(t.seconds) + _range(r.total, human_seconds),
+            f"{t.usd:,.0f}" + _range(r.usd["total"], lambda v: f"{v:,.0f}"),
             f"{len(plan.errors)} error(s)"]
 
 

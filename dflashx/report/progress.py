@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from dflashx.plan.plan import Plan
 from dflashx.report.fmt import human_bytes, human_seconds, human_value
 from dflashx.run.rundir import RunDir
 from dflashx.run.status import run_status
@@ -45,8 +46,8 @@ def _row_headline(row: StageRow) -> str:
     return row.message if row.state == "running" and row.message else _headline(row.metrics)
 
 
-def _stage_table(plan: dict[str, Any], rows: Sequence[StageRow]) -> list[str]:
-    estimates = {st["name"]: (st.get("estimates") or {}).get("seconds") for st in plan.get("stages", [])}
+def _stage_table(plan: Plan | None, rows: Sequence[StageRow]) -> list[str]:
+    estimates = {st.name: st.estimates.seconds for st in plan.stages} if plan else {}
     lines = ["| stage | state | took | estimate | headline |", "|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row.name} | {row.state} | {human_seconds(row.duration_s)} | "
@@ -82,8 +83,8 @@ def _next_steps(run_dir: Path, rows: Sequence[StageRow], records: list[dict[str,
     return steps or ["- Nothing: every stage is done and every artifact has a verified remote copy."]
 
 
-def render_progress(run_dir: Path, rows: Sequence[StageRow], plan: dict[str, Any], run_id: str) -> str:
-    """The PROGRESS.md text of a run: `rows` in pipeline order, `plan` its plan.json."""
+def render_progress(run_dir: Path, rows: Sequence[StageRow], plan: Plan | None, run_id: str) -> str:
+    """The PROGRESS.md text of a run: `rows` in pipeline order, `plan` its plan (None before it is saved)."""
     run_dir = Path(run_dir)
     records, manifest = read_records(run_dir), Manifest.load(run_dir)
     out = [f"# Progress of {run_id}", "",
@@ -109,5 +110,5 @@ def write_progress(run_dir: str | Path) -> Path:
     rundir = RunDir(Path(run_dir))
     run_id = (rundir.info() or {}).get("run_id", rundir.path.name)
     path = rundir.path / PROGRESS_FILE
-    atomic_write_text(path, render_progress(rundir.path, run_status(rundir.path), rundir.plan() or {}, run_id))
+    atomic_write_text(path, render_progress(rundir.path, run_status(rundir.path), rundir.plan(), run_id))
     return path

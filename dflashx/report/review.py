@@ -22,13 +22,15 @@ from typing import Any
 from dflashx.config.errors import RecipeError
 from dflashx.config.load import load_recipe
 from dflashx.config.schema import Recipe
-from dflashx.plan.plan import make_plan
+from dflashx.plan.context import Estimates
+from dflashx.plan.findings import Finding
+from dflashx.plan.plan import Plan, make_plan
 from dflashx.report.compare import flatten
 from dflashx.report.fmt import Section, human_bytes, human_seconds, human_value
 
 FactsFor = Callable[[Recipe], Any]
 
-# (label, totals/estimates key, formatter)
+# (label, `Estimates` field, formatter)
 MEASURES: list[tuple[str, str, Callable[[float | None], str]]] = [
     ("time", "seconds", human_seconds),
     ("GPU-hours", "gpu_hours", lambda v: "-" if v is None else f"{v:,.1f}"),
@@ -42,7 +44,7 @@ MEASURES: list[tuple[str, str, Callable[[float | None], str]]] = [
 class Side:
     spec: str
     data: dict[str, Any] | None = None  # validated recipe, flattened
-    plan: dict[str, Any] | None = None
+    plan: Plan | None = None
     error: str | None = None  # why it could not be loaded
     missing: bool = False  # the file does not exist (a new recipe)
 
@@ -134,7 +136,7 @@ def load_side(spec: str, workdir: Path, facts_for: FactsFor) -> Side:
     folder = str(path.resolve().parent) + "/"
     side.data = {k: v.replace(folder, "") if isinstance(v, str) else v  # paths relative to the recipe
                  for k, v in flatten(recipe.model_dump(mode="json")).items()}
-    side.plan = make_plan(recipe, facts_for(recipe)).to_json()
+    side.plan = make_plan(recipe, facts_for(recipe))
     return side
 
 
@@ -153,16 +155,22 @@ def changed_keys(base: Side, head: Side) -> Section:
     return Section("Changed keys", ["key", "base", "head"], rows, "" if rows else "No key changed.")
 
 
-def _range(plan: dict[str, Any] | None, key: str, fmt: Callable[[float | None], str]) -> tuple[str, float | None]:
-    """`P10 – P90` of a total (and its P90, for the change column); `-` without ranges."""
-    band = ((plan or {}).get("ranges") or {}).get("totals", {}).get(key)
-    return ("-", None) if not band else (f"{fmt(band['p10'])} – {fmt(band['p90'])}", band["p90"])
+def _range(plan: Plan | None, key: str, fmt: Callable[[float | None], str]) -> tuple[str, float | None]:
+    """`P10 – P90` of a total, `seconds` or `usd` (and its P90, for the change column); `-` without ranges."""
+    if plan is None or plan.ranges is None:
+        return "-", None
+    band = plan.ranges.total if key == "seconds" else plan.ranges.usd["total"]
+    return f"{fmt(band.p10)} – {fmt(band.p90)}", band.p90
+
+
+def _value(estimates: Estimates | None, key: str) -> float | None:
+    return None if estimates is None else float(getattr(estimates, key))
 
 
 def plan_totals(base: Side, head: Side) -> Section:
-    old = (base.plan or {}).get("totals", {})
-    new = (head.plan or {}).get("totals", {})
-    rows = [[label, fmt(old.get(key)), fmt(new.get(key)), _change(old.get(key), new.get(key))]
+    old = base.plan.totals if base.plan else None
+    new = head.plan.totals if head.plan else None
+    rows = [[label, fmt(_value(old, key)), fmt(_value(new, key)), _change(_value(old, key), _value(new, key))]
             for label, key, fmt in MEASURES]
     for label, key, fmt in [m for m in MEASURES if m[1] in ("seconds", "usd")]:
         (a, a90), (b, b90) = _range(base.plan, key, fmt), _range(head.plan, key, fmt)
@@ -173,24 +181,26 @@ def plan_totals(base: Side, head: Side) -> Section:
 
 
 def stage_changes(base: Side, head: Side) -> Section:
-    old = {s["name"]: s for s in (base.plan or {}).get("stages", [])}
+    old = {s.name: s for s in base.plan.stages} if base.plan else {}
     rows = []
-    for stage in (head.plan or {}).get("stages", []):
-        before = old.get(stage["name"], {})
+    for stage in head.plan.stages if head.plan else ():
+        before = old.get(stage.name)
         cells = []
         for _, key, fmt in MEASURES:
-            a, b = fmt((before.get("estimates") or {}).get(key)), fmt(stage["estimates"].get(key))
+            a, b = fmt(_value(before.estimates if before else None, key)), fmt(_value(stage.estimates, key))
             cells.append(b if a == b else f"{a} → {b}")
-        if before.get("enabled", True) != stage["enabled"] or any("→" in c for c in cells):
-            enabled = f"{before.get('enabled', '-')} → {stage['enabled']}" \
-                if before.get("enabled", True) != stage["enabled"] else str(stage["enabled"])
-            rows.append([stage["name"], enabled, *cells])
+        was = before.enabled if before else True
+        if was != stage.enabled or any("→" in c for c in cells):
+            enabled = f"{before.enabled if before else '-'} → {stage.enabled}" if was != stage.enabled \
+                else str(stage.enabled)
+            rows.append([stage.name, enabled, *cells])
     return Section("Stages whose estimates changed", ["stage", "enabled", *(m[0] for m in MEASURES)],
                    rows, "" if rows else "No stage estimate changed.")
 
 
-def _findings(side: Side, kind: str) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(f["code"], f["key"]): f for f in (side.plan or {}).get(kind, [])}
+def _findings(side: Side, kind: str) -> dict[tuple[str, str], Finding]:
+    found = (side.plan.errors if kind == "errors" else side.plan.warnings) if side.plan else []
+    return {(f.code, f.key): f for f in found}
 
 
 def findings_diff(base: Side, head: Side) -> list[str]:
@@ -202,11 +212,11 @@ def findings_diff(base: Side, head: Side) -> list[str]:
         for title, items in ((f"New {kind}", added), (f"Resolved {kind}", gone)):
             if items:
                 lines += [f"### {title}", ""]
-                lines += [f"- `{f['code']}` at `{f['key']}`: {f['message']}. Fix: {f['fix']}" for f in items]
+                lines += [f"- `{f.code}` at `{f.key}`: {f.message}. Fix: {f.fix}" for f in items]
                 lines.append("")
         kept = [f for k, f in new.items() if k in old]
         if kind == "errors" and kept:
-            lines += ["### Errors still present", "", *(f"- `{f['code']}`: {f['message']}" for f in kept), ""]
+            lines += ["### Errors still present", "", *(f"- `{f.code}`: {f.message}" for f in kept), ""]
     return lines
 
 
@@ -224,8 +234,8 @@ def render(base: Side, head: Side) -> str:
         return "\n".join(out)
     out += [changed_keys(base, head).markdown(), plan_totals(base, head).markdown(),
             stage_changes(base, head).markdown(), *findings_diff(base, head)]
-    if head.plan and head.plan["errors"]:
-        out.append(f"**The head plan has {len(head.plan['errors'])} error(s): `dflashx run` refuses it.**")
+    if head.plan and head.plan.errors:
+        out.append(f"**The head plan has {len(head.plan.errors)} error(s): `dflashx run` refuses it.**")
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -233,5 +243,5 @@ def review(base: str, head: str, facts_for: FactsFor, workdir: Path) -> tuple[st
     """(markdown, ok): ok is False when the head recipe does not load or its plan has errors.
     Raises RefError when BASE or HEAD names a git ref that does not resolve."""
     b, h = load_side(base, workdir / "base", facts_for), load_side(head, workdir / "head", facts_for)
-    ok = h.error is None and (h.missing or not (h.plan or {}).get("errors"))
+    ok = h.error is None and (h.missing or not (h.plan and h.plan.errors))
     return render(b, h), ok

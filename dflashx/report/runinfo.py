@@ -9,6 +9,8 @@ from typing import Any
 import yaml
 
 from dflashx.plan.estimates.cost import node_usd
+from dflashx.plan.context import Estimates
+from dflashx.plan.plan import Plan
 from dflashx.run.rundir import RunDir
 from dflashx.run.status import NotARunDir, StageStatus, run_status
 from dflashx.store.manifest import Manifest
@@ -19,7 +21,7 @@ class RunInfo:
     path: Path
     run_id: str
     recipe: dict[str, Any]  # the run's saved, resolved recipe (recipe.yaml)
-    plan: dict[str, Any]  # plan.json
+    plan: Plan  # plan.json (`Plan.load`)
     stages: dict[str, StageStatus]
     manifest: Manifest
 
@@ -32,9 +34,11 @@ class RunInfo:
             stages = {s.name: s for s in run_status(path)}
         except NotARunDir as exc:
             raise ValueError(str(exc)) from None
+        plan = rd.plan()
+        assert plan is not None, "run_status reads plan.json first"
         recipe_file = path / "recipe.yaml"
         recipe = yaml.safe_load(recipe_file.read_text()) if recipe_file.is_file() else {}
-        return cls(path, (rd.info() or {}).get("run_id", path.name), recipe or {}, rd.plan() or {},
+        return cls(path, (rd.info() or {}).get("run_id", path.name), recipe or {}, plan,
                    stages, Manifest.load(path))
 
     @property
@@ -49,11 +53,8 @@ class RunInfo:
         status = self.stages.get(stage)
         return status.metrics if status else {}
 
-    def estimates(self, stage: str) -> dict[str, Any]:
-        for st in self.plan.get("stages", []):
-            if st.get("name") == stage:
-                return st.get("estimates") or {}
-        return {}
+    def estimates(self, stage: str) -> Estimates:
+        return self.plan.stage(stage).estimates
 
     def storage(self, stage: str) -> int | None:
         """Bytes of the stage's live artifacts, None when it registered none."""

@@ -16,6 +16,7 @@ from dflashx.resolve.formulas import effective_batch
 
 TRAIN_MODULE = "dflashx.stages.train"  # `python -m dflashx.stages.train --run-dir DIR` runs one rank
 RUN_DIR = "{run_dir}"  # placeholder the train stage fills in
+HOSTFILE = f"{RUN_DIR}/train/hostfile"  # the multi-node launch's hostfile; the train stage writes it
 ADAM_BETAS = (0.9, 0.95)
 QUIET_STEPS = 10**9  # DeepSpeed's own step printing: off (dflashx logs its own metrics)
 
@@ -94,6 +95,6 @@ def launch_argv(hw: HardwareProfile, world_size: int) -> list[str]:
         return ["torchrun", "--standalone", "--nproc_per_node", str(world_size), "-m", TRAIN_MODULE,
                 "--run-dir", RUN_DIR]
     if hw.nodes > 1:
-        return ["deepspeed", "--hostfile", f"{RUN_DIR}/train/hostfile", "--num_nodes", str(hw.nodes),
+        return ["deepspeed", "--hostfile", HOSTFILE, "--num_nodes", str(hw.nodes),
                 "--num_gpus", str(hw.gpus_per_node), *worker]
     return ["deepspeed", "--num_gpus", str(hw.gpus_per_node), *worker]

@@ -9,17 +9,17 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from dflashx.config.schema import GpuSpec, HardwareProfile, S3Spec
+from dflashx.plan.context import Totals
 from dflashx.plan.explain import human_bytes
 from dflashx.run.check import Check
 from dflashx.store.manifest import Manifest
 
 
-def check_disk(root: str, plan: dict[str, Any], run_dir: Path) -> Check:
-    """Free space at storage.root covers the plan's storage, less what the run already holds."""
-    planned = float(plan["totals"].get("storage_bytes", 0.0))
+def check_disk(root: str, totals: Totals, run_dir: Path) -> Check:
+    """Free space at storage.root covers the plan's storage (its `totals`), less what the run already holds."""
+    planned = totals.storage_bytes
     held = sum(e.size for e in Manifest.load(run_dir).live()) if (run_dir / "manifest.json").is_file() else 0
     probe = Path(root).absolute()
     while not probe.exists():
@@ -102,8 +102,8 @@ def _profiles_for(found: list[tuple[str, int]]) -> str:
     return " or ".join(names) or "a profile of this machine (see `dflashx profiles`)"
 
 
-def check_gpus(hw: HardwareProfile, plan: dict[str, Any]) -> Check:
-    """This machine's GPUs (count, model, memory) against the hardware profile the plan assumed."""
+def check_gpus(hw: HardwareProfile, totals: Totals) -> Check:
+    """This machine's GPUs (count, model, memory) against the hardware profile the plan (its `totals`) assumed."""
     if hw.gpu is None:
         return Check("gpus", "hardware", "ok", f"hardware: profile {hw.name} runs on the CPU")
     import torch  # a dependency; asked only for a GPU profile (the import takes seconds)
@@ -111,7 +111,7 @@ def check_gpus(hw: HardwareProfile, plan: dict[str, Any]) -> Check:
     found = [(p.name, int(p.total_memory)) for p in map(torch.cuda.get_device_properties,
                                                         range(torch.cuda.device_count()))]
     have = ", ".join(f"{n}x {name} ({human_bytes(mem)})" for (name, mem), n in Counter(found).items()) or "no GPU"
-    gpu, peak = hw.gpu, plan["totals"].get("peak_gpu_memory_bytes", 0)
+    gpu, peak = hw.gpu, totals.peak_gpu_memory_bytes
     needs = (f"hardware: the plan (profile {hw.name}) needs {hw.gpus_per_node}x {gpu.name} with {gpu.memory_gb:g} GB "
              f"each (peak use {human_bytes(peak)}/GPU); this machine has {have}")
     fix = f"run on the profile's hardware, or plan for this machine: {_profiles_for(found)}"

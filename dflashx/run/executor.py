@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from dflashx.plan.launch import StageRuntime
+from dflashx.plan.plan import Plan
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.observer import RunObserver
 from dflashx.run.watchdog import Watchdog
@@ -50,17 +50,12 @@ class Executed:
     error: Exception | None = None
 
 
-def plan_stage(plan: dict[str, Any], name: str) -> dict[str, Any]:
-    """The plan's entry for one stage ({} when the plan has none)."""
-    return next((s for s in plan.get("stages", []) if s.get("name") == name), {})
-
-
-def stage_context(name: str, recipe: ResolvedRecipe, plan: dict[str, Any], run_dir: Path, out_dir: Path,
+def stage_context(name: str, recipe: ResolvedRecipe, plan: Plan, run_dir: Path, out_dir: Path,
                   inputs: dict[str, Path]) -> StageContext:
-    """The context stage `name` runs in: the resolved recipe, what the plan gives it (plan.json's entry
-    read back into the typed `StageRuntime`), its folder and its inputs' paths."""
-    return StageContext(name=name, recipe=recipe, runtime=StageRuntime.from_json(plan_stage(plan, name)),
-                        run_dir=run_dir, out_dir=out_dir, inputs=inputs)
+    """The context stage `name` runs in: the resolved recipe, what the plan decided for it (its typed
+    `StagePlan`), its folder and its inputs' paths."""
+    return StageContext(name=name, recipe=recipe, runtime=plan.stage(name), run_dir=run_dir, out_dir=out_dir,
+                        inputs=inputs)
 
 
 def _metric_logger(label: str, tracker: Tracker | None, observer: RunObserver,

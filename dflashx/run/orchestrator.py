@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflashx.plan.context import Estimates
+from dflashx.plan.plan import Plan
 from dflashx.resolve.model import ResolvedRecipe
-from dflashx.run.executor import execute, plan_stage, stage_context
+from dflashx.run.executor import execute, stage_context
 from dflashx.run.graph import Selection
 from dflashx.run.keydiff import changed_keys, key_leaves, why_text
 from dflashx.run.keys import StageKey, key_material, stage_key
@@ -43,7 +45,7 @@ class _Attempt:
 
     stage: str
     key: StageKey
-    estimates: dict[str, Any]
+    estimates: Estimates
     started_at: str = field(default_factory=utc_now)
     t0: float = field(default_factory=time.monotonic)
 
@@ -66,7 +68,7 @@ class RunResult:
 class Orchestrator:
     """One `dflashx run` invocation over one run directory (holds its lock while running)."""
 
-    def __init__(self, recipe: ResolvedRecipe, plan: dict[str, Any], run_dir: Path, argv: Sequence[str],
+    def __init__(self, recipe: ResolvedRecipe, plan: Plan, run_dir: Path, argv: Sequence[str],
                  on_progress: Callable[[Path], object] | None = None, observer: RunObserver | None = None):
         self.recipe = recipe
         self.on_progress = on_progress  # rewrites PROGRESS.md (the CLI passes dflashx.report.progress)
@@ -81,7 +83,7 @@ class Orchestrator:
         lock = self.rundir.lock()
         try:
             self.rundir.save_recipe(redact(self.recipe.model_dump(mode="json")))
-            self.rundir.save_plan(redact(self.plan))
+            self.rundir.save_plan(redact(self.plan.to_json()))
             self.records = RecordLog(self.rundir.path, run_id)
             result = RunResult(self.rundir.path, run_id)
             started = time.monotonic()
@@ -165,13 +167,14 @@ class Orchestrator:
         self.records.append("stage_start", stage=name, stage_key=key.key, pid=os.getpid(), host=socket.gethostname(),
                             reason=reason)
         self._write_progress()
-        estimates = plan_stage(self.plan, name).get("estimates") or {}
+        estimates = self.plan.stage(name).estimates
         attempt = _Attempt(name, key, estimates)
         tracker = stage_tracker(records=self.records, tracking=self.recipe.tracking, run_id=self.records.run_id,
                                 stage=name, run_dir=self.rundir.path,
-                                config={"recipe": self.resolved, "plan": estimates, "stage_key": key.key})
+                                config={"recipe": self.resolved, "plan": estimates.to_json(),
+                                        "stage_key": key.key})
         try:
-            ran = execute(fn, ctx, label=name, key=key.key, reason=reason, estimate_s=estimates.get("seconds"),
+            ran = execute(fn, ctx, label=name, key=key.key, reason=reason, estimate_s=estimates.seconds,
                           log=out_dir / "stage.log", observer=self.observer, tracker=tracker,
                           finish=lambda result: self._register(name, key, result, out_dir),
                           warn=lambda message: self.records.append("warning", stage=name, message=message))
@@ -195,7 +198,7 @@ class Orchestrator:
     def _register(self, name: str, key: StageKey, result: StageResult, out_dir: Path) -> dict[str, dict[str, Any]]:
         """Register the stage's artifacts (tiers from the recipe's overrides) and save the manifest."""
         manifest = Manifest.load(self.rundir.path)  # a stage (backup) may have saved it meanwhile
-        cost = (plan_stage(self.plan, name).get("estimates") or {}).get("usd")
+        cost = self.plan.stage(name).estimates.usd
         undeclared = sorted(set(result.artifacts) - set(GRAPH[name].outputs))
         if undeclared:
             raise RuntimeError(f"stage {name} returned artifacts {undeclared} that dflashx.stages.graph does not "
@@ -219,7 +222,7 @@ class Orchestrator:
         atomic_write_json(self.rundir.stage_dir(attempt.stage) / "provenance.json", stage_provenance(
             stage=attempt.stage, stage_key=attempt.key.key, argv=self.argv, resolved=self.resolved,
             started_at=attempt.started_at, ended_at=utc_now(), exit_state=state, inputs=attempt.key.inputs,
-            outputs=outputs, message=message, estimates=attempt.estimates))
+            outputs=outputs, message=message, estimates=attempt.estimates.to_json()))
 
     def _failed(self, attempt: _Attempt, message: str, error: str, metrics: dict[str, Any]) -> StageOutcome:
         self._write_provenance(attempt, "failed", {}, message)
@@ -244,7 +247,7 @@ class Orchestrator:
         return StageOutcome(name, "failed", key, redact_text(message), duration, redact(metrics or {}))
 
 
-def run_pipeline(recipe: ResolvedRecipe, plan: dict[str, Any], run_dir: Path, selection: Selection,
+def run_pipeline(recipe: ResolvedRecipe, plan: Plan, run_dir: Path, selection: Selection,
                  argv: Sequence[str] = (), on_progress: Callable[[Path], object] | None = None,
                  observer: RunObserver | None = None) -> RunResult:
     """Run the selected stages of `recipe` in `run_dir` (see the module docstring); `on_progress`

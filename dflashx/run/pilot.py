@@ -96,7 +96,7 @@ class Pilot:
         if self.before.resolved is None or self.before.errors:
             raise PilotFailed(f"the plan has {len(self.before.errors)} error(s): fix them first (`dflashx plan`)")
         self.resolved: ResolvedRecipe = self.before.resolved
-        self.plan = self.before.to_json()
+        self.plan = self.before
         self.rundir = RunDir(Path(run_dir).resolve())
         self.dir = self.rundir.path / PILOT_DIR
         self.seconds: dict[str, float] = {}

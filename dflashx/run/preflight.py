@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from dflashx.config.schema import STAGE_ORDER, Recipe
+from dflashx.plan.plan import Plan
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.check import Check, Status
 from dflashx.run.checks_inputs import check_source, check_target, check_tokenizer
@@ -31,14 +31,14 @@ TARGET_STAGES = {"generate", "qc", "tokenize", "train", "eval", "export"}
 GPU_STAGES = {"generate", "train", "eval"}
 
 
-def check_plan(plan: dict[str, Any]) -> Check:
+def check_plan(plan: Plan) -> Check:
     """The plan's own findings, as `dflashx plan` lists them (the first one here)."""
-    findings = plan["errors"] or plan["warnings"]
+    findings = plan.errors or plan.warnings
     if not findings:
         return Check("plan", "", "ok", "no plan errors or warnings")
-    first, kind = findings[0], "error" if plan["errors"] else "warning"
-    return Check("plan", first["key"], "fail" if plan["errors"] else "warn", f"{len(findings)} plan {kind}(s); first: "
-                 f"{first['key']}: {first['message']}", first.get("fix") or "see `dflashx plan RECIPE`")
+    first, kind = findings[0], "error" if plan.errors else "warning"
+    return Check("plan", first.key, "fail" if plan.errors else "warn", f"{len(findings)} plan {kind}(s); first: "
+                 f"{first.key}: {first.message}", first.fix or "see `dflashx plan RECIPE`")
 
 
 def stages_to_check(recipe: Recipe, run_dir: Path, stages: Sequence[str], force: Iterable[str] = ()) -> list[str]:
@@ -75,7 +75,7 @@ def _bounded(jobs: list[tuple[str, Callable[[], Check], Status]], timeout_s: flo
             for r, (name, _, slow) in zip(list(results), jobs)]
 
 
-def preflight(recipe: Recipe, plan: dict[str, Any], run_dir: Path, stages: Sequence[str] = STAGE_ORDER,
+def preflight(recipe: Recipe, plan: Plan, run_dir: Path, stages: Sequence[str] = STAGE_ORDER,
               timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Check]:
     """The checks the enabled `stages` need, in order (the plan's own errors: `check_plan`). Pass the
     plan's `ResolvedRecipe` when it has one (its mask token is checked), else the `Recipe`."""
@@ -88,11 +88,11 @@ def preflight(recipe: Recipe, plan: dict[str, Any], run_dir: Path, stages: Seque
     if wanted & TARGET_STAGES:
         jobs += [("target", partial(check_target, recipe.target, mask_id), "warn"),
                  ("tokenizer", partial(check_tokenizer, recipe.target, mask_id), "warn")]
-    jobs.append(("disk", partial(check_disk, recipe.storage.root, plan, Path(run_dir)), "fail"))
+    jobs.append(("disk", partial(check_disk, recipe.storage.root, plan.totals, Path(run_dir)), "fail"))
     if "backup" in wanted and recipe.storage.s3 is not None:
         jobs.append(("s3", partial(check_s3, recipe.storage.s3, recipe.name), "fail"))
     if wanted & GPU_STAGES:
-        jobs.append(("gpus", partial(check_gpus, recipe.hardware, plan), "fail"))
+        jobs.append(("gpus", partial(check_gpus, recipe.hardware, plan.totals), "fail"))
     if "generate" in wanted and recipe.stages.generate.backend == "sglang":
         jobs += [(f"server {i}", partial(check_server, i, u, recipe.target.model), "fail")
                  for i, u in enumerate(recipe.stages.generate.urls)]

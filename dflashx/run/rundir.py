@@ -24,6 +24,7 @@ from typing import IO, Any
 
 import yaml
 
+from dflashx.plan.plan import Plan
 from dflashx.store.manifest import Manifest, atomic_write_json, atomic_write_text, utc_now
 
 RUN_FILE, RECIPE_FILE, PLAN_FILE, LOCK_FILE = "run.json", "recipe.yaml", "plan.json", ".lock"
@@ -64,8 +65,10 @@ class RunDir:
         atomic_write_json(self.path / PLAN_FILE, redacted_plan)
         return self.path / PLAN_FILE
 
-    def plan(self) -> dict[str, Any] | None:
-        return _read_json(self.path / PLAN_FILE)
+    def plan(self) -> Plan | None:
+        """The saved plan (`Plan.load`: `PlanFileError` for a plan.json that holds none); None without one."""
+        path = self.path / PLAN_FILE
+        return Plan.load(path) if path.is_file() else None
 
     # ------------------------------------------------------------------ markers
 

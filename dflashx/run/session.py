@@ -121,7 +121,7 @@ def _preflight(request: RunRequest, view: SessionView, resolved: ResolvedRecipe,
                stages: Sequence[str], force: Iterable[str]) -> None:
     """The preflight checks for `stages`, answers to the view; Stopped on a failed check."""
     view.line("preflight: checking the data, target, tokenizer, disk and servers…")
-    checks = preflight(resolved, plan.to_json(), run_dir, stages_to_check(resolved, run_dir, stages, force))
+    checks = preflight(resolved, plan, run_dir, stages_to_check(resolved, run_dir, stages, force))
     view.preflight(checks)
     if any(c.status == "fail" for c in checks):
         raise Stopped(f"{request.source}: the preflight failed; nothing was run (fix the above, or --skip-preflight)")
@@ -169,7 +169,7 @@ def run_recipe(request: RunRequest, view: SessionView, on_progress: Callable[[Pa
             and pilot_due(request.recipe, run_dir, request.calibration)):
         made, resolved = _pilot(request, view, run_dir, pilot)
     try:
-        result = run_pipeline(resolved, made.to_json(), run_dir, selection, argv=request.argv, observer=view,
+        result = run_pipeline(resolved, made, run_dir, selection, argv=request.argv, observer=view,
                               on_progress=on_progress)
     except RunDirBusy as e:
         raise Stopped(str(e)) from None

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dflashx.config.schema import STAGE_ORDER
-from dflashx.resolve.model import ResolvedRecipe
+from dflashx.plan.plan import PlanFileError
 from dflashx.run.keys import stage_key
 from dflashx.run.rundir import RunDir
 from dflashx.store.manifest import ArtifactEntry, Manifest
@@ -58,10 +58,16 @@ def waits(stage_dir: Path) -> str | None:
 def run_status(run_dir: str | Path) -> list[StageStatus]:
     """One StageStatus per stage, in pipeline order."""
     rundir = RunDir(Path(run_dir))
-    plan = rundir.plan()
+    try:
+        plan = rundir.plan()
+    except PlanFileError as e:
+        raise NotARunDir(str(e)) from None
     if plan is None:
         raise NotARunDir(f"{run_dir}: no plan.json here; is this a dflashx run directory (made by `dflashx run`)?")
-    resolved = ResolvedRecipe.model_validate(plan["resolved"])
+    if plan.resolved is None:  # `dflashx run` saves only a plan that resolved
+        raise NotARunDir(f"{run_dir}/plan.json: `resolved` is null, so no run was made from it; run "
+                         f"`dflashx run RECIPE --run-dir {run_dir}` to plan and run it")
+    resolved = plan.resolved
     manifest = Manifest.load(rundir.path)
     last: dict[str, dict[str, Any]] = {}
     ended: dict[str, dict[str, Any]] = {}

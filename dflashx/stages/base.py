@@ -2,8 +2,8 @@
 
 A stage is one function `run(ctx: StageContext) -> StageResult` in `dflashx/stages/<name>.py`.
 It reads its resolved config from `ctx.config` (its section of the `ResolvedRecipe` in `ctx.recipe`),
-what the plan decided for it from `ctx.runtime` (a frozen `StageRuntime`: planned storage and, for
-generate, the typed launch plan; never the planner's JSON) and its inputs from `ctx.inputs` (the outputs of
+what the plan decided for it from `ctx.runtime` (its frozen `StagePlan`: typed estimates and, for
+generate and train, the typed launch; never the planner's JSON) and its inputs from `ctx.inputs` (the outputs of
 earlier stages, keyed "<stage>.<artifact>"), writes only inside `ctx.out_dir`, and returns the
 artifacts it produced (paths relative to `ctx.out_dir`) and its measured metrics. The orchestrator
 (`dflashx.run`) owns everything around it: the run directory, stage keys, `_SUCCESS` markers,
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from dflashx.config.schema import STAGE_ORDER, Tier
-from dflashx.plan.launch import StageRuntime
+from dflashx.plan.plan import StagePlan
 from dflashx.resolve.model import ResolvedRecipe
 
 
@@ -48,7 +48,7 @@ class Artifact:
 class StageContext:
     name: str
     recipe: ResolvedRecipe  # every derived value filled in; stages never re-default a recipe value
-    runtime: StageRuntime  # what the plan decided for this stage, typed (read back from plan.json)
+    runtime: StagePlan  # what the plan decided for this stage, typed (`Plan.stage(name)`)
     run_dir: Path
     out_dir: Path  # this stage's folder; persists across resumes until _SUCCESS
     inputs: dict[str, Path] = field(default_factory=dict)  # "<stage>.<artifact>" -> absolute path

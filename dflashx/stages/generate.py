@@ -159,7 +159,7 @@ def generate(ctx: StageContext, prompts: Iterable[dict[str, Any]], total: int) -
 
 def _still_needed(e: DiskFull, ctx: StageContext) -> DiskFull:
     """The stop restated with the plan's storage for this stage less what the folder holds."""
-    planned = ctx.runtime.storage_bytes
+    planned = ctx.runtime.estimates.storage_bytes
     have = used_bytes(e.folder)
     if planned <= have:
         return e

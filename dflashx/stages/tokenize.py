@@ -250,7 +250,7 @@ def run(ctx: StageContext) -> StageResult:
             ctx.inputs[input_name("tokenize")], ctx.out_dir, locate_tokenizer(recipe.target), policy,
             enable_thinking=recipe.target.chat_template.enable_thinking,
             template_kwargs=recipe.target.chat_template.kwargs, num_proc=cfg.num_proc, shard_size=cfg.shard_size,
-            dataset_bytes=ctx.runtime.storage_bytes,
+            dataset_bytes=ctx.runtime.estimates.storage_bytes,
         )
     except DiskFull as e:
         raise StageFailed(str(e)) from e

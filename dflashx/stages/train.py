@@ -3,10 +3,12 @@
 Reads `tokenize.dataset`; writes `checkpoint` (the drafter in the exported DFlash layout:
 config.json + model.safetensors, loadable by `dflashx.dflash.checkpoint.load_drafter`) and `logs`
 (metrics.jsonl). With one process (the CPU profile, one GPU) it trains in-process and logs every
-log step through `ctx.log`; with N GPUs it writes `train_job.json` and runs the planner's launch
-command (`stages.train.launch` of the resolved recipe, `{run_dir}` filled in), one process per GPU, then
-replays the metrics into `ctx.log`. Resuming is automatic: a stage folder with
-`checkpoints/latest` continues from it with the same optimizer, scheduler, data position and RNG.
+log step through `ctx.log`; with N GPUs it writes `train_job.json` and runs the plan's launch
+(`ctx.runtime.train_launch`, a `TrainLaunch`: the resolved argv with `{run_dir}` filled in), one process
+per GPU, then replays the metrics into `ctx.log`. On several nodes it first writes the hostfile the argv
+reads (`write_hostfile`: node i at `dflashx.backends.nodes.node_address(i)`, atomically). Resuming is
+automatic: a stage folder with `checkpoints/latest` continues from it with the same optimizer, scheduler,
+data position and RNG.
 
 `python -m dflashx.stages.train --run-dir DIR [--stage-dir DIR/train]` is one training process
 (the worker the launch command starts).
@@ -21,9 +23,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dflashx.backends.nodes import NodeAddressError, node_address
+from dflashx.plan.launch import TrainLaunch
 from dflashx.resolve.deepspeed import RUN_DIR
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import input_name
+from dflashx.store.atomic import atomic_write_text
 from dflashx.store.diskspace import DiskFull
 
 if TYPE_CHECKING:
@@ -54,11 +59,38 @@ def build_job(ctx: StageContext) -> "TrainJob":
                        _absolute(str(locate_tokenizer(recipe.target))))
 
 
+def _train_launch(ctx: StageContext) -> TrainLaunch:
+    launch = ctx.runtime.train_launch
+    assert launch is not None, "every resolved plan has the train stage's launch (plan.expand.deepspeed)"
+    return launch
+
+
+def _filled(text: str, ctx: StageContext) -> str:
+    """A launch string with `{run_dir}` filled in."""
+    return text.replace(RUN_DIR, str(ctx.run_dir))
+
+
 def launch_command(ctx: StageContext) -> tuple[list[str], int]:
-    """The resolved launch argv with `{run_dir}` and the stage folder filled in, and its world size."""
-    train = ctx.recipe.stages.train
-    argv = [a.replace(RUN_DIR, str(ctx.run_dir)) for a in train.launch]
-    return [*argv, "--stage-dir", str(ctx.out_dir)], train.world_size
+    """The plan's launch argv with `{run_dir}` and the stage folder filled in, and its world size."""
+    launch = _train_launch(ctx)
+    return [*(_filled(a, ctx) for a in launch.argv), "--stage-dir", str(ctx.out_dir)], launch.world_size
+
+
+def write_hostfile(ctx: StageContext) -> Path | None:
+    """On several nodes, the hostfile the launch argv reads (`TrainLaunch.hostfile_path`), node i named by its
+    real address (`node_address`: `DFLASHX_NODE_HOSTS`, else `node-<i>`), written atomically; None when the
+    launch reads no hostfile. `StageFailed` when a node's address does not resolve."""
+    launch = _train_launch(ctx)
+    if launch.hostfile_path is None:
+        return None
+    path = Path(_filled(launch.hostfile_path, ctx))
+    try:
+        lines = launch.hostfile(node_address)
+    except NodeAddressError as e:
+        raise StageFailed(f"cannot write the training hostfile {path}: {e}") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return path
 
 
 def _launch(ctx: StageContext, argv: list[str]) -> None:
@@ -99,6 +131,7 @@ def run(ctx: StageContext) -> StageResult:
     job.save()
     argv, world = launch_command(ctx)
     if world > 1:
+        write_hostfile(ctx)
         _launch(ctx, argv)
         last = _replay(ctx)
     else:

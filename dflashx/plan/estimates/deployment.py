@@ -70,6 +70,13 @@ class Deployment:
                 "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens, "formula": FORMULA,
                 "unit": "output tokens/s per server", "rows": [asdict(r) for r in self.rows]}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Deployment:
+        """From `to_json`'s dict (`formula` and `unit` are this module's constants)."""
+        return cls(str(data["profile"]), int(data["tp"]), int(data["block_size"]), float(data["tau"]),
+                   list(data["acceptance"]), str(data["acceptance_source"]), float(data["prompt_tokens"]),
+                   float(data["output_tokens"]), [SpeedupRow(**r) for r in data["rows"]])
+
 
 def _at(recipe: ResolvedRecipe, concurrency: int) -> ResolvedRecipe:
     """The recipe with `concurrency` requests in flight per server (the client's cap, whatever the backend)."""
@@ -119,11 +126,11 @@ def expected_speedup(recipe: ResolvedRecipe) -> Deployment:
                            source=f"expected tau {recipe.deploy.expected_tau:.2f}: {recipe.deploy.tau_source}")
 
 
-def deploy_term(prediction: dict[str, Any]) -> Term:
+def deploy_term(prediction: Deployment) -> Term:
     """`--explain`'s view of a prediction: the speed-up at the first concurrency, every row as inputs."""
-    rows = prediction["rows"]
-    return term("deploy.speedup", rows[0]["speedup"], "x", FORMULA, profile=prediction["profile"],
-                tau=prediction["tau"], block_size=prediction["block_size"], source=prediction["acceptance_source"],
-                **{f"c{r['concurrency']}": f"{r['speedup']:.2f}x ({r['tokens_per_second']:,.0f} -> "
-                                          f"{r['tokens_per_second_drafter']:,.0f} tok/s, batch {r['batch']} / "
-                                          f"{r['batch_drafter']})" for r in rows})
+    rows = prediction.rows
+    return term("deploy.speedup", rows[0].speedup, "x", FORMULA, profile=prediction.profile,
+                tau=prediction.tau, block_size=prediction.block_size, source=prediction.acceptance_source,
+                **{f"c{r.concurrency}": f"{r.speedup:.2f}x ({r.tokens_per_second:,.0f} -> "
+                                        f"{r.tokens_per_second_drafter:,.0f} tok/s, batch {r.batch} / "
+                                        f"{r.batch_drafter})" for r in rows})
