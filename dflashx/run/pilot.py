@@ -39,7 +39,6 @@ from dflashx.data.jsonl import iter_jsonl, iter_shards, write_jsonl_atomic
 from dflashx.plan.calibration import (
     PilotCalibration, conditions, predicted, predicted_tokens_per_s, with_mtp_accept_length,
 )
-from dflashx.plan.context import build_context
 from dflashx.plan.plan import Plan, make_plan
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.executor import execute, stage_context
@@ -235,8 +234,8 @@ class Pilot:
         n = len(mine)
         outputs = [r["usage"]["completion_tokens"] for r in mine]
         update: dict[str, Any] = {}
-        if self.recipe.stages.generate.backend == "sglang":
-            servers = build_context(self.resolved).generation.serving.dp
+        if self.resolved.stages.generate.serving.mode != "in-process":
+            servers = self.resolved.stages.generate.serving.dp
             batch = sum(outputs) / servers / max(max(outputs), 1)  # a draining server's mean batch
             cap = self.recipe.stages.generate.concurrency  # None: the client keeps the planned batch in flight
             update["concurrency"] = max(1, round(batch) if cap is None else min(cap, round(batch)))

@@ -93,7 +93,7 @@ def preflight(recipe: Recipe, plan: dict[str, Any], run_dir: Path, stages: Seque
         jobs.append(("s3", partial(check_s3, recipe.storage.s3, recipe.name), "fail"))
     if wanted & GPU_STAGES:
         jobs.append(("gpus", partial(check_gpus, recipe.hardware, plan), "fail"))
-    if "generate" in wanted and recipe.stages.generate.backend == "sglang":
+    if "generate" in wanted and recipe.stages.generate.serving.mode == "attach":
         jobs += [(f"server {i}", partial(check_server, i, u, recipe.target.model), "fail")
                  for i, u in enumerate(recipe.stages.generate.urls)]
     return _bounded(jobs, timeout_s)

@@ -33,7 +33,7 @@ def make_backend(ctx: StageContext) -> Backend:
     """The backend the recipe names, configured from the recipe and the plan's launch plan."""
     cfg = ctx.config
     target = ctx.recipe.target
-    if cfg.backend == "transformers":
+    if cfg.serving.mode == "in-process":
         from dflashx.backends.transformers_local import TransformersBackend
         from dflashx.targets.locate import locate_target, locate_tokenizer
 
