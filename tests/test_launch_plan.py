@@ -203,13 +203,15 @@ def test_the_generate_stage_on_node_1_serves_and_writes_nothing(fake_node, monke
     from helpers_models import stage_context
 
     from dflashx.stages.base import StageFailed
-    from dflashx.stages.generate import generate
+    from dflashx.stages.generate import run
 
     monkeypatch.setenv(NODE_RANK_ENV, "1")
     monkeypatch.setattr(servers_mod.subprocess, "Popen", lambda argv, env, **kw: FakePopen(argv, env, polls_left=1))
-    ctx = stage_context("generate", seeds_recipe("h100_x8", **TWO_NODES), tmp_path / "run")
+    (tmp_path / "prompts").mkdir()
+    ctx = stage_context("generate", seeds_recipe("h100_x8", **TWO_NODES), tmp_path / "run",
+                        {"ingest.prompts": tmp_path / "prompts"})
     with pytest.raises(StageFailed, match=r"only serves generation for node 0.*exited with code 0"):
-        generate(ctx, [], 0)
+        run(ctx)
     assert len(FakePopen.launched) == 8 and not (ctx.out_dir / "completions").exists()
 
 

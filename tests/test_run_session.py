@@ -28,8 +28,9 @@ from dflashx.run import orchestrator
 from dflashx.run.check import Check
 from dflashx.run.graph import select
 from dflashx.run.pilot import PilotOutcome
+from dflashx.run.rundir import RunDir
 from dflashx.run.session import RunRequest, Stopped, pilot_recipe, run_recipe
-from dflashx.targets.registry import TargetFacts, lookup
+from dflashx.targets.registry import lookup
 
 STATS = {"samples": 4, "prompt_tokens_mean": 20, "output_tokens_mean": 10, "output_tokens_p90": 12}
 FACTS = lookup("builtin:tiny-qwen3")
@@ -72,12 +73,13 @@ class Pilot:
     def __init__(self, after: Plan):
         self.after, self.calls = after, 0
 
-    def __call__(self, recipe: Recipe, facts: TargetFacts | None, run_dir: Path, observer: Any,
+    def __call__(self, recipe: Recipe, plan: Plan, run_dir: Path, observer: Any, held: Any,
                  argv: Iterable[str]) -> PilotOutcome:
         self.calls += 1
         assert not fakes.CALLS, "the pilot runs before any stage"
+        assert RunDir(run_dir).is_locked(), "the session holds the run lock for the pilot"
         return PilotOutcome(PilotCalibration.model_construct(), run_dir / "pilot" / "calibration.json",
-                            make_plan(recipe, facts), self.after)
+                            plan, self.after)
 
 
 def _recipe(tmp_path: Path, **changes: Any) -> Recipe:

@@ -99,6 +99,14 @@ class GenerateStage(StageBase):
                              json_schema_extra=OPERATIONAL | UNCALIBRATED)
     shard_size: int = Field(50_000, ge=1, description="Completions per output JSONL shard.",
                             json_schema_extra=OPERATIONAL | UNCALIBRATED)
+    max_prompts: int | None = Field(
+        None, ge=1, description="Stop once the completions folder holds this many (`dflashx pilot` sets "
+        "pilot.prompts): the stage ends unfinished, with no _SUCCESS, and the next attempt resumes after them; "
+        "null: every prompt.", json_schema_extra=OPERATIONAL | UNCALIBRATED)
+    max_minutes: FiniteFloat | None = Field(
+        None, gt=0, description="Stop sending new prompts after this many minutes (those in flight finish; "
+        "`dflashx pilot` sets pilot.max_minutes): the stage then ends unfinished, as with max_prompts; null: "
+        "no limit.", json_schema_extra=OPERATIONAL | UNCALIBRATED)
     hierarchical_cache: bool = Field(
         True, description="Start SGLang with --enable-hierarchical-cache (KV cache spills to host memory).",
         json_schema_extra=OPERATIONAL | calibrates("serving")

@@ -7,7 +7,7 @@ keeps open exactly what the estimate assumed and starts exactly the servers the 
 immutable plan of one frozen spec per service) follows SpecForge's `LaunchPlan` / `ServiceSpec`, which issue 22
 names as the model (sgl-project/SpecForge); the fields are dflashx's own.
 
-Modes:
+Modes (the resolved `stages.generate.serving.mode`, `dflashx.resolve.serving.serving_mode`):
   launch      the generate stage starts `servers` (each node only its own: `node`) and waits for all of them
   attach      `stages.generate.urls`: servers someone else started; nothing is launched
   in-process  the transformers backend: no server, `in_flight_per_replica` is its batch
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 from dflashx.resolve.deepspeed import HOSTFILE
 
-Mode = Literal["launch", "attach", "in-process"]
+from dflashx.resolve.model import ServingMode as Mode
 LOCAL_HOST = "127.0.0.1"
 
 

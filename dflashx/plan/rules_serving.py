@@ -19,14 +19,18 @@ Rule = Callable[[PlanContext], Iterable[Finding]]
 KEY = "stages.generate.serving"
 
 
+def _launches(ctx: PlanContext) -> bool:
+    """dflashx starts the servers (the resolved `serving.mode`) on the profile's GPUs."""
+    return ctx.recipe.stages.generate.serving.mode == "launch" and ctx.recipe.hardware.gpu is not None
+
+
 def _serves(ctx: PlanContext) -> bool:
-    gen = ctx.recipe.stages.generate
-    return ctx.recipe.hardware.gpu is not None and gen.enabled and gen.backend == "sglang" and not gen.urls
+    return _launches(ctx) and ctx.recipe.stages.generate.enabled
 
 
 def tp_dp_matches_gpus(ctx: PlanContext) -> Iterable[Finding]:
     hw, s = ctx.recipe.hardware, ctx.recipe.stages.generate.serving
-    if hw.gpu is None or ctx.recipe.stages.generate.urls:
+    if not _launches(ctx):
         return
     if s.tp * s.dp != hw.num_gpus:
         yield error("tp_dp_gpus", f"{KEY}.dp",

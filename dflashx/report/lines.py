@@ -23,6 +23,8 @@ def outcome_line(o: StageOutcome) -> str:
         return f"= {o.name}: done, key {(o.stage_key or '')[:12]} unchanged (skipped)"
     if o.state == "disabled":
         return f"- {o.name}: disabled (stages.{o.name}.enabled=false)"
+    if o.state == "unfinished":
+        return f"~ {o.name}: stopped at its limit in {o.duration_s or 0:.1f}s: {o.message}"
     return f"x {o.name}: {o.state}: {o.message}"
 
 

@@ -100,8 +100,16 @@ class ResolvedSpeculative(SpeculativeSpec):
     acceptance_source: str = Field(description="Where the profile comes from.", json_schema_extra=OPERATIONAL)
 
 
+ServingMode = Literal["launch", "attach", "in-process"]
+
+
 class ResolvedServing(ServingSpec):
     model_config = _FROZEN
+
+    mode: ServingMode = Field(
+        description="Who runs the target for generation: launch (dflashx starts SGLang servers on the profile's "
+        "GPUs), attach (servers at stages.generate.urls someone else started) or in-process (the transformers "
+        "backend); `dflashx.resolve.serving.serving_mode`.", json_schema_extra=OPERATIONAL)
 
     speculative: ResolvedSpeculative = Field(description="MTP draft settings and acceptance, resolved.",
                                              json_schema_extra=OPERATIONAL)

@@ -1,8 +1,12 @@
 """The generate stage's serving settings, derived once: one pure function per `auto` value.
 
+  mode            launch | attach | in-process: the transformers backend runs in-process, SGLang attaches
+                  to stages.generate.urls when given, else dflashx launches its servers (every rule,
+                  estimate, the launch plan, the preflight and the pilot read this one value)
   weight_dtype    target.precision (a reviewed recipe says what runs: FP8 serving changes the data)
   checkpoint      the recipe's, else target.model; FP8 weights from a checkpoint that is not an FP8
                   one are quantized online (--quantization fp8)
+  tp, dp          1 and 1 without a GPU (one process on the CPU, whatever the recipe says); else
   tp              the smallest of 1, 2, 4, ... (dividing the GPUs per node) whose memory
                   (tp x GPU memory x mem_fraction_static) holds the served weights and one
                   full-length sequence (prompt mean + max_tokens of KV, plus the linear-attention state)
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 from dflashx.config.fields import PRECISION_BYTES
 from dflashx.config.schema import HardwareProfile, Recipe
-from dflashx.resolve.model import ResolvedServing, ResolvedSpeculative
+from dflashx.resolve.model import ResolvedServing, ResolvedSpeculative, ServingMode
 from dflashx.resolve.speculative import MTP_QWEN36, mtp_acceptance
 from dflashx.targets.registry import TargetFacts
 from dflashx.targets.target_facts import WEIGHT_FORMAT_BITS
@@ -74,12 +78,22 @@ def online_quantization(recipe: Recipe) -> bool:
         and recipe.target.precision != "fp8"
 
 
+def serving_mode(recipe: Recipe) -> ServingMode:
+    """Who runs the target for generation (module doc): decided here only."""
+    gen = recipe.stages.generate
+    if gen.backend != "sglang":
+        return "in-process"
+    return "attach" if gen.urls else "launch"
+
+
 def tensor_parallel(recipe: Recipe, facts: TargetFacts) -> int:
-    """The recipe's tp, else the smallest power of two dividing the node that fits (module doc)."""
+    """1 without a GPU; the recipe's tp, else the smallest power of two dividing the node that fits (module doc)."""
     serving, hw = recipe.stages.generate.serving, recipe.hardware
+    if hw.gpu is None:
+        return 1
     if serving.tp != "auto":
         return serving.tp
-    if hw.gpu is None or hw.gpus_per_node <= 1:
+    if hw.gpus_per_node <= 1:
         return 1
     wd = weight_dtype(recipe)
     need_seq = one_sequence_bytes(facts, kv_elem_bytes(serving.kv_cache_dtype, wd),
@@ -97,6 +111,8 @@ def tensor_parallel(recipe: Recipe, facts: TargetFacts) -> int:
 
 def data_parallel(recipe: Recipe, tp: int) -> int:
     dp = recipe.stages.generate.serving.dp
+    if recipe.hardware.gpu is None:
+        return 1
     if dp != "auto":
         return dp
     return max(recipe.hardware.num_gpus // tp, 1)
@@ -127,6 +143,7 @@ def resolve_serving(recipe: Recipe, facts: TargetFacts) -> ResolvedServing:
     return ResolvedServing(**{
         **serving.model_dump(),
         "speculative": speculative(recipe),
+        "mode": serving_mode(recipe),
         "tp": tp,
         "dp": data_parallel(recipe, tp),
         "dp_mode": dp_mode(recipe.hardware, serving.dp_mode),

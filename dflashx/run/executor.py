@@ -1,10 +1,9 @@
-"""The one stage executor: how the run's stages and the pilot's scratch stages are run.
+"""The one stage executor: how every stage is run (the pilot's too: it runs the orchestrator).
 
 `stage_context(...)` builds a stage's `StageContext` (the only place one is built). `execute(...)`
 tells the observer the stage started, sends everything the stage prints to its log file
-(`dflashx.track.output.captured`: `<stage>/stage.log` in a run, `pilot/<name>.log` in the pilot),
-sends each `ctx.log` to the tracker (records.jsonl and W&B in a run; none for the pilot's scratch
-stages) and then to the observer, runs the stage, then `finish(result)` inside the same capture
+(`dflashx.track.output.captured`: `<stage>/stage.log`), sends each `ctx.log` to the tracker
+(records.jsonl and W&B) and then to the observer, runs the stage, then `finish(result)` inside the same capture
 (the orchestrator registers the artifacts there), and returns what happened: the result, or the
 exception that stopped it. KeyboardInterrupt is not caught: the caller records the interruption
 and lets it go on. While the stage runs, `$DFLASHX_STAGE_DIR` names its folder (what it waits on

@@ -18,7 +18,7 @@ OK_STATES = ("done", "skipped", "disabled")
 @dataclass
 class StageOutcome:
     name: str
-    state: str  # done | skipped | disabled | failed
+    state: str  # done | skipped | disabled | unfinished | failed
     stage_key: str | None = None
     message: str | None = None
     duration_s: float | None = None

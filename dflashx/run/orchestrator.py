@@ -7,7 +7,9 @@ to `stage.log`, its metrics to records.jsonl + W&B and the observer); register t
 artifacts in the manifest; write `provenance.json`, then `_SUCCESS` last. A failing stage stops the
 run. Events go to records.jsonl (see `dflashx.track.records`), what a person watches to the
 `RunObserver` the caller hands in (`dflashx.run.observer`; the CLI's is `dflashx.report.console`).
-`_STARTED`/`_SUCCESS` keep `key_leaves` (`dflashx.run.keydiff`): a re-run says why.
+`_STARTED`/`_SUCCESS` keep `key_leaves` (`dflashx.run.keydiff`): a re-run says why. A stage that
+stops at a limit of the recipe (`StageResult.unfinished`: generate's max_prompts / max_minutes, which
+the pilot sets) ends `unfinished`: nothing registered, no `_SUCCESS`, the next attempt resumes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from dflashx.plan.context import Estimates
 from dflashx.plan.plan import Plan
@@ -69,8 +71,10 @@ class Orchestrator:
     """One `dflashx run` invocation over one run directory (holds its lock while running)."""
 
     def __init__(self, recipe: ResolvedRecipe, plan: Plan, run_dir: Path, argv: Sequence[str],
-                 on_progress: Callable[[Path], object] | None = None, observer: RunObserver | None = None):
+                 on_progress: Callable[[Path], object] | None = None, observer: RunObserver | None = None,
+                 held: IO[str] | None = None):
         self.recipe = recipe
+        self.held = held  # the run lock, when the caller holds it for more than this pipeline (a session)
         self.on_progress = on_progress  # rewrites PROGRESS.md (the CLI passes dflashx.report.progress)
         self.plan = plan
         self.resolved: dict[str, Any] = recipe.model_dump(mode="json")  # for provenance and W&B
@@ -80,7 +84,7 @@ class Orchestrator:
 
     def run(self, selection: Selection) -> RunResult:
         run_id = self.rundir.ensure(self.recipe.name)
-        lock = self.rundir.lock()
+        lock = None if self.held else self.rundir.lock()
         try:
             self.rundir.save_recipe(redact(self.recipe.model_dump(mode="json")))
             self.rundir.save_plan(redact(self.plan.to_json()))
@@ -102,7 +106,8 @@ class Orchestrator:
                 self._write_progress()
             return result
         finally:
-            lock.close()
+            if lock is not None:
+                lock.close()
 
     def _write_progress(self) -> None:
         """Regenerate PROGRESS.md from the records and manifest; a failure is only a warning."""
@@ -176,7 +181,8 @@ class Orchestrator:
         try:
             ran = execute(fn, ctx, label=name, key=key.key, reason=reason, estimate_s=estimates.seconds,
                           log=out_dir / "stage.log", observer=self.observer, tracker=tracker,
-                          finish=lambda result: self._register(name, key, result, out_dir),
+                          finish=lambda result: None if result.unfinished else self._register(name, key, result,
+                                                                                              out_dir),
                           warn=lambda message: self.records.append("warning", stage=name, message=message))
         except KeyboardInterrupt:
             self._write_provenance(attempt, "interrupted", {}, "interrupted by the user")
@@ -189,6 +195,11 @@ class Orchestrator:
         assert ran.result is not None
         outputs, metrics = ran.finished, redact(ran.result.metrics)
         duration = attempt.elapsed
+        if ran.result.unfinished:  # stopped at the recipe's limit: _STARTED stays, the next attempt resumes
+            self._write_provenance(attempt, "unfinished", {}, ran.result.unfinished)
+            self.records.append("stage_unfinished", stage=name, stage_key=key.key, duration_s=duration,
+                                metrics=metrics, message=ran.result.unfinished)
+            return StageOutcome(name, "unfinished", key.key, ran.result.unfinished, duration, metrics)
         self._write_provenance(attempt, "done", {n: o["sha256"] for n, o in outputs.items()})
         self.rundir.mark_success(name, key.key, duration, leaves)
         self.records.append("stage_end", stage=name, stage_key=key.key, duration_s=duration,
@@ -249,8 +260,9 @@ class Orchestrator:
 
 def run_pipeline(recipe: ResolvedRecipe, plan: Plan, run_dir: Path, selection: Selection,
                  argv: Sequence[str] = (), on_progress: Callable[[Path], object] | None = None,
-                 observer: RunObserver | None = None) -> RunResult:
+                 observer: RunObserver | None = None, held: IO[str] | None = None) -> RunResult:
     """Run the selected stages of `recipe` in `run_dir` (see the module docstring); `on_progress`
     is called with the run folder as each stage starts and when the run ends (PROGRESS.md);
-    `observer` (default: none) sees the run as it goes."""
-    return Orchestrator(recipe, plan, run_dir, argv, on_progress, observer).run(selection)
+    `observer` (default: none) sees the run as it goes; `held`: the run lock the caller already
+    holds (a session's pilot and stages, the pilot's sub-run in `pilot/`), else this call takes it."""
+    return Orchestrator(recipe, plan, run_dir, argv, on_progress, observer, held).run(selection)

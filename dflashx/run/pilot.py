@@ -1,22 +1,25 @@
 """`dflashx pilot`: measure what the plan assumed on a few hundred prompts, before the big spend.
 
-One entry point, `run_pilot`, reusing the real stages:
-  1. ingest   the run's own ingest stage (`run_pipeline --until ingest`): the real prompt count;
-  2. generate the run's generate stage on the first `pilot.prompts` ingested prompts not yet
-              completed (those in flight finish after `pilot.max_minutes`), writing into the run's
-              `generate/` folder under the generate stage's key with `_STARTED` and no `_SUCCESS`:
-              the full generation resumes after them and never asks for a prompt twice (a changed
-              generation key moves the folder aside, as for any interrupted attempt);
-  3. tokenize and train  the real stages on those completions in `pilot/` (not artifacts of the
-              run), `pilot.train_steps` optimizer steps; the DeepSpeed states are deleted after;
-  Steps 2 and 3 run through the run's own stage executor (`dflashx.run.executor`), their output in
-  `pilot/<stage>.log`, with no `_SUCCESS`, records or manifest entries;
+The pilot is the run's own pipeline on a smaller recipe: `scratch_recipe` overrides the run's recipe
+(`stages.generate.max_prompts` = `pilot.prompts`, `stages.generate.max_minutes` = `pilot.max_minutes`,
+`stages.train.max_steps` = `pilot.train_steps` with one checkpoint at the end, tracking disabled) and
+resolves it as any recipe is resolved. Every step runs through `run_pipeline` (the orchestrator's stage
+keys, `_STARTED` / `_SUCCESS` markers, set-aside folders, records and manifest) under the run lock the
+session holds for the pilot and the stages after it (`held`):
+  1. ingest   the run's ingest stage: the real prompt count;
+  2. generate the run's generate stage under the run's key (the limits are operational): it stops once
+              `generate/completions` holds `pilot.prompts` completions (or after `pilot.max_minutes`),
+              unfinished, so the full generation resumes after them and never asks for a prompt twice;
+  3. tokenize and train  the real stages in the pilot's own run folder `pilot/` (its manifest, keys and
+              markers, not artifacts of the run) on the first `pilot.prompts` completions, which the pilot
+              registers there as `generate.completions`; the DeepSpeed states are deleted after;
   4. measure  lengths of every completion present (a histogram, truncation, the standard error of
               the mean by source), generation tokens/s against the planner's prediction for the
               pilot's own conditions (`serving_ratio`; with the MTP head, predicted at the accepted length
               the servers reported, which is itself calibrated), the trainer's MFU, tokens/s and step time;
   5. write    `pilot/calibration.json` (`PilotCalibration`), which `dflashx plan` of the same
-              recipe applies, and re-plan with it.
+              recipe applies, and re-plan with it (the one plan after the session's).
+A killed pilot resumes: the generation after the completions written, the scratch stages by their keys.
 The prediction for the pilot's generation: its completions all start at once per server and drain,
 so a server's mean batch is (its output tokens) / (its longest completion), not the steady batch:
 the plan is made for that batch (`stages.generate.concurrency`) with the measured lengths and
@@ -28,32 +31,28 @@ from __future__ import annotations
 
 import math
 import shutil
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from dflashx.config.schema import Recipe
 from dflashx.data.jsonl import iter_jsonl, iter_shards, write_jsonl_atomic
 from dflashx.plan.calibration import (
     PilotCalibration, conditions, predicted, predicted_tokens_per_s, with_mtp_accept_length,
 )
-from dflashx.plan.context import build_context
 from dflashx.plan.plan import Plan, make_plan
+from dflashx.resolve import resolve
 from dflashx.resolve.model import ResolvedRecipe
-from dflashx.run.executor import execute, stage_context
-from dflashx.run.graph import select
-from dflashx.run.keydiff import key_leaves
-from dflashx.run.keys import key_material, stage_key
+from dflashx.run.graph import Selection, select
 from dflashx.run.layout import PILOT_DIR, calibration_path
 from dflashx.run.observer import RunObserver, StageOutcome
 from dflashx.run.orchestrator import run_pipeline
 from dflashx.run.pilot_measure import length_stats, slim, source_weights, training_stats
-from dflashx.run.rundir import RunDir, moved_line, set_aside
-from dflashx.stages.base import StageContext, StageResult, load_stage
+from dflashx.run.rundir import RunDir
 from dflashx.store.manifest import Manifest, atomic_write_json, utc_now
-from dflashx.targets.registry import TargetFacts
+
+SCRATCH = Selection(stages=["tokenize", "train"])  # the pilot's own stages, in pilot/
 
 
 class PilotFailed(RuntimeError):
@@ -69,55 +68,53 @@ class PilotOutcome:
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per pilot step
 
 
-def _until(items: Iterable[dict[str, Any]], minutes: float | None) -> Iterator[dict[str, Any]]:
-    """The items, until `minutes` have passed since the first was taken (the backend pulls lazily)."""
-    deadline = None
-    for item in items:
-        now = time.monotonic()
-        deadline = deadline or (now + minutes * 60 if minutes else math.inf)
-        if now > deadline:
-            return
-        yield item
-
-
-def _ids(folder: Path) -> set[str]:
-    return {r["id"] for r in iter_shards(folder)} if folder.is_dir() else set()
+def scratch_recipe(recipe: Recipe) -> Recipe:
+    """The pilot's recipe: the run's, with the pilot's sizes (module doc); validated again."""
+    pilot, gen, train = recipe.pilot, recipe.stages.generate, recipe.stages.train
+    steps = pilot.train_steps
+    stages = recipe.stages.model_copy(update={
+        "generate": gen.model_copy(update={"max_prompts": pilot.prompts, "max_minutes": pilot.max_minutes}),
+        "train": train.model_copy(update={"max_steps": steps, "log_every": max(1, steps // 20),
+                                          "checkpoint_every": steps, "keep_checkpoints": 1})})
+    data = recipe.model_copy(update={"stages": stages}).model_dump()
+    data["tracking"]["mode"] = "disabled"  # the scratch stages are no W&B runs
+    return Recipe.model_validate(data)
 
 
 class Pilot:
-    """One pilot in one run directory (holds the run lock from the generation on)."""
+    """One pilot of the session's plan in one run directory, under the run lock `held`."""
 
-    def __init__(self, recipe: Recipe, facts: TargetFacts | None, run_dir: Path, observer: RunObserver,
+    def __init__(self, recipe: Recipe, plan: Plan, run_dir: Path, observer: RunObserver, held: IO[str],
                  argv: Iterable[str] = ()):
-        self.recipe, self.facts, self.observer, self.argv = recipe, facts, observer, list(argv)
         if not (recipe.stages.ingest.enabled and recipe.stages.generate.enabled):
             raise PilotFailed("stages.ingest and stages.generate must be enabled: the pilot measures their output")
-        self.before = make_plan(recipe, facts)
-        if self.before.resolved is None or self.before.errors:
-            raise PilotFailed(f"the plan has {len(self.before.errors)} error(s): fix them first (`dflashx plan`)")
-        self.resolved: ResolvedRecipe = self.before.resolved
-        self.plan = self.before
+        if plan.resolved is None or plan.errors:
+            raise PilotFailed(f"the plan has {len(plan.errors)} error(s): fix them first (`dflashx plan`)")
+        self.recipe, self.before, self.observer, self.held, self.argv = recipe, plan, observer, held, list(argv)
+        self.resolved: ResolvedRecipe = plan.resolved
+        self.scratch = resolve(scratch_recipe(recipe), self.resolved.target.facts)
         self.rundir = RunDir(Path(run_dir).resolve())
         self.dir = self.rundir.path / PILOT_DIR
         self.seconds: dict[str, float] = {}
 
-    # ------------------------------------------------------------------ steps
-
     def run(self) -> PilotOutcome:
-        t0 = time.monotonic()
-        result = run_pipeline(self.resolved, self.plan, self.rundir.path, select(until="ingest"), self.argv,
-                              observer=self.observer)
-        if not result.ok:
-            raise PilotFailed(f"ingest failed: {result.outcomes[-1].message}")
-        self.seconds["ingest"] = time.monotonic() - t0
-        lock = self.rundir.lock()
-        try:
-            cal = self._measure()
-            self.seconds["total"] = time.monotonic() - t0
-            path = self._save(cal)
-        finally:
-            lock.close()
-        return PilotOutcome(cal, path, self.before, make_plan(self.recipe, self.facts, cal), self.seconds)
+        self._pipeline(self.resolved, self.rundir.path, select(until="ingest"), "the run's own, to count the prompts")
+        cal = self._measure()
+        self.seconds["total"] = sum(self.seconds.values())
+        path = self._save(cal)
+        return PilotOutcome(cal, path, self.before, make_plan(self.recipe, self.resolved.target.facts, cal),
+                            self.seconds)
+
+    def _pipeline(self, recipe: ResolvedRecipe, run_dir: Path, selection: Selection, what: str) -> list[StageOutcome]:
+        """The stages through the run's orchestrator under the held lock; a failure stops the pilot."""
+        self.observer.message(f"pilot {' and '.join(selection.stages)}: {what}")
+        result = run_pipeline(recipe, self.before, run_dir, selection, self.argv, observer=self.observer,
+                              held=self.held)
+        for o in result.outcomes:
+            if o.state == "failed":
+                raise PilotFailed(f"pilot {o.name} failed: {o.message} (log: {run_dir / o.name / 'stage.log'})")
+            self.seconds[o.name] = self.seconds.get(o.name, 0.0) + (o.duration_s or 0.0)
+        return result.outcomes
 
     def _save(self, cal: PilotCalibration) -> Path:
         """calibration.json, registered in the manifest (inventory and backup see it) as `pilot.calibration`."""
@@ -131,9 +128,9 @@ class Pilot:
 
     def _measure(self) -> PilotCalibration:
         manifest = Manifest.load(self.rundir.path)
-        prompts = self.rundir.path / manifest.entries["ingest.prompts"].path
-        weights, samples, prompt_bytes = source_weights(iter_shards(prompts))
-        generated = self._generate(manifest, prompts)
+        weights, samples, prompt_bytes = source_weights(iter_shards(self.rundir.path
+                                                                    / manifest.entries["ingest.prompts"].path))
+        generated = self._generate()
         completions = self.rundir.stage_dir("generate") / "completions"
         records = [slim(r) for r in iter_shards(completions)] if completions.is_dir() else []
         if not records:
@@ -155,89 +152,53 @@ class Pilot:
             training_mfu=min(trained["mfu"], 1.0) if trained else None,
             training_mfu_rse=trained.get("mfu_rse") if trained else None, measured=measured)
 
-    def _stage(self, name: str, ctx: StageContext, call: Any, key: str, what: str) -> StageResult:
-        """Run one real stage's function through the executor, its output in pilot/<name>.log; any
-        failure stops the pilot with where to look."""
-        label, log = f"pilot {name}", self.dir / f"{name}.log"
-        ran = execute(call, ctx, label=label, key=key, reason=what, estimate_s=None, log=log, observer=self.observer)
-        if ran.error is not None:
-            e = ran.error
-            self.observer.stage_ended(StageOutcome(label, "failed", message=f"{type(e).__name__}: {e}"))
-            raise PilotFailed(f"pilot {name} failed: {e} (log: {log})") from e
-        assert ran.result is not None
-        self.seconds[name] = ran.seconds
-        self.observer.stage_ended(StageOutcome(label, "done", duration_s=ran.seconds))
-        return ran.result
-
-    def _generate(self, manifest: Manifest, prompts: Path) -> dict[str, Any] | None:
-        """Complete the first `pilot.prompts` prompts not done yet into the run's generate/ (see above)."""
-        key = stage_key("generate", self.resolved, manifest)
-        done = self.rundir.success("generate")
-        if done and done.get("stage_key") == key.key:
+    def _generate(self) -> dict[str, Any] | None:
+        """The run's generate stage with the pilot's limits (module doc): what this attempt generated, or
+        None when it generated nothing (the run's generation is finished, or an earlier pilot's is kept)."""
+        completions = self.rundir.stage_dir("generate") / "completions"
+        before = _ids(completions)
+        outcome = self._pipeline(self.scratch, self.rundir.path, select(only="generate"),
+                                 f"the first {self.recipe.pilot.prompts} prompts, kept for the full generation")[0]
+        if outcome.state == "skipped":
             self.observer.message("= pilot generate: the run's generation is finished; measuring its completions")
+        new = _ids(completions) - before
+        if not new or not outcome.metrics.get("completions_written"):
             return None
-        moved = set_aside(self.rundir, "generate", key.key, manifest)
-        if moved:
-            self.observer.message(moved_line("generate", *moved))
-        out = self.rundir.stage_dir("generate")
-        have = _ids(out / "completions")
-        todo = [p for p in iter_shards(prompts) if p["id"] not in have][: self.recipe.pilot.prompts]
-        if not todo:
-            return None
-        write_jsonl_atomic(self.dir / "prompts" / "shard-00000.jsonl", todo)
-        out.mkdir(parents=True, exist_ok=True)
-        self.rundir.mark_started("generate", key.key, key_leaves(key_material("generate", self.resolved, key.inputs)))
-        ctx = stage_context("generate", self.resolved, self.plan, self.rundir.path, out,
-                            {"ingest.prompts": self.dir / "prompts"})
-        from dflashx.stages.generate import generate
-
-        minutes = self.recipe.pilot.max_minutes
-        result = self._stage("generate", ctx, lambda c: generate(c, _until(todo, minutes), len(todo)), key.key,
-                             f"the first {len(todo)} prompts, kept for the full generation")
-        return result.metrics | {"ids": {p["id"] for p in todo} & _ids(out / "completions")}
+        return outcome.metrics | {"ids": new}
 
     def _train(self, completions: Path, ids: list[str], stats: dict[str, Any]) -> dict[str, Any] | None:
-        """Tokenize and train on `ids` with the real stages in pilot/; the trainer's windows."""
-        for scratch in ("completions", "tokenize", "train"):
-            shutil.rmtree(self.dir / scratch, ignore_errors=True)
+        """Tokenize and train on `ids` with the real stages in pilot/ (its own run folder); the trainer's windows."""
         wanted = set(ids)
-        write_jsonl_atomic(self.dir / "completions" / "shard-00000.jsonl",
-                           (r for r in iter_shards(completions) if r["id"] in wanted))
-        tok = stage_context("tokenize", self.resolved, self.plan, self.rundir.path, self.dir / "tokenize",
-                            {"generate.completions": self.dir / "completions"})
-        tokenized = self._stage("tokenize", tok, load_stage("tokenize"), "-",
-                                f"{len(ids)} completions into {PILOT_DIR}/")
-        train = self.resolved.stages.train
-        steps = self.recipe.pilot.train_steps
-        rows = max(int(tokenized.metrics.get("samples") or len(ids)), 1)
-        short = train.model_copy(update={
-            "max_steps": steps, "epochs": max(train.epochs, math.ceil(steps * train.global_batch / rows) + 1),
-            "log_every": max(1, steps // 20), "checkpoint_every": steps, "keep_checkpoints": 1})
-        recipe = self.resolved.model_copy(update={"stages": self.resolved.stages.model_copy(update={"train": short})})
-        ctx = stage_context("train", recipe, self.plan, self.rundir.path, self.dir / "train",
-                            {"tokenize.dataset": self.dir / "tokenize" / "dataset"})
-        self._stage("train", ctx, load_stage("train"), "-", f"{steps} steps to measure MFU and tokens/s")
+        shard = self.dir / "completions" / "shard-00000.jsonl"
+        write_jsonl_atomic(shard, (r for r in iter_shards(completions) if r["id"] in wanted))
+        manifest = Manifest.load(self.dir)  # the scratch stages' input, by content: an unchanged one keeps their keys
+        manifest.register("generate", "completions", shard.parent, "replaceable",
+                          description=f"the pilot's first {len(ids)} completions (a copy)")
+        manifest.save()
+        self._pipeline(self.scratch, self.dir, SCRATCH, f"{len(ids)} completions into {PILOT_DIR}/, "
+                       f"{self.scratch.stages.train.max_steps} steps to measure MFU and tokens/s")
         metrics = self.dir / "train" / "logs" / "metrics.jsonl"
         windows = list(iter_jsonl(metrics)) if metrics.is_file() else []
         for state in ("checkpoints", "checkpoint"):  # full training states: gigabytes on a real drafter
             shutil.rmtree(self.dir / "train" / state, ignore_errors=True)
+        train = self.scratch.stages.train
         trained = training_stats(windows, train.world_size)
-        return trained and trained | self._predicted_training(steps, stats)
+        return trained and trained | self._predicted_training(train.max_steps or 1, stats)
 
     # ------------------------------------------------------------------ the planner's predictions
 
     def _serving_ratio(self, generated: dict[str, Any] | None, stats: dict[str, Any],
                        records: list[dict[str, Any]]) -> dict[str, Any]:
         """Measured tokens/s over the planner's tokens/s for the pilot's own generation."""
-        if not generated or not generated.get("completions_written"):
+        if not generated:
             return {}
         mine = [r for r in records if r["id"] in generated["ids"]]
         n = len(mine)
         outputs = [r["usage"]["completion_tokens"] for r in mine]
         update: dict[str, Any] = {}
-        if self.recipe.stages.generate.backend == "sglang":
-            servers = build_context(self.resolved).generation.serving.dp
-            batch = sum(outputs) / servers / max(max(outputs), 1)  # a draining server's mean batch
+        serving = self.resolved.stages.generate.serving
+        if serving.mode != "in-process":
+            batch = sum(outputs) / serving.dp / max(max(outputs), 1)  # a draining server's mean batch
             cap = self.recipe.stages.generate.concurrency  # None: the client keeps the planned batch in flight
             update["concurrency"] = max(1, round(batch) if cap is None else min(cap, round(batch)))
         tau = generated.get("spec_accept_length") if self.recipe.target.mtp else None
@@ -260,10 +221,15 @@ class Pilot:
         return {"mfu_planned": t["mfu"], "mfu_source": t["mfu_source"], "step_s_planned": ctx.training.seconds / steps}
 
 
-def run_pilot(recipe: Recipe, facts: TargetFacts | None, run_dir: Path, observer: RunObserver,
+def _ids(folder: Path) -> set[str]:
+    return {r["id"] for r in iter_shards(folder)} if folder.is_dir() else set()
+
+
+def run_pilot(recipe: Recipe, plan: Plan, run_dir: Path, observer: RunObserver, held: IO[str],
               argv: Iterable[str] = ()) -> PilotOutcome:
-    """Run the pilot of `recipe` in `run_dir` (see the module docstring); PilotFailed says why not."""
-    return Pilot(recipe, facts, run_dir, observer, argv).run()
+    """Run the pilot of `recipe` (planned as `plan`) in `run_dir` under the run lock `held` (see the
+    module docstring); PilotFailed says why not."""
+    return Pilot(recipe, plan, run_dir, observer, held, argv).run()
 
 
 def pilot_due(recipe: Recipe, run_dir: Path, calibration: PilotCalibration | None) -> bool:

@@ -93,7 +93,8 @@ def preflight(recipe: Recipe, plan: Plan, run_dir: Path, stages: Sequence[str] =
         jobs.append(("s3", partial(check_s3, recipe.storage.s3, recipe.name), "fail"))
     if wanted & GPU_STAGES:
         jobs.append(("gpus", partial(check_gpus, recipe.hardware, plan.totals), "fail"))
-    if "generate" in wanted and recipe.stages.generate.backend == "sglang":
+    served = plan.resolved.stages.generate.serving if plan.resolved is not None else None
+    if "generate" in wanted and served is not None and served.mode == "attach":
         jobs += [(f"server {i}", partial(check_server, i, u, recipe.target.model), "fail")
                  for i, u in enumerate(recipe.stages.generate.urls)]
     return _bounded(jobs, timeout_s)

@@ -9,7 +9,8 @@ and the policy between the steps. The CLI parses, calls `run_recipe` / `pilot_re
                 failed check stops the run;
   3. pilot      first when `generate` is selected, the pilot is not skipped and `pilot_due` says
                 so (`pilot.enabled`; auto: on a GPU profile, until the generation is finished or a
-                pilot measured it under the recipe's values). Its re-plan stops the run on errors,
+                pilot measured it under the recipe's values), under the run lock the stages then run
+                under (one lock for the whole run). Its re-plan stops the run on errors,
                 and on broken budgets unless `continue_over_budget`; the stages then run with it;
   4. stages     `run_pipeline` over the selection;
   5. summary    `Session`: the run's result, its plan, and the retrain hint (`train.lr` / 5 when
@@ -26,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 
 from dflashx.config.schema import Recipe
 from dflashx.plan.calibration import PilotCalibration
@@ -40,12 +41,12 @@ from dflashx.run.observer import RunObserver
 from dflashx.run.orchestrator import RunResult, run_pipeline
 from dflashx.run.pilot import PilotFailed, PilotOutcome, pilot_due, run_pilot
 from dflashx.run.preflight import preflight, stages_to_check
-from dflashx.run.rundir import RunDirBusy
+from dflashx.run.rundir import RunDir, RunDirBusy
 from dflashx.targets.registry import TargetFacts
 
 BUDGET_CODES = ("budget_usd", "budget_days", "budget_storage")
 PILOT_STAGES = ["ingest", "generate", "tokenize", "train"]
-PilotFn = Callable[[Recipe, TargetFacts | None, Path, RunObserver, Iterable[str]], PilotOutcome]
+PilotFn = Callable[[Recipe, Plan, Path, RunObserver, IO[str], Iterable[str]], PilotOutcome]
 
 
 class SessionView(RunObserver, Protocol):
@@ -127,15 +128,25 @@ def _preflight(request: RunRequest, view: SessionView, resolved: ResolvedRecipe,
         raise Stopped(f"{request.source}: the preflight failed; nothing was run (fix the above, or --skip-preflight)")
 
 
-def _pilot(request: RunRequest, view: SessionView, run_dir: Path, pilot: PilotFn) -> tuple[Plan, ResolvedRecipe]:
-    """Run the pilot, its figures to the view; the re-plan, or Stopped when the pilot failed, the
-    re-plan has errors or (without `continue_over_budget`) breaks the budget."""
+def _hold(run_dir: Path, what: str) -> IO[str]:
+    """The run lock, held for everything this session runs in `run_dir` (the pilot and the stages)."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        return RunDir(Path(run_dir).resolve()).lock()
+    except RunDirBusy as e:
+        raise Stopped(f"{what}{e}") from None
+
+
+def _pilot(request: RunRequest, view: SessionView, made: Plan, run_dir: Path, held: IO[str],
+           pilot: PilotFn) -> tuple[Plan, ResolvedRecipe]:
+    """Run the pilot of the session's plan, its figures to the view; the re-plan, or Stopped when the
+    pilot failed, the re-plan has errors or (without `continue_over_budget`) breaks the budget."""
     recipe = request.recipe
     view.line(f"pilot: {recipe.pilot.prompts} prompts, {recipe.pilot.train_steps} training steps "
               f"(pilot.* in the recipe), to measure what the plan assumed")
     try:
-        outcome = pilot(recipe, request.facts, run_dir, view, request.argv)
-    except (PilotFailed, RunDirBusy) as e:
+        outcome = pilot(recipe, made, run_dir, view, held, request.argv)
+    except PilotFailed as e:
         raise Stopped(f"pilot: {e}") from None
     except KeyboardInterrupt:
         raise Stopped("interrupted: the completions written are kept; the pilot (or the run) continues after them",
@@ -165,16 +176,17 @@ def run_recipe(request: RunRequest, view: SessionView, on_progress: Callable[[Pa
     selection = request.selection
     if request.preflight:
         _preflight(request, view, resolved, made, run_dir, selection.stages, selection.force)
-    if (request.pilot and "generate" in selection.stages
-            and pilot_due(request.recipe, run_dir, request.calibration)):
-        made, resolved = _pilot(request, view, run_dir, pilot)
+    held = _hold(run_dir, "")
     try:
+        if (request.pilot and "generate" in selection.stages
+                and pilot_due(request.recipe, run_dir, request.calibration)):
+            made, resolved = _pilot(request, view, made, run_dir, held, pilot)
         result = run_pipeline(resolved, made, run_dir, selection, argv=request.argv, observer=view,
-                              on_progress=on_progress)
-    except RunDirBusy as e:
-        raise Stopped(str(e)) from None
+                              on_progress=on_progress, held=held)
     except KeyboardInterrupt:
         raise Stopped("interrupted: run the same command again to resume", interrupted=True) from None
+    finally:
+        held.close()
     train = resolved.stages.train
     return Session(result, made, run_dir, train.lr / 5 if train.enabled else None)
 
@@ -187,4 +199,8 @@ def pilot_recipe(request: RunRequest, view: SessionView, pilot: PilotFn = run_pi
     view.line(f"run dir: {run_dir}")
     if request.preflight:
         _preflight(request, view, resolved, made, run_dir, PILOT_STAGES, ())
-    return _pilot(request, view, run_dir, pilot)[0]
+    held = _hold(run_dir, "pilot: ")
+    try:
+        return _pilot(request, view, made, run_dir, held, pilot)[0]
+    finally:
+        held.close()

@@ -64,6 +64,9 @@ class StageContext:
 class StageResult:
     artifacts: dict[str, Artifact] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
+    # set when the stage stopped at a limit of the recipe with work left (stages.generate.max_prompts /
+    # max_minutes): the orchestrator then registers nothing and writes no _SUCCESS; the next attempt resumes
+    unfinished: str | None = None
 
 
 StageFn = Callable[[StageContext], StageResult]

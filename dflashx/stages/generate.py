@@ -9,12 +9,18 @@ every `LOG_EVERY_S` seconds and at the end, and into the stage result. Prompts t
 after every retry are not written: the stage then fails, and rerunning resumes with just those.
 A disk that fills stops the stage (`StageFailed`: the folder, the space free and the space the
 plan says is still needed); the fsync'ed batches stay, and rerunning resumes after them.
+With `max_prompts` (the folder holds that many) or `max_minutes` (no new prompt after them) the stage
+stops early: its result is `unfinished`, the orchestrator leaves `_STARTED` and no `_SUCCESS`, and the
+next attempt (the full run, after `dflashx pilot`) resumes after those completions.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterator
+from contextlib import nullcontext
+from itertools import islice
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
@@ -33,7 +39,7 @@ def make_backend(ctx: StageContext) -> Backend:
     """The backend the recipe names, configured from the recipe and the plan's launch plan."""
     cfg = ctx.config
     target = ctx.recipe.target
-    if cfg.backend == "transformers":
+    if cfg.serving.mode == "in-process":
         from dflashx.backends.transformers_local import TransformersBackend
         from dflashx.targets.locate import locate_target, locate_tokenizer
 
@@ -102,9 +108,6 @@ def _progress() -> Progress:
     )
 
 
-def run(ctx: StageContext) -> StageResult:
-    prompts_dir = ctx.inputs[input_name("generate")]
-    return generate(ctx, iter_shards(prompts_dir), count_records(prompts_dir))
 
 
 def serve_only(backend: Backend) -> StageFailed:
@@ -116,19 +119,34 @@ def serve_only(backend: Backend) -> StageFailed:
                        "Restart this command to serve again while node 0 generates.")
 
 
-def generate(ctx: StageContext, prompts: Iterable[dict[str, Any]], total: int) -> StageResult:
-    """Complete `prompts` (of `total`) into `completions/`, skipping ids already there. The stage runs it on
-    every ingested prompt; `dflashx pilot` on its first few hundred, so the stage later resumes after them."""
+def _until(items: Iterator[dict[str, Any]], minutes: float | None) -> Iterator[dict[str, Any]]:
+    """The items, until `minutes` have passed since the first was taken (the backend pulls lazily)."""
+    deadline = None
+    for item in items:
+        now = time.monotonic()
+        deadline = deadline or (now + minutes * 60 if minutes else math.inf)
+        if now > deadline:
+            return
+        yield item
+
+
+def run(ctx: StageContext) -> StageResult:
+    """Complete every ingested prompt not yet in `completions/`; with `max_prompts` / `max_minutes` (the
+    pilot's) only until the folder holds that many or the time is up: then the result is `unfinished`."""
     cfg = ctx.config
+    prompts_dir = ctx.inputs[input_name("generate")]
+    total = count_records(prompts_dir)
     backend = make_backend(ctx)
     if not backend.drives:
         raise serve_only(backend)
     try:
         with ShardWriter(ctx.out_dir / "completions", cfg.shard_size, cfg.flush_every) as writer:
-            todo = (p for p in prompts if p["id"] not in writer.ids)
+            room = total if cfg.max_prompts is None else max(min(cfg.max_prompts, total) - len(writer.ids), 0)
+            todo = _until(islice((p for p in iter_shards(prompts_dir) if p["id"] not in writer.ids), room),
+                          cfg.max_minutes)
             gate = open_gate(ctx.recipe.target, cfg.max_tokens, cfg.context_length)
             started = time.monotonic()
-            with _progress() as progress, backend:
+            with _progress() as progress, (backend if room else nullcontext()):  # at its limit: no server
                 meter = GenerationMeter(total, writer.resumed, progress, startup_s=time.monotonic() - started)
 
                 def emit(record: dict[str, Any]) -> None:
@@ -140,7 +158,8 @@ def generate(ctx: StageContext, prompts: Iterable[dict[str, Any]], total: int) -
                 def refuse(prompt: dict[str, Any], tokens: int, error: str) -> None:
                     emit(rejected_record(prompt, error, backend.name, prompt_tokens=tokens))
 
-                backend.generate(gate.admit(todo, refuse) if gate else todo, emit)
+                if room:
+                    backend.generate(gate.admit(todo, refuse) if gate else todo, emit)
     except DiskFull as e:
         raise StageFailed(str(_still_needed(e, ctx))) from e
     metrics = _metrics(meter, backend, writer, total, gate)
@@ -151,9 +170,13 @@ def generate(ctx: StageContext, prompts: Iterable[dict[str, Any]], total: int) -
             f"The {len(writer.ids)} completions written are kept: rerun to retry only the missing prompts.",
             metrics,
         )
+    limited = cfg.max_prompts is not None or cfg.max_minutes is not None
+    left = total - len(writer.ids) if limited else 0
     return StageResult(
         artifacts={"completions": Artifact("completions", description="Target completions, JSONL shards")},
         metrics=metrics,
+        unfinished=f"{len(writer.ids)} of {total} prompts completed (stages.generate.max_prompts / max_minutes); "
+                   "the next attempt resumes after them" if left > 0 else None,
     )
 
 

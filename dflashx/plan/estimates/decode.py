@@ -94,7 +94,7 @@ def gemm(recipe: ResolvedRecipe, dtype: str) -> float:
 
 def roofline(recipe: ResolvedRecipe, dev: Device, step_bytes: float, flops: float, dtype: str) -> Roofline:
     """`step_bytes` and `flops` of one forward of a TP group against the measured ceilings in `dtype`."""
-    tp = recipe.stages.generate.serving.tp if recipe.hardware.gpu is not None else 1
+    tp = recipe.stages.generate.serving.tp
     peak, share = dev.peak_flops(dtype), gemm(recipe, dtype)
     return Roofline(step_bytes, step_bytes / (dev.bandwidth_bps * tp * COPY_BANDWIDTH.value),
                     flops / (peak * tp * share), peak, share)
@@ -157,7 +157,7 @@ def prefill(recipe: ResolvedRecipe, dev: Device, prompt: float, dtype: str, shar
     weight GEMMs, which run at the served precision's measured ceiling. `extra_flops`: a drafter's
     own pass over the prompt (16-bit); `fixed_s`: a launch-bound engine's layer calls."""
     facts = recipe.target.facts
-    tp = recipe.stages.generate.serving.tp if recipe.hardware.gpu is not None else 1
+    tp = recipe.stages.generate.serving.tp
     ref = sixteen_bit(dtype)
     rate_ref = dev.peak_flops(ref) * tp * gemm(recipe, ref)
     weight_flops = 2.0 * facts.params_through_layer(facts.num_layers - 1, active=True) * prompt

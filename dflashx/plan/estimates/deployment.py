@@ -110,8 +110,8 @@ def predict_speedup(recipe: ResolvedRecipe, acceptance: Sequence[float | None], 
         rows.append(SpeedupRow(c, plain_b.value, spec_b.value, plain.tokens_per_second, spec.tokens_per_second,
                                spec.tokens_per_second / plain.tokens_per_second, pays(spec, plain), spec.step_seconds,
                                spec.verify.seconds, spec.draft.seconds, plain.step_seconds))
-    tp = recipe.stages.generate.serving.tp if recipe.hardware.gpu is not None else 1
-    return Deployment(recipe.hardware.name, tp, block, tau, list(acceptance), source, prompt, output, rows)
+    return Deployment(recipe.hardware.name, recipe.stages.generate.serving.tp, block, tau, list(acceptance), source,
+                      prompt, output, rows)
 
 
 def drafter_window(recipe: ResolvedRecipe) -> int | None:

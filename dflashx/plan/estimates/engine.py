@@ -132,9 +132,9 @@ def deploy_row(on_gpu: bool, hybrid: bool) -> EngineRow:
     return SGLANG_HYBRID if hybrid else SGLANG_DENSE
 
 
-def engine_row(backend: str, hybrid: bool) -> EngineRow:
-    """The row for the recipe's backend and target kind. MTP (NEXTN) is planned as off: it only
-    speeds decode up, so the estimate stays conservative."""
-    if backend == "transformers":
+def engine_row(mode: str, hybrid: bool) -> EngineRow:
+    """The row for the resolved serving mode (`stages.generate.serving.mode`) and target kind. MTP (NEXTN) is
+    planned as off: it only speeds decode up, so the estimate stays conservative."""
+    if mode == "in-process":
         return TRANSFORMERS
     return SGLANG_HYBRID if hybrid else SGLANG_DENSE

@@ -125,7 +125,7 @@ def stage_needs(recipe: ResolvedRecipe, stage: str, steps: int) -> dict[str, int
     """The fixed parts one stage does (its code's imports, loads and writes), before the process model."""
     st = recipe.stages
     needs: dict[str, int] = {}
-    if stage == "generate" and st.generate.backend == "transformers":
+    if stage == "generate" and st.generate.serving.mode == "in-process":
         needs = {"torch": 1, "modeling": 1, "tokenizer": 1, "target_load": 1}
     elif stage == "qc":  # loading a tokenizer (AutoTokenizer) imports torch
         needs = {"torch": 1, "matplotlib": 1, "figure_setup": 1, "figure": FIGURES["qc"], "tokenizer": 1}

@@ -71,8 +71,7 @@ def _serving(recipe: ResolvedRecipe, b: Batch) -> Serving:
     s, facts = recipe.stages.generate.serving, recipe.target.facts
     calibration, calibrated = factor(recipe.hardware, CALIBRATED_SERVING, 1.0)
     per_seq = facts.kv_bytes_per_token(b.kv_elem_bytes) * b.mean_context + facts.recurrent_state_bytes
-    tp, dp = (s.tp, s.dp) if recipe.hardware.gpu is not None else (1, 1)
-    return Serving(tp, dp, s.weight_dtype, b.kv_elem_bytes, b.weight_bytes, b.pool_bytes, per_seq, b.value,
+    return Serving(s.tp, s.dp, s.weight_dtype, b.kv_elem_bytes, b.weight_bytes, b.pool_bytes, per_seq, b.value,
                    b.binding, calibration, calibrated)
 
 
@@ -123,7 +122,7 @@ def _speculation_term(sp: Speculation, recipe: ResolvedRecipe, dp: int, calibrat
 
 def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Generation:
     facts, dev = recipe.target.facts, device_of(recipe.hardware)
-    row = engine_row(recipe.stages.generate.backend, facts.num_linear_layers > 0)
+    row = engine_row(recipe.stages.generate.serving.mode, facts.num_linear_layers > 0)
     sp = _speculation(recipe, dev, lengths, tokens, row) if mtp_on(recipe) else None
     b = sp.spec_batch if sp else running_batch(recipe, lengths)
     s = _serving(recipe, b)

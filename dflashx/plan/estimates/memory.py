@@ -42,7 +42,7 @@ def serving_memory(recipe: ResolvedRecipe, facts: TargetFacts, tokens: Tokens, s
         one_seq += spec.kv_bytes_per_token * max_ctx + spec.verify_tokens * facts.recurrent_state_bytes
     # a decode step's working set: a few hidden-size buffers per running sequence
     activations = 4 * facts.hidden_size * max(s.batch, 1) * activation_bytes(s.weight_dtype)
-    if recipe.stages.generate.backend == "sglang" and recipe.hardware.gpu is not None:
+    if recipe.stages.generate.serving.mode != "in-process" and recipe.hardware.gpu is not None:
         gpu_bytes = recipe.hardware.gpu.memory_gb * 1e9
         total = gpu_bytes * recipe.stages.generate.serving.mem_fraction_static
         formula = "gpu memory x mem_fraction_static (SGLang preallocates weights + KV/state pool)"

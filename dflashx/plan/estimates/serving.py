@@ -49,9 +49,8 @@ class SpecMemory:
 
 def mtp_on(recipe: ResolvedRecipe) -> bool:
     """The generation servers run the target's MTP head: asked for, shipped, SGLang on GPUs."""
-    gen = recipe.stages.generate
-    return bool(recipe.target.mtp and recipe.target.facts.mtp_layers and gen.backend == "sglang"
-                and recipe.hardware.gpu is not None)
+    return bool(recipe.target.mtp and recipe.target.facts.mtp_layers
+                and recipe.stages.generate.serving.mode != "in-process" and recipe.hardware.gpu is not None)
 
 
 def mtp_memory(recipe: ResolvedRecipe) -> SpecMemory | None:
@@ -104,7 +103,7 @@ def running_batch_with(recipe: ResolvedRecipe, lengths: Lengths, spec: SpecMemor
     kv = kv_elem_bytes(s.kv_cache_dtype, s.weight_dtype)
     weights = served_weight_bytes(facts, s.weight_dtype)
     context = mean_running_context(recipe.dataset.stats.prompt_tokens_mean, lengths, gen.max_tokens)
-    if gen.backend == "transformers" or hw.gpu is None:
+    if s.mode == "in-process" or hw.gpu is None:
         caps = {"batch_size": gen.batch_size}
         return Batch(gen.batch_size, "batch_size", caps, None, weights, kv, context)
     draft_weights, draft_kv, held = (spec.draft_weight_bytes, spec.kv_bytes_per_token, spec.verify_tokens) \

@@ -102,15 +102,16 @@ def _launched(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving, per_replic
 
 
 def launch_plan(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving) -> LaunchPlan:
-    """How generation is served (module doc): in-process (transformers), attach (`urls`) or launch."""
+    """How generation is served: the resolved `stages.generate.serving.mode` (module doc)."""
     gen = recipe.stages.generate
-    if gen.backend != "sglang":
-        return LaunchPlan("in-process", max(s.batch, 1))  # the transformers batch (`batch_size`)
+    mode = gen.serving.mode
+    if mode == "in-process":
+        return LaunchPlan(mode, max(s.batch, 1))  # the transformers batch (`batch_size`)
     per_replica = client_in_flight(gen, s.batch)
-    if gen.urls:
+    if mode == "attach":
         shares = split_in_flight(per_replica * s.dp, len(gen.urls))
         servers = tuple(ServerSpec(base_url(url), n) for url, n in zip(gen.urls, shares))
-        return LaunchPlan("attach", per_replica, servers)
+        return LaunchPlan(mode, per_replica, servers)
     if recipe.hardware.gpu is None:
-        return LaunchPlan("launch", per_replica)  # nothing to start on the CPU: the run says to give urls
+        return LaunchPlan(mode, per_replica)  # nothing to start on the CPU: the run says to give urls
     return _launched(recipe, facts, s, per_replica)
