@@ -17,7 +17,7 @@ from dflashx.resolve import resolve
 from dflashx.targets.registry import lookup
 
 QWEN36 = lookup("Qwen/Qwen3.6-27B")
-CPU = {"hardware__gpu": None, "hardware__gpus_per_node": 0}
+CPU = {"hardware__gpu": None, "hardware__gpus_per_node": 0, "hardware__cpu_tflops": 0.1}
 ADDRESSES = ["http://10.0.0.5:30000/v1", "http://10.0.0.6:30000"]
 
 CASES = [
