@@ -19,10 +19,11 @@ REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "benchmarks" / "results" / "device_ceilings.json"
 
 
-def _timed(fn, runs: int = 20) -> float:
+def cuda_median_s(fn, runs: int = 20, warmup: int = 3) -> float:
+    """Median seconds of `fn` on the current CUDA stream (events), after `warmup` calls."""
     import torch
 
-    for _ in range(3):
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
@@ -43,7 +44,7 @@ def copy_bandwidth(gib: float = 4.0) -> float:
     n = int(gib * 2**30)
     src = torch.empty(n, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    seconds = _timed(lambda: dst.copy_(src))
+    seconds = cuda_median_s(lambda: dst.copy_(src))
     return 2 * n / seconds
 
 
@@ -52,7 +53,7 @@ def read_bandwidth(gib: float = 4.0) -> float:
     import torch
 
     x = torch.empty(int(gib * 2**30) // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    return x.numel() * 2 / _timed(lambda: x.sum())
+    return x.numel() * 2 / cuda_median_s(lambda: x.sum())
 
 
 def gemm_flops(size: int = 8192) -> float:
@@ -60,7 +61,7 @@ def gemm_flops(size: int = 8192) -> float:
 
     a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    seconds = _timed(lambda: a @ b, runs=10)
+    seconds = cuda_median_s(lambda: a @ b, runs=10)
     return 2 * size**3 / seconds
 
 

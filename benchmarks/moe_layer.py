@@ -22,32 +22,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from benchmarks.device_ceilings import cuda_median_s as timed
+
 RESULT = Path(__file__).resolve().parent / "results" / "moe_layer.json"
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 IMPLEMENTATIONS = ["grouped_mm", "batched_mm", "eager"]
-
-
-def timed(fn: Callable[[], Any], runs: int = 20, warmup: int = 3) -> float:
-    """Median seconds of `fn` on the current stream (CUDA events)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def dense_peak(size: int = 8192) -> float:
