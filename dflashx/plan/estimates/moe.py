@@ -32,6 +32,7 @@ copy share, FLOPs at the GEMM share, no fixed cost or floor.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -115,7 +116,7 @@ def efficiency(rows: float) -> float:
     points = EFFICIENCY
     if rows <= points[0][0]:
         return points[0][1]
-    for (r0, e0), (r1, e1) in zip(points, points[1:]):
+    for (r0, e0), (r1, e1) in itertools.pairwise(points):
         if rows <= r1:
             return e0 + (e1 - e0) * math.log(rows / r0) / math.log(r1 / r0)
     return points[-1][1]

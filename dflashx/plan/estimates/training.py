@@ -142,6 +142,7 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
              " + steps x grad_accum x target gather",
              sequences=sequences, peak_flops=train.peak_flops, gpus=dev.count, mfu=mfu, mfu_source=mfu_source,
              compute_s=compute_s, moe_s=moe_s, moe_routed_flops_per_sample=moe.routed_flops,
-             moe_layer=moe.layer.inputs() if moe.layer else None, grad_sync_s=sync_s, target_gather_s=gather_s, calibrated=calibrated),
+             moe_layer=moe.layer.inputs() if moe.layer else None, grad_sync_s=sync_s, target_gather_s=gather_s,
+             calibrated=calibrated),
     )
     return Training(drafter, steps, sequences, dtoks, total, seconds, terms)
