@@ -3,6 +3,7 @@ its regimes, the one function every path uses, and the trainer's experts impleme
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 
@@ -31,7 +32,7 @@ def test_constants_are_the_measurements_reduced():
 @pytest.mark.parametrize("path", [moe.SGLANG_DECODE, moe.SGLANG_PREFILL, moe.TRANSFORMERS_TRAIN], ids=lambda p: p.name)
 def test_monotone_in_tokens(facts, path):
     times = [moe.moe_layer(facts, 2**p, "bf16", H200, path).seconds for p in range(15)]
-    assert all(b >= a for a, b in zip(times, times[1:], strict=False))
+    assert all(b >= a for a, b in itertools.pairwise(times))
 
 
 def test_regimes_memory_compute_and_floors():
