@@ -152,8 +152,9 @@ def _moe_cookbook(hardware: str, weights: str, concurrency: int = 1024, mtp: boo
 
 
 def moe_rows() -> list[Row]:
-    """Validation only: planned with the dense targets' engine constants (no MoE-specific constant);
-    decode reads the experts the running batch touches (uniform routing), FLOPs count active parameters."""
+    """Validation only: the dense parts with the dense targets' engine constants, the routed experts by
+    `moe.moe_layer` (constants measured on the machine, benchmarks/results/moe_layer.json; none from these
+    cells)."""
     rows = []
     for hardware, weights, throughput, ttft_ms, *low_latency in MOE_CELLS:
         gpu = "H200" if hardware.startswith("h200") else "B200"
@@ -257,11 +258,16 @@ TRAIN_STEP_MOE = REPO / "benchmarks" / "results" / "train_step_moe_h100.json"
 
 def moe_training_rows() -> list[Row]:
     """The product trainer at the Qwen3-30B-A3B layer shape on one H100 (benchmarks/results/
-    train_step_moe_h100.json: full depth, and 36 layers where the naive step fits too) against the one
-    FLOP model (active parameters) at the dense shape's measured MFU: no MoE-specific constant. Step time
-    only, for the reason `full_depth_rows` gives (no optimizer step is reached, so the peak is not a run's)."""
+    train_step_moe_h100.json: full depth, and 36 layers where the naive step fits too), predicted as the
+    plan predicts a step: the FLOPs outside the routed experts at the dense shape's measured MFU, the routed
+    experts by `moe.trainer_moe` (the same function `estimate_training` calls: transformers' grouped_mm
+    path, constants from benchmarks/results/moe_layer.json, none from these rows). Step time only, for the
+    reason `full_depth_rows` gives (no optimizer step is reached, so the peak is not a run's)."""
     from dflashx.config.schema import HardwareProfile
+    from dflashx.plan.estimates.device import device_of
     from dflashx.plan.estimates.mfu import mfu_row
+    from dflashx.plan.estimates.moe import trainer_moe
+    from dflashx.targets.registry import lookup
 
     if not TRAIN_STEP_MOE.is_file():
         return []
@@ -271,11 +277,15 @@ def moe_training_rows() -> list[Row]:
     for run in json.loads(TRAIN_STEP_MOE.read_text())["runs"].values():
         for shape in run["results"]:
             step = next(r for r in shape["rows"] if r["variant"] == "trainer")
-            predicted = shape["useful_tflop_per_step"] * 1e12 / (hw.gpu.bf16_tflops * 1e12 * dense.mfu)
+            facts = lookup("Qwen/Qwen3-30B-A3B").model_copy(update={"num_layers": shape["target_layers"]})
+            moe = trainer_moe(facts, max(shape["tapped"]), [shape["seq"]], 1, "bf16", device_of(hw))
+            predicted = ((shape["useful_tflop_per_step"] * 1e12 - moe.routed_flops)
+                         / (hw.gpu.bf16_tflops * 1e12 * dense.mfu) + moe.seconds)
             rows.append(Row(f"DFlash training step, {shape['shape']}, {shape['target_layers']} layers",
                             f"{shape['target_layers']} target layers (tapped {shape['tapped']}), seq {shape['seq']}, "
                             f"{shape['anchors']} anchors, block {shape['block']}, 1x H100, GPU defaults; planned "
-                            f"with the dense shape's MFU ({dense.mfu:.3f})",
+                            f"with the dense shape's MFU ({dense.mfu:.3f}) outside the routed experts, "
+                            f"{moe.layers} MoE layers x {moe.seconds / moe.layers * 1e3:.2f} ms (moe.py)",
                             "benchmarks/results/train_step_moe_h100.json (this project, 2026-12-05)", "validation",
                             "s/step", step["step_s"], predicted))
     return rows

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from dflashx.cli.main import app
 from dflashx.config.fields import PRECISION_BYTES
-from dflashx.plan.estimates.decode import decode_read_bytes, flops_per_token
+from dflashx.plan.estimates.decode import dense_read_bytes, flops_per_token
+from dflashx.plan.estimates.moe import routed_flops_per_token
 from dflashx.plan.plan import make_plan
 from dflashx.resolve.flops import target_forward_flops
 from dflashx.resolve.memory import largest_gather_bytes, target_weight_bytes
@@ -114,8 +115,9 @@ def test_moe_flops_count_active_parameters_and_memory_all():
     attention = 4 * facts.num_attention_heads * facts.head_dim * 21
     assert per_token - attention == pytest.approx(2 * facts.params_through_layer(20, active=True))
     assert facts.params_through_layer(20, active=True) < facts.params_through_layer(20) / 5
-    assert flops_per_token(facts, 0) == pytest.approx(2 * (facts.active_params - facts.vocab_size * facts.hidden_size
-                                                           - facts.hidden_size))
+    # the decode roofline counts the FLOPs outside the routed experts; moe.py times those
+    assert flops_per_token(facts, 0) + routed_flops_per_token(facts, facts.num_moe_layers) == pytest.approx(
+        2 * (facts.active_params - facts.vocab_size * facts.hidden_size - facts.hidden_size))
 
 
 def test_decode_reads_the_experts_a_batch_touches():
@@ -125,11 +127,17 @@ def test_decode_reads_the_experts_a_batch_touches():
     assert moe.expected_experts_touched(1) == pytest.approx(8)
     assert moe.expected_experts_touched(2) == pytest.approx(128 * (1 - (1 - 8 / 128) ** 2))
     assert moe.expected_experts_touched(4096) == pytest.approx(128)
+    from dflashx.plan.estimates.device import Device
+    from dflashx.plan.estimates.moe import SGLANG_DECODE, moe_layer
+    dev = Device("H200", 141e9, 4.8e12, 989e12, 1979e12, 1)
     head = moe.vocab_size * moe.hidden_size * 2
-    one = decode_read_bytes(moe, "bf16", 1)
-    assert one - head == pytest.approx((moe.params_through_layer(47, active=True)) * 2)
-    assert decode_read_bytes(moe, "bf16", 4096) - head == pytest.approx(moe.params_through_layer(47) * 2, rel=1e-9)
-    assert decode_read_bytes(dense, "bf16", 1) == decode_read_bytes(dense, "bf16", 256)
+    experts = moe.num_moe_layers * moe.num_experts * moe.expert_params
+    # the dense roofline reads every weight but the routed experts; moe_layer reads the touched ones
+    assert dense_read_bytes(moe, "bf16") - head == pytest.approx((moe.params_through_layer(47) - experts) * 2)
+    assert moe_layer(moe, 1, "bf16", dev, SGLANG_DECODE).weight_bytes == pytest.approx(8 * moe.expert_params * 2)
+    assert moe_layer(moe, 4096, "bf16", dev, SGLANG_DECODE).weight_bytes == pytest.approx(
+        128 * moe.expert_params * 2, rel=1e-9)
+    assert dense_read_bytes(dense, "bf16") == dense.params_through_layer(35) * 2 + dense.vocab_size * 4096 * 2
 
 
 def test_gpt_oss_experts_are_served_in_mxfp4():

@@ -9,6 +9,11 @@
 - `tokenizer_from(path)` / `model_from(path, precision)`: the same from an already located folder
   or hub id (a launched training process is handed the folder; the transformers backend its paths).
 
+An MoE model runs its experts with transformers' `grouped_mm` (`EXPERTS_IMPLEMENTATION`), set explicitly:
+the fastest measured for the trainer's target forward (benchmarks/results/moe_layer.json `forward`, a
+Qwen3-30B-A3B-shaped 8-layer stack at 3,072 tokens on one H200: grouped_mm 22.8 ms, eager 337 ms,
+batched_mm out of memory asking for 144 GiB); what the planner times (`plan/estimates/moe.py`).
+
 torch and transformers are imported when something is loaded, so importing this module is cheap.
 """
 
@@ -31,13 +36,24 @@ def tokenizer_from(path: str | Path, **kwargs: Any) -> Any:
     return AutoTokenizer.from_pretrained(str(path), **kwargs)
 
 
+EXPERTS_IMPLEMENTATION = "grouped_mm"
+
+
+def fastest_experts(model: Any) -> Any:
+    """Set an MoE model's experts to `EXPERTS_IMPLEMENTATION` (module doc); a dense model is left as it is."""
+    if model._can_set_experts_implementation():
+        model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+    return model
+
+
 def model_from(path: str | Path, precision: str) -> Any:
-    """`AutoModelForCausalLM` from a located folder or hub id, in `precision`'s torch dtype, eval mode."""
+    """`AutoModelForCausalLM` from a located folder or hub id, in `precision`'s torch dtype, eval mode, MoE
+    experts on `grouped_mm`."""
     import torch
     from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, TORCH_DTYPE[precision])
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+    return fastest_experts(AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval())
 
 
 def load_tokenizer(target: TargetSpec, **kwargs: Any) -> Any:

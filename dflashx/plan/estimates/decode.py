@@ -3,15 +3,18 @@ overhead and the TP all-reduce (the primitives of `generation.py` and `speculati
 
 A forward of `tokens` tokens for each of `batch` running sequences (1 for plain decode; the verified
 tokens for a speculative verify) reads
-  bytes = decoder weights (served dtype; of an MoE layer, the experts the batch x tokens routed
-          tokens touch: E (1 - (1 - k/E)^n), `TargetFacts.expected_experts_touched`) + LM head (16-bit)
+  bytes = decoder weights but the routed experts (served dtype) + LM head (16-bit)
           + batch x (KV bytes/token x mean context + state passes x linear-attention state)
-and computes batch x tokens x (2 x active matmul parameters + 4 x context x heads x head_dim x attention
-layers). MoE targets use the same engine constants as dense ones.
+and computes batch x tokens x (2 x matmul parameters but the routed experts + 4 x context x heads x
+head_dim x attention layers).
   roofline(dtype) = max(bytes / (bandwidth x tp x copy share), FLOPs / (peak x tp x GEMM share))
   step            = roofline(served) + roofline(16-bit) x (1 / decode share - 1) + TP all-reduce
+                    + MoE layers x `moe.moe_layer`(batch x tokens) (SGLang's path, CUDA graph)
 The engine's decode share was measured with 16-bit weights: what it stands for beyond the roofline
-(launch gaps, normalizations, sampling, the scan) does not shrink with FP8 weights (Amdahl).
+(launch gaps, normalizations, sampling, the scan) does not shrink with FP8 weights (Amdahl). The routed
+experts are timed once, by `moe.py` (rows per expert, grouped-GEMM efficiency, kernel floors), not by the
+roofline or the share. A prefill likewise: its routed-expert FLOPs leave the share-based time and
+`moe.py` times them at the prompt's tokens (SGLang's path, eager).
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from dflashx.plan.estimates.device import Device
 from dflashx.plan.estimates.engine import (
     ALLREDUCE_LATENCY_NVLINK, ALLREDUCE_LATENCY_PCIE, COPY_BANDWIDTH, NVLINK_CLASS_GBS, EngineRow, gemm_share,
 )
+from dflashx.plan.estimates.moe import MoeLayer, moe_layer, routed_flops_per_token, serving_path
 from dflashx.plan.estimates.serving import Batch
 from dflashx.resolve.flops import target_forward_flops
 from dflashx.resolve.model import ResolvedRecipe
-from dflashx.resolve.serving import expert_elem_bytes
 from dflashx.targets.registry import TargetFacts
 
 
@@ -37,8 +40,9 @@ def matmul_params(facts: TargetFacts) -> int:
 
 
 def flops_per_token(facts: TargetFacts, context: float) -> float:
+    """A decoded token's FLOPs outside the routed experts (`moe.py` times those)."""
     attention = 4 * context * facts.num_attention_heads * facts.head_dim * facts.num_kv_layers
-    return 2 * matmul_params(facts) + attention
+    return 2 * matmul_params(facts) - routed_flops_per_token(facts, facts.num_moe_layers) + attention
 
 
 def head_bytes(facts: TargetFacts, weight_dtype: str) -> float:
@@ -46,13 +50,11 @@ def head_bytes(facts: TargetFacts, weight_dtype: str) -> float:
     return facts.vocab_size * facts.hidden_size * (4 if weight_dtype == "fp32" else 2)
 
 
-def decode_read_bytes(facts: TargetFacts, weight_dtype: str, routed_tokens: float = 1.0) -> float:
-    """Weights one forward of `routed_tokens` tokens reads: decoder layers at the served dtype (an MoE
-    layer's touched experts only, at `expert_elem_bytes`), the LM head at 16 bits."""
-    read = facts.decoder_params_read(routed_tokens)
-    experts = facts.num_moe_layers * facts.expected_experts_touched(routed_tokens) * facts.expert_params
-    return ((read - experts) * PRECISION_BYTES[weight_dtype] + experts * expert_elem_bytes(facts, weight_dtype)
-            + head_bytes(facts, weight_dtype))
+def dense_read_bytes(facts: TargetFacts, weight_dtype: str) -> float:
+    """Weights every forward reads whatever its tokens: the decoder layers but the routed experts (whose
+    touched share `moe.py` reads) at the served dtype, the LM head at 16 bits."""
+    dense = facts.params_through_layer(facts.num_layers - 1) - facts.routed_expert_params
+    return dense * PRECISION_BYTES[weight_dtype] + head_bytes(facts, weight_dtype)
 
 
 def sixteen_bit(weight_dtype: str) -> str:
@@ -106,22 +108,39 @@ def target_roofline(recipe: ResolvedRecipe, dev: Device, b: Batch, dtype: str, t
     served); each sequence's linear-attention state is moved `state_passes` times (read + write: 2)."""
     batch, context, kv = max(b.value, 1), b.mean_context, b.kv_elem_bytes
     facts = recipe.target.facts
-    step_bytes = decode_read_bytes(facts, dtype, batch * tokens) + batch * (
+    step_bytes = dense_read_bytes(facts, dtype) + batch * (
         facts.kv_bytes_per_token(kv) * context + state_passes * facts.recurrent_state_bytes)
     return roofline(recipe, dev, step_bytes, batch * tokens * flops_per_token(facts, context), dtype)
 
 
 @dataclass(frozen=True)
 class Step:
-    """One engine forward: the roofline in the served precision, the engine overhead, the all-reduce."""
+    """One engine forward: the roofline in the served precision, the engine overhead, the all-reduce and
+    the MoE layers' routed experts (`moe.py`; None for a dense forward)."""
 
     served: Roofline
     overhead_s: float
     allreduce_s: float
+    moe: MoeLayer | None = None
+    moe_layers: int = 0
+
+    @property
+    def moe_s(self) -> float:
+        return self.moe.seconds * self.moe_layers if self.moe else 0.0
 
     @property
     def seconds(self) -> float:
-        return self.served.seconds + self.overhead_s + self.allreduce_s
+        return self.served.seconds + self.overhead_s + self.allreduce_s + self.moe_s
+
+
+def moe_forward(recipe: ResolvedRecipe, dev: Device, row: EngineRow, tokens: float, dtype: str,
+                graphed: bool) -> MoeLayer | None:
+    """One of the target's MoE layers given `tokens` tokens on the engine's path (None: a dense target)."""
+    facts = recipe.target.facts
+    if not facts.is_moe:
+        return None
+    path = serving_path(row.engine, recipe.hardware.gpu is not None, graphed)
+    return moe_layer(facts, tokens, dtype, dev, path, recipe.stages.generate.serving.tp)
 
 
 def overhead_seconds(sixteen: Roofline, row: EngineRow, calls: int) -> float:
@@ -137,30 +156,41 @@ def target_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, t
     dtype = recipe.stages.generate.serving.weight_dtype
     served = target_roofline(recipe, dev, b, dtype, tokens, state_passes)
     sixteen = target_roofline(recipe, dev, b, sixteen_bit(dtype), tokens, state_passes)
-    calls = recipe.target.facts.num_layers + 1
-    return Step(served, overhead_seconds(sixteen, row, calls), allreduce_seconds(recipe, max(b.value, 1) * tokens))
+    facts = recipe.target.facts
+    calls, routed = facts.num_layers + 1, max(b.value, 1) * tokens
+    return Step(served, overhead_seconds(sixteen, row, calls), allreduce_seconds(recipe, routed),
+                moe_forward(recipe, dev, row, routed, dtype, graphed=True), facts.num_moe_layers)
 
 
 @dataclass(frozen=True)
 class Prefill:
     weight_gemm_s: float
     other_s: float
+    moe: MoeLayer | None = None
+    moe_layers: int = 0
+
+    @property
+    def moe_s(self) -> float:
+        return self.moe.seconds * self.moe_layers if self.moe else 0.0
 
     @property
     def seconds(self) -> float:
-        return self.weight_gemm_s + self.other_s
+        return self.weight_gemm_s + self.other_s + self.moe_s
 
 
-def prefill(recipe: ResolvedRecipe, dev: Device, prompt: float, dtype: str, share: float,
+def prefill(recipe: ResolvedRecipe, dev: Device, prompt: float, dtype: str, row: EngineRow,
             extra_flops: float = 0.0, fixed_s: float = 0.0) -> Prefill:
     """A prompt's prefill: all of it at the 16-bit rate over the engine's prefill share, except the
-    weight GEMMs, which run at the served precision's measured ceiling. `extra_flops`: a drafter's
-    own pass over the prompt (16-bit); `fixed_s`: a launch-bound engine's layer calls."""
+    weight GEMMs, which run at the served precision's measured ceiling, and the routed experts, which
+    `moe.py` times at the prompt's tokens. `extra_flops`: a drafter's own pass over the prompt (16-bit);
+    `fixed_s`: a launch-bound engine's layer calls."""
     facts = recipe.target.facts
     tp = recipe.stages.generate.serving.tp
     ref = sixteen_bit(dtype)
     rate_ref = dev.peak_flops(ref) * tp * gemm(recipe, ref)
-    weight_flops = 2.0 * facts.params_through_layer(facts.num_layers - 1, active=True) * prompt
-    total_ref = (target_forward_flops(facts, facts.num_layers - 1, [prompt]) + extra_flops) / (rate_ref * share)
-    other = total_ref - weight_flops / rate_ref + fixed_s
-    return Prefill(weight_flops / (dev.peak_flops(dtype) * tp * gemm(recipe, dtype)), other)
+    routed = routed_flops_per_token(facts, facts.num_moe_layers) * prompt
+    weight_flops = 2.0 * facts.params_through_layer(facts.num_layers - 1, active=True) * prompt - routed
+    total = target_forward_flops(facts, facts.num_layers - 1, [prompt]) - routed + extra_flops
+    other = total / (rate_ref * row.prefill.value) - weight_flops / rate_ref + fixed_s
+    return Prefill(weight_flops / (dev.peak_flops(dtype) * tp * gemm(recipe, dtype)), other,
+                   moe_forward(recipe, dev, row, prompt, dtype, graphed=False), facts.num_moe_layers)

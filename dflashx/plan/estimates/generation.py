@@ -142,10 +142,13 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths
         _step_term(recipe, rate, dev, row, b, step is not None),
         term("generate.prefill_seconds", rate.prefill_seconds, "s",
              "prompt FLOPs (resolve.flops) / (16-bit peak x tp x GEMM share x prefill share), the weight "
-             "GEMMs (2 x parameters x prompt) re-timed at the served precision's ceiling, + TP all-reduce"
+             "GEMMs (2 x parameters x prompt) re-timed at the served precision's ceiling, + TP all-reduce; "
+             "routed experts: MoE layers x moe_layer(prompt tokens) (moe.py)"
              + (" (+ the MTP layer's pass over the prompt)" if sp else ""),
              prompt_tokens=tokens.prompt_mean, prefill_share=row.prefill.value,
              weight_gemm_s=rate.prefill.weight_gemm_s, other_s=rate.prefill.other_s,
+             moe_s=rate.prefill.moe_s, moe_layers=rate.prefill.moe_layers,
+             moe_layer=rate.prefill.moe.inputs() if rate.prefill.moe else None,
              prefill_share_source=f"{row.prefill.source}: {row.prefill.figure}"),
         term("generate.tokens_per_second", tps, "tokens/s",
              "dp x mean output / (mean output x step / (batch x tau) + prefill) x calibration",
@@ -170,10 +173,12 @@ def _step_term(recipe: ResolvedRecipe, rate: Rate, dev: Device, row: EngineRow, 
                 ("verify (target step over num_draft_tokens per sequence) + num_steps x MTP draft forward"
                  if speculative else "") +
                 "; target step = roofline(served weights) + roofline(16-bit weights) x (1 / decode share - 1) + "
-                "TP all-reduce; roofline = max(bytes / (bandwidth x tp x copy share), "
-                "FLOPs / (peak x tp x GEMM share))",
+                "TP all-reduce + MoE layers x moe_layer(batch x tokens) (moe.py: grouped GEMMs at the rows per "
+                "expert, kernel floors, token movement); roofline = max(bytes / (bandwidth x tp x copy share), "
+                "FLOPs / (peak x tp x GEMM share)), routed experts aside",
                 step_bytes=step.served.bytes, memory_s=step.served.memory_s, compute_s=step.served.compute_s,
                 overhead_s=step.overhead_s, allreduce_s=step.allreduce_s, bound=step.served.bound,
+                moe_s=step.moe_s, moe_layers=step.moe_layers, moe_layer=step.moe.inputs() if step.moe else None,
                 bandwidth_bps=dev.bandwidth_bps, peak_flops=step.served.peak, tp=s.tp,
                 copy_share=COPY_BANDWIDTH.value, gemm_share=step.served.gemm, decode_share=row.decode.value,
                 decode_share_source=f"{row.decode.source}: {row.decode.figure}",

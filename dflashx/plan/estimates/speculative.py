@@ -6,9 +6,9 @@ block), then one target forward verifying `verify_tokens` tokens per sequence. P
   verify  = the target step (decode.py) over verify_tokens tokens per sequence; with linear-attention
             layers each sequence's state is read once and written per verified token (SGLang keeps one
             state per draft token to roll back to) and once more when the accepted one is kept
-  draft   = forwards x (roofline of the draft's weights (16-bit; of an MoE MTP layer, the experts the
-            batch's draft tokens touch, as decode.py) + LM head + b x its KV at the context, and its
-            FLOPs) + the engine overhead at the same decode share as the target's
+  draft   = forwards x (roofline of the draft's weights (16-bit) + LM head + b x its KV at the context,
+            and its FLOPs, routed experts aside) + the engine overhead at the same decode share as the
+            target's; an MoE MTP layer's routed experts are `moe.moe_layer` at the batch's draft tokens
   DFlash2   the DFlash forward plus, per block token, each layer's two convolutions (resolve.flops,
             `dflash2_layer_flops_per_token`) and, per drafted position, the path selector as vLLM
             serves it (PR #52816, `qwen3_dflash2.py` `_score_edges`: the whole k x k lattice of
@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from dflashx.plan.estimates.decode import (
-    Prefill, Step, allreduce_seconds, head_bytes, overhead_seconds, prefill, roofline, sixteen_bit, target_step,
+    Prefill, Step, allreduce_seconds, head_bytes, moe_forward, overhead_seconds, prefill, roofline, sixteen_bit,
+    target_step,
 )
 from dflashx.plan.estimates.device import Device
 from dflashx.plan.estimates.engine import EngineRow
@@ -76,8 +77,8 @@ class Drafter:
 def mtp_drafter(recipe: ResolvedRecipe) -> Drafter:
     """The target's MTP head as SGLang runs it (EAGLE worker): num_steps forwards of the MTP layers
     (one full-attention decoder layer, with the target's MoE feed-forward when it has one, + `fc` over
-    [embedding, hidden], 2 h^2) and the shared LM head. `params` counts a token's active weights
-    (FLOPs); the weights read leave the routed experts to `draft_step`."""
+    [embedding, hidden], 2 h^2) and the shared LM head. Weights read and FLOPs per drafted token leave the
+    routed experts to `draft_step` (`moe.py`); the prompt pass counts a token's active weights."""
     facts, spec = recipe.target.facts, recipe.stages.generate.serving.speculative
     ffn = facts.moe_ffn_params(active=True) if facts.is_moe else facts.mlp_params
     layer = facts.attention_params + ffn + 2 * facts.hidden_size**2
@@ -88,7 +89,7 @@ def mtp_drafter(recipe: ResolvedRecipe) -> Drafter:
     kv = kv_elem_bytes(recipe.stages.generate.serving.kv_cache_dtype, recipe.stages.generate.serving.weight_dtype)
     kv_per_token = 2 * facts.mtp_layers * facts.num_kv_heads * facts.head_dim * kv
     return Drafter("mtp", spec.num_steps, spec.eagle_topk, facts.mtp_layers,
-                   (params - routed) * 2 + head_bytes(facts, "bf16"), 2.0 * (params + head),
+                   (params - routed) * 2 + head_bytes(facts, "bf16"), 2.0 * (params - routed + head),
                    4.0 * width * facts.mtp_layers, kv_per_token, None, 0.0, 2.0 * params, spec.num_draft_tokens,
                    spec.num_steps, SpecMemory(0.0, kv_per_token, spec.num_draft_tokens),
                    facts.mtp_layers if facts.is_moe else 0)
@@ -126,16 +127,16 @@ def draft_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, d:
     """One draft forward for the batch, in 16 bits, with the engine overhead of its decode share."""
     batch = max(b.value, 1)
     context = min(b.mean_context, d.context_cap) if d.context_cap else b.mean_context
-    facts = recipe.target.facts
-    experts = d.moe_layers * facts.expected_experts_touched(batch * d.tokens) * facts.expert_params * 2
-    step_bytes = (d.weight_bytes + experts + batch * d.kv_bytes_per_context * context
+    step_bytes = (d.weight_bytes + batch * d.kv_bytes_per_context * context
                   + min(batch * d.row_bytes, d.table_bytes))
     flops = batch * (d.tokens * (d.flops_per_token + d.attention_flops_per_context * context)
                      + d.cycle_flops / d.forwards)
-    r = roofline(recipe, dev, step_bytes, flops, sixteen_bit(recipe.stages.generate.serving.weight_dtype))
+    dtype = sixteen_bit(recipe.stages.generate.serving.weight_dtype)
+    r = roofline(recipe, dev, step_bytes, flops, dtype)
     share = d.layers / recipe.target.facts.num_layers
+    moe = moe_forward(recipe, dev, row, batch * d.tokens, dtype, graphed=True) if d.moe_layers else None
     return Step(r, overhead_seconds(r, row, d.layers + DRAFT_EXTRA_CALLS[d.method] + d.extra_calls),
-                allreduce_seconds(recipe, batch * d.tokens) * share)
+                allreduce_seconds(recipe, batch * d.tokens) * share, moe, d.moe_layers)
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def replica_rate(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, 
     batch, dtype = max(b.value, 1), recipe.stages.generate.serving.weight_dtype
     extra = drafter.prompt_flops_per_token * prompt if drafter else 0.0
     fixed = row.call_latency.value * (recipe.target.facts.num_layers + 1) if row.call_latency else 0.0
-    first = prefill(recipe, dev, prompt, dtype, row.prefill.value, extra, fixed)
+    first = prefill(recipe, dev, prompt, dtype, row, extra, fixed)
     reduce = allreduce_seconds(recipe, prompt)
     pre, out = first.seconds + reduce, max(output, 1e-9)
     if drafter is None:

@@ -9,7 +9,9 @@ evenly over the completion. The trainer logs its MFU with the same functions on 
 the planner averages them over `QUADRATURE` equal-probability lengths of the output distribution
 (so the attention terms see E[L^2], not the square of the mean).
 Time = FLOPs x sequences / (peak x GPUs x MFU) + optimizer steps x gradient sync (`gradsync.py`)
-+ micro steps x the sharded target's all-gather (`gather.py`; zero without sharding).
++ micro steps x the sharded target's all-gather (`gather.py`; zero without sharding). An MoE target's
+routed experts leave the MFU term and are timed by `moe.trainer_moe` (transformers' grouped_mm path at
+the micro step's tokens), unless a calibrated MFU (which measured them) replaces the model.
 MFU: `hardware.calibrated.training_mfu` (measured on this node, all-reduce and gathers included:
 they are then not added again), else the cited table row (`mfu.py`).
 """
@@ -24,6 +26,7 @@ from dflashx.plan.estimates.gather import target_gather
 from dflashx.plan.estimates.gradsync import grad_sync
 from dflashx.plan.estimates.lengths import Lengths
 from dflashx.plan.estimates.mfu import mfu_row
+from dflashx.plan.estimates.moe import trainer_moe
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.explain import Term, term
 from dflashx.resolve.flops import (
@@ -73,8 +76,8 @@ def flops_per_sample(recipe: ResolvedRecipe, prompt: float, outputs: list[float]
 def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Training:
     train, hw, facts = recipe.stages.train, recipe.hardware, recipe.target.facts
     drafter = recipe.drafter.dims
-    target_f, drafter_f, dtoks = flops_per_sample(recipe, tokens.prompt_mean,
-                                                  sample_lengths(lengths, tokens.output_room))
+    outputs = sample_lengths(lengths, tokens.output_room)
+    target_f, drafter_f, dtoks = flops_per_sample(recipe, tokens.prompt_mean, outputs)
     per_sample = target_f + drafter_f
     batch = effective_batch(train.micro_batch, train.grad_accum, train.world_size)
     per_epoch = steps_per_epoch(tokens.samples, train.micro_batch, train.grad_accum, train.world_size)
@@ -88,7 +91,12 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
     sync_s = 0.0 if calibrated else sync.seconds * steps
     gather = target_gather(recipe)
     gather_s = 0.0 if calibrated else gather.seconds_per_micro_step * steps * train.grad_accum
-    compute_s = total / (train.peak_flops * dev.count * mfu)
+    deepest = facts.num_layers - 1 if train.labels == "target" else max(recipe.drafter.target_layer_ids)
+    moe = trainer_moe(facts, deepest, [tokens.prompt_mean + o for o in outputs], train.micro_batch,
+                      "fp8" if recipe.target.load_precision == "fp8" else "bf16", dev)
+    moe_s = 0.0 if calibrated else moe.seconds * sequences / dev.count
+    dense_flops = total - (0.0 if calibrated else moe.routed_flops * sequences)
+    compute_s = dense_flops / (train.peak_flops * dev.count * mfu) + moe_s
     seconds = compute_s + sync_s + gather_s
     mfu_source = ("measured on this node: hardware.calibrated.training_mfu (includes the gradient sync)" if calibrated
                   else f"{row.generation}/{row.precision}/{row.kind}: {row.source}"
@@ -129,9 +137,12 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
         sync.term,
         gather.term,
         term("train.seconds", seconds, "s",
-             "FLOPs per sample x sequences / (peak x GPUs x MFU) + steps x gradient sync"
+             "(FLOPs per sample - routed experts) x sequences / (peak x GPUs x MFU) + MoE layers (moe.py) "
+             "+ steps x gradient sync"
              " + steps x grad_accum x target gather",
              sequences=sequences, peak_flops=train.peak_flops, gpus=dev.count, mfu=mfu, mfu_source=mfu_source,
-             compute_s=compute_s, grad_sync_s=sync_s, target_gather_s=gather_s, calibrated=calibrated),
+             compute_s=compute_s, moe_s=moe_s, moe_routed_flops_per_sample=moe.routed_flops,
+             moe_layer=moe.layer.inputs() if moe.layer else None, grad_sync_s=sync_s, target_gather_s=gather_s,
+             calibrated=calibrated),
     )
     return Training(drafter, steps, sequences, dtoks, total, seconds, terms)
