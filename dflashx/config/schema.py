@@ -293,6 +293,11 @@ class PilotSpec(Strict):
         "in flight finish); null: no limit.",
     )
     train_steps: int = Field(200, ge=1, description="Optimizer steps the pilot trains, to measure MFU and tokens/s.")
+    roundtrip: bool = Field(
+        True, description="First, the export round-trip gate: overfit the recipe's drafter on two replies of the "
+        "target, export it as the export stage does, load it back and decode with the target; the pilot stops, "
+        "naming the check, when τ stays under 0.8 x the block size (docs/running.md#the-export-round-trip-gate).",
+    )
 
 
 # --------------------------------------------------------------------------- recipe

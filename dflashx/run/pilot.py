@@ -49,6 +49,7 @@ from dflashx.run.layout import PILOT_DIR, calibration_path
 from dflashx.run.observer import RunObserver, StageOutcome
 from dflashx.run.orchestrator import run_pipeline
 from dflashx.run.pilot_measure import length_stats, slim, source_weights, training_stats
+from dflashx.run.roundtrip import ROUNDTRIP_DIR, run_gate
 from dflashx.run.rundir import RunDir
 from dflashx.store.manifest import Manifest, atomic_write_json, utc_now
 
@@ -98,12 +99,23 @@ class Pilot:
         self.seconds: dict[str, float] = {}
 
     def run(self) -> PilotOutcome:
+        if self.recipe.pilot.roundtrip:
+            self._roundtrip()
         self._pipeline(self.resolved, self.rundir.path, select(until="ingest"), "the run's own, to count the prompts")
         cal = self._measure()
         self.seconds["total"] = sum(self.seconds.values())
         path = self._save(cal)
         return PilotOutcome(cal, path, self.before, make_plan(self.recipe, self.resolved.target.facts, cal),
                             self.seconds)
+
+    def _roundtrip(self) -> None:
+        """The export round-trip gate (`dflashx.run.roundtrip`) in pilot/roundtrip/, before any generation."""
+        self.observer.message("pilot roundtrip: overfit two replies, export, load back, decode with the target")
+        result = run_gate(self.resolved, self.dir / ROUNDTRIP_DIR)
+        self.seconds["roundtrip"] = result.seconds
+        if not result.ok:
+            raise PilotFailed(f"{result.message()}\n(pilot.roundtrip: false skips the gate)")
+        self.observer.message(result.message())
 
     def _pipeline(self, recipe: ResolvedRecipe, run_dir: Path, selection: Selection, what: str) -> list[StageOutcome]:
         """The stages through the run's orchestrator under the held lock; a failure stops the pilot."""

@@ -152,3 +152,6 @@ def load(drafter: EvalDrafter, device: Any) -> Any:
     if drafter.path is not None:
         load_weights_into(model, drafter.path)
     return model.to(device).eval()
+
+
+read_folder = _folder  # public name for the export round-trip gate (dflashx.run.roundtrip): the same loader

@@ -67,27 +67,45 @@ def write_speculators(drafter_dir: Path, out: Path, target: str) -> None:
         shutil.copyfile(drafter_dir / WEIGHTS, tmp / WEIGHTS)
 
 
-def check_written(ctx: StageContext, drafter_dir: Path, vllm_dir: Path | None) -> None:
-    """The engine checkers on the written folders (no speculators folder for DFlash2); StageFailed naming
-    every broken key."""
-    facts = ctx.recipe.target.facts
-    failures, count = [], 0
+def contract_violations(facts: TargetFacts, drafter_dir: Path,
+                        vllm_dir: Path | None) -> list[tuple[str, Path, list[Violation]]]:
+    """Each written folder's engine, the folder and the rules of that engine it breaks (config.json and the
+    weight shapes read back; no speculators folder for DFlash2). The export round-trip gate runs it too."""
     checks: list[tuple[str, Checker, Path]] = [("SGLang / z-lab", check_sglang, drafter_dir)]
     if vllm_dir is not None:
         checks.append(("vLLM / speculators", check_speculators, vllm_dir))
+    out = []
     for engine, check, folder in checks:
         config, shapes = _read(folder)
-        violations = check(config, facts, shapes)
-        count += len(violations)
-        if violations:
-            failures.append(f"{folder / CONFIG}: " + report(engine, violations))
+        out.append((engine, folder, check(config, facts, shapes)))
+    return out
+
+
+def check_written(ctx: StageContext, drafter_dir: Path, vllm_dir: Path | None) -> None:
+    """The engine checkers on the written folders; StageFailed naming every broken key."""
+    found = contract_violations(ctx.recipe.target.facts, drafter_dir, vllm_dir)
+    failures = [f"{folder / CONFIG}: " + report(engine, broken) for engine, folder, broken in found if broken]
     if failures:
         raise StageFailed("export: the drafter does not meet the serving engines' contracts for target "
-                          f"{ctx.recipe.target.model}\n" + "\n".join(failures), metrics={"contract_violations": count})
+                          f"{ctx.recipe.target.model}\n" + "\n".join(failures),
+                          metrics={"contract_violations": sum(len(v) for _, _, v in found)})
+
+
+def write_folders(drafter: Any, out: Path, vllm_out: Path, dtype: Any, target: str) -> Path | None:
+    """The drafter in the DFlash layout at `out` and, for DFlash, the speculators layout at `vllm_out` (its
+    folder, or None: vLLM serves DFlash2 from the DFlash layout itself, PR #52816 qwen3_dflash2.py, and the
+    speculators layout has no DFlash2 form). The export round-trip gate writes through it too."""
+    from dflashx.dflash.checkpoint import save_drafter
+
+    save_drafter(drafter, out, dtype=dtype)
+    if drafter.config.architecture != "dflash":
+        return None
+    write_speculators(out, vllm_out, target)
+    return vllm_out
 
 
 def run(ctx: StageContext) -> StageResult:
-    from dflashx.dflash.checkpoint import load_drafter, save_drafter
+    from dflashx.dflash.checkpoint import load_drafter
 
     if CHECKPOINT not in ctx.inputs:
         raise ValueError(f"export stage needs input `{CHECKPOINT}` (the train stage's drafter); enable stages.train")
@@ -95,14 +113,10 @@ def run(ctx: StageContext) -> StageResult:
 
     dtype = getattr(torch, TORCH_DTYPE[ctx.config.dtype])
     drafter = load_drafter(ctx.inputs[CHECKPOINT])
-    out, vllm_out, target = ctx.out_dir / OUT, ctx.out_dir / VLLM_DIR, served_target(ctx)
-    # vLLM serves DFlash2 from the DFlash layout itself (PR #52816, qwen3_dflash2.py); the speculators
-    # layout has no DFlash2 form
-    speculators = drafter.config.architecture == "dflash"
-    save_drafter(drafter, out, dtype=dtype)
-    if speculators:
-        write_speculators(out, vllm_out, target)
-    check_written(ctx, out, vllm_out if speculators else None)
+    out, target = ctx.out_dir / OUT, served_target(ctx)
+    vllm = write_folders(drafter, out, ctx.out_dir / VLLM_DIR, dtype, target)
+    speculators, vllm_out = vllm is not None, ctx.out_dir / VLLM_DIR
+    check_written(ctx, out, vllm)
 
     config = json.loads((out / CONFIG).read_text())
     serving = Serving.of(config, ctx.recipe.target.facts, target, str(out), str(vllm_out),
