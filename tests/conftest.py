@@ -18,3 +18,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # One SeaweedFS server for the whole session (the S3 tests take these fixtures by name).
 from s3_fixtures import s3_env, s3_server, s3_spec  # noqa: E402,F401
+
+# A real small file system (tmpfs) for the disk-full tests.
+from helpers_disk import small_fs  # noqa: E402,F401
