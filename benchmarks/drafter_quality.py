@@ -9,8 +9,9 @@ once) and is evaluated on the same 16 held-out prompts: greedy, 96 new tokens, Ï
 DFlash loop counts it. Equal optimizer steps is the comparison; each row's training seconds (and
 the machine's load while it ran) give the comparison at equal time.
 
-Usage: python -m benchmarks.drafter_quality [--seeds 3] [--jobs 2] [--root DIR] [--ablation architecture]
-(`--ablation architecture`: DFlash against DFlash2 instead, benchmarks/quality_architecture.py.)
+Usage: python -m benchmarks.drafter_quality [--seeds 3] [--jobs 2] [--root DIR] [--ablation architecture|data]
+(`--ablation architecture`: DFlash against DFlash2 instead, benchmarks/quality_architecture.py; `--ablation
+data`: generation temperature x label source, evaluated greedily and at 0.6, benchmarks/quality_data.py.)
 Each (variant, seed) is one worker process writing its own JSON under --root, so a killed
 ablation resumes where it stopped. Prints a table as rows finish; writes
 benchmarks/results/drafter_quality.json and drafter_quality.png.
@@ -152,18 +153,34 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes at once (one thread each)")
     parser.add_argument("--root", type=Path, default=REPO / ".cache" / "drafter_quality")
-    parser.add_argument("--ablation", choices=["objective", "architecture"], default="objective",
+    parser.add_argument("--ablation", choices=["objective", "architecture", "data"], default="objective",
                         help="objective: loss x optimizer x labels; architecture: DFlash vs DFlash2 "
-                             "(benchmarks/quality_architecture.py)")
+                             "(benchmarks/quality_architecture.py); data: generation temperature x labels, "
+                             "greedy and sampled eval (benchmarks/quality_data.py)")
     parser.add_argument("--long-seeds", type=int, default=1, help="seeds of the architecture ablation's long runs")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--train", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    data = prepare(args.root)
     if args.one:  # a worker: one variant, one seed
-        run_one(args.one, json.loads(args.train), args.seed, data, _row_file(args.root, args.one, args.seed))
+        from benchmarks.quality_data import SERVED, generation, prep_root
+
+        train = json.loads(args.train)
+        if "prep" in train:  # a data-ablation cell: its own data, Ï„ also at the serving temperature
+            temperature = float(train["prep"])
+            data = prepare(prep_root(args.root, temperature), [f"{k}={v}" for k, v in generation(temperature).items()])
+            run_one(args.one, train, args.seed, data, _row_file(args.root, args.one, args.seed), SERVED)
+        else:
+            run_one(args.one, train, args.seed, prepare(args.root), _row_file(args.root, args.one, args.seed))
         return
+    if args.ablation == "data":
+        from benchmarks import quality_data
+
+        table = quality_data.run(args.root, args.seeds, args.jobs, _run_all, summarize, _print)["table"]
+        plot(table, quality_data.RESULT.with_suffix(".png"))
+        print(f"\nwrote {quality_data.RESULT} and its plot")
+        return
+    data = prepare(args.root)
     if args.ablation == "architecture":
         from benchmarks import quality_architecture
 

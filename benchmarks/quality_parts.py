@@ -54,6 +54,7 @@ def around(name: str, base: dict[str, Any], lr: float, anchors: int) -> dict[str
 BLOCKS = (8, 16)
 GOLD_MISSING = ("skip", "swap")
 LONG_FACTOR = 3  # the long runs train this many times the tiny recipe's epochs
+SAMPLE_SEEDS = 3  # sampling seeds per drafter for τ at a temperature (the data ablation)
 
 
 def architecture_variants() -> dict[str, dict[str, Any]]:
@@ -68,17 +69,21 @@ def architecture_variants() -> dict[str, dict[str, Any]]:
 
 
 def overrides(train: dict[str, Any], seed: int) -> list[str]:
-    """Recipe overrides: a key with a dot as it is, any other a stages.train key; the seed last."""
-    return [f"{k if '.' in k else 'stages.train.' + k}={v}" for k, v in train.items()] + [f"stages.train.seed={seed}"]
+    """Recipe overrides: a key with a dot as it is, any other a stages.train key (`prep`, the data a
+    variant trains on, is none); the seed last."""
+    return ([f"{k if '.' in k else 'stages.train.' + k}={v}" for k, v in train.items() if k != "prep"]
+            + [f"stages.train.seed={seed}"])
 
 
-def prepare(root: Path) -> dict[str, Path]:
-    """The tiny pipeline up to tokenize, once (its stage keys do not depend on the train section)."""
+def prepare(root: Path, generation: list[str] | None = None) -> dict[str, Path]:
+    """The tiny pipeline up to tokenize, once (its stage keys do not depend on the train section);
+    `generation`: recipe overrides of the data (the data ablation's generation temperature)."""
     run = root / "prep"
     dataset, prompts = run / "tiny" / "tokenize" / "dataset", run / "tiny" / "ingest" / "eval_prompts.jsonl"
     if not dataset.exists():
         argv = [sys.executable, "-m", "dflashx.cli.main", "run", str(RECIPE), f"storage.root={run}",
-                "stages.train.enabled=false", "stages.eval.enabled=false", "stages.export.enabled=false"]
+                "stages.train.enabled=false", "stages.eval.enabled=false", "stages.export.enabled=false",
+                *(generation or [])]
         subprocess.run(argv, cwd=REPO, check=True, env=os.environ | {"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     return {"dataset": dataset, "prompts": prompts}
 
@@ -92,8 +97,9 @@ def _resolved(train: dict[str, Any], seed: int):
     return resolve(recipe, facts_for(recipe.target))
 
 
-def _evaluate(recipe: Any, checkpoint: Path, prompts_file: Path) -> dict[str, Any]:
-    """The eval stage's measurement on the trained drafter alone: greedy speculative decoding."""
+def _evaluate(recipe: Any, checkpoint: Path, prompts_file: Path, sampled_at: float = 0.0) -> dict[str, Any]:
+    """The eval stage's measurement on the trained drafter alone: greedy speculative decoding, and with
+    `sampled_at` > 0 also τ at that temperature (rejection sampling), the mean over SAMPLE_SEEDS seeds."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -111,17 +117,24 @@ def _evaluate(recipe: Any, checkpoint: Path, prompts_file: Path) -> dict[str, An
     drafter = load_drafter(checkpoint, device="cpu")
     stops = stop_ids(tokenizer, target.generation_config)
     decoder = SpecDecoder(target, drafter)
-    results = []
-    for prompt in load_prompts(prompts_file, ev.num_prompts):
-        text = render_prompt(tokenizer, prompt, recipe.target.chat_template)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        results.append(decoder.generate(ids, ev.max_new_tokens, 0.0, stops))
-    return summarize(results, drafter.config.block_size)
+    prompts = [tokenizer(render_prompt(tokenizer, p, recipe.target.chat_template), add_special_tokens=False)
+               ["input_ids"] for p in load_prompts(prompts_file, ev.num_prompts)]
+    out = summarize([decoder.generate(ids, ev.max_new_tokens, 0.0, stops) for ids in prompts],
+                    drafter.config.block_size)
+    if sampled_at:
+        taus = []
+        for seed in range(SAMPLE_SEEDS):
+            gen = torch.Generator().manual_seed(seed)
+            runs = [decoder.generate(ids, ev.max_new_tokens, sampled_at, stops, gen) for ids in prompts]
+            taus.append(summarize(runs, drafter.config.block_size)["tau"])
+        out["tau_sampled"], out["tau_sampled_seeds"] = sum(taus) / len(taus), taus
+    return out
 
 
-def run_one(name: str, train: dict[str, Any], seed: int, data: dict[str, Path], out: Path) -> dict[str, Any]:
-    """Train variant `name` with `seed` through the product's trainer (DeepSpeed, in-process), evaluate it,
-    write `out` (JSON) atomically and return it."""
+def run_one(name: str, train: dict[str, Any], seed: int, data: dict[str, Path], out: Path,
+            sampled_at: float = 0.0) -> dict[str, Any]:
+    """Train variant `name` with `seed` through the product's trainer (DeepSpeed, in-process), evaluate it
+    (greedy; also at temperature `sampled_at` when > 0), write `out` (JSON) atomically and return it."""
     from dflashx.dflash.job import TrainJob
     from dflashx.dflash.trainer import run_training
     from dflashx.targets.locate import locate_target, locate_tokenizer
@@ -134,11 +147,12 @@ def run_one(name: str, train: dict[str, Any], seed: int, data: dict[str, Path], 
     start = time.perf_counter()
     last = run_training(job, log=lambda metrics, step: curve.append(metrics))
     train_s = time.perf_counter() - start
-    summary = _evaluate(recipe, stage / "checkpoint", data["prompts"])
+    summary = _evaluate(recipe, stage / "checkpoint", data["prompts"], sampled_at)
     row = {
         "variant": name, "train": train, "seed": seed, "steps": last.get("step"), "train_s": train_s,
         "s_per_step": train_s / max(1, last.get("step") or 1), "final_loss": last.get("loss"),
-        "tau": summary["tau"], "accepted_plus_one": summary["accepted_plus_one"],
+        "tau": summary["tau"], "tau_sampled": summary.get("tau_sampled"),
+        "tau_sampled_seeds": summary.get("tau_sampled_seeds"), "accepted_plus_one": summary["accepted_plus_one"],
         "acceptance_by_position": summary["acceptance_by_position"], "cycles": summary["cycles"],
         "curve": [{"step": m["step"], "loss": m["loss"], "accuracy": m["accuracy"]} for m in curve],
         "load_avg_1m": os.getloadavg()[0],
