@@ -1,7 +1,8 @@
 """Wall time of `dflashx plan recipes/qwen36_27b.yaml --dry-run` next to `python -c pass`.
 
-Usage: python benchmarks/cli_latency.py [--runs N]
-Prints a table and writes benchmarks/results/cli_latency.json (goal: plan under 0.5 s).
+Usage: python benchmarks/cli_latency.py [--runs N] [--note TEXT]
+Prints a table and writes benchmarks/results/cli_latency.json (goal: plan under 0.3 s on an idle
+machine; `--note` says what else ran on it, e.g. a shared machine's other work).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "benchmarks" / "results" / "cli_latency.json"
-GOAL_S = 0.5
+GOAL_S = 0.3  # issue 30 (0.22 s at 6a466b0 on an idle 2-core machine)
 # as on a user's machine: Python caches the bytecode of dflashx's modules after the first run (some
 # sandboxes set PYTHONDONTWRITEBYTECODE, which recompiles every module on every start)
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -38,6 +39,7 @@ def wall(argv: list[str], runs: int, ok: tuple[int, ...] = (0,)) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--note", default="", help="Written into the result, e.g. that the machine was shared.")
     args = parser.parse_args()
     # the console script installed beside this interpreter (what a venv runs), not a version manager's
     # shim in front of it (pyenv's bash shim adds ~0.13 s that is not dflashx's)
@@ -64,6 +66,8 @@ def main() -> None:
     print(f"goal: plan < {GOAL_S} s -> {'met' if plan_s < GOAL_S else 'NOT met'} ({plan_s:.3f} s)")
     result = {"runs": args.runs, "goal_s": GOAL_S, "goal_met": plan_s < GOAL_S, "cpu_count": os.cpu_count(),
               "load_avg_1m": os.getloadavg()[0], "python": sys.version.split()[0], "results": rows}
+    if args.note:
+        result["note"] = args.note
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     tmp = RESULT.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2) + "\n")

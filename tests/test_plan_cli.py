@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -109,3 +110,31 @@ def test_plan_command_imports_no_torch():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+# what `dflashx plan --dry-run` must not import: the ML stack, the clients of other commands and rich
+# (the plan view is drawn without it)
+DRY_RUN_NEVER = ("torch", "transformers", "datasets", "deepspeed", "accelerate", "safetensors", "tokenizers",
+                 "huggingface_hub", "numpy", "pandas", "sglang", "boto3", "botocore", "wandb", "matplotlib", "rich")
+
+
+def test_dry_run_plan_imports_nothing_heavy():
+    """The console command as a user runs it (argv, not CliRunner: `cli.main` registers the named
+    sub-command only): whatever it imports beyond the interpreter's start-up holds none of these; and
+    it starts without the cyclic GC and pydantic's plugin discovery (`dflashx.cli.main.PURE_COMMANDS`)."""
+    code = (
+        "import gc, os, runpy, sys\n"
+        "before = set(sys.modules)\n"
+        f"sys.argv = ['dflashx', 'plan', {TINY!r}, '--dry-run']\n"
+        "try:\n"
+        "    runpy.run_module('dflashx.cli.main', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code in (0, 1, None), exc.code\n"
+        f"loaded = [m for m in {DRY_RUN_NEVER!r} if m in sys.modules and m not in before]\n"
+        "plugins, collecting = os.environ.get('PYDANTIC_DISABLE_PLUGINS'), gc.isenabled()\n"
+        "sys.stderr.write(repr((loaded, plugins, collecting)))\n"
+        "raise SystemExit(1 if loaded or plugins != '__all__' or collecting else 0)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]

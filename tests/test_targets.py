@@ -116,3 +116,19 @@ def test_local_target_facts_read_mask_thinking_and_template_tokens(tmp_path):
     fine = make_recipe(target={"model": str(folder)},
                        drafter={"num_layers": 1, "block_size": 4, "num_target_layers": 2})
     assert "mask_token_special" not in [f.code for f in make_plan(fine, facts).errors]
+
+
+@pytest.mark.parametrize("name", [*REGISTRY, *BUILTIN])
+def test_params_through_layer_is_the_layer_by_layer_sum(name):
+    """`params_through_layer` prices each kind of layer once (start-up: the planner asks ~100 times);
+    it must stay the sum of `layer_params` over the layers, whatever a layer's params come to depend on."""
+    f = REGISTRY.get(name) or BUILTIN[name]
+    variants = [f]
+    if f.is_moe:  # MoE layers mixed with dense ones (`mlp_only_layers`)
+        variants.append(f.model_copy(update={"dense_layer_ids": [0, f.num_layers - 1],
+                                             "intermediate_size": f.intermediate_size or 64}))
+    for facts in variants:
+        for last in {0, 1, facts.num_layers // 2, facts.num_layers - 1, facts.num_layers + 3}:
+            for active in (False, True):
+                layers = range(min(last + 1, facts.num_layers))
+                assert facts.params_through_layer(last, active) == sum(facts.layer_params(i, active) for i in layers)

@@ -6,12 +6,25 @@ level, so `--help`, `plan`, `validate` and `schema` never import torch, deepspee
 
 from __future__ import annotations
 
+import gc
 import importlib
+import os
 import sys
 from typing import Any
 
-import typer
-from typer.core import TyperCommand
+# Commands that only read and print, in a process of a fraction of a second that starts no other
+# program (`plan`, `validate`, `schema`, `--help`), start faster:
+# - without the cyclic garbage collector: the ~80 collections that the imports' allocations trigger
+#   cost ~15 ms of `dflashx plan` and free next to nothing (its peak memory grows by ~0.3 MB);
+# - without pydantic's plugin discovery, which reads every installed distribution's entry points on
+#   the first model built (~8 ms). A PYDANTIC_DISABLE_PLUGINS the user set is kept.
+PURE_COMMANDS = ("plan", "validate", "schema", "--help")
+if len(sys.argv) > 1 and sys.argv[1] in PURE_COMMANDS:
+    gc.disable()
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
+import typer  # noqa: E402  (after the start-up settings above)
+from typer.core import TyperCommand  # noqa: E402
 
 app = typer.Typer(
     name="dflashx",
