@@ -9,18 +9,18 @@ Per replica (a TP group of `tp` GPUs) decoding `batch` sequences (`serving.runni
   step       = roofline(served weights) + roofline(16-bit weights) x (1 / decode share - 1)
                + TP all-reduce (2 per layer, ring over the interconnect:
                latency + 2 (tp-1)/tp x batch x hidden x 2 bytes / link bandwidth)
-  prefill    = prompt FLOPs at the 16-bit GEMM ceiling / prefill share, with the weight GEMMs'
-               part (2 x parameters x prompt) re-timed at the served precision's ceiling
-               + its all-reduces
+  prefill    = weight GEMMs at the served precision's ceiling + attention core and a draft's pass at the
+               16-bit ceiling + routed experts (moe.py) + the token mixers (prefill.py: measured per layer,
+               scaled from the TTFT source row) + its all-reduces
   tokens/s   = dp x Ō / (Ō x step / batch + prefill) x calibration
 With `target.mtp` (SGLang running the target's MTP head) a step is a draft-verify cycle that yields
 tau tokens per sequence (`speculative.py`): tokens/s = dp x Ō / (Ō x cycle / (batch x tau) + prefill)
 x calibration, at the batch the MTP head's memory leaves; the plan compares it with MTP off
 (`generate.speculation`) and says whether it pays.
-The engine shares were measured with 16-bit weights: the part of a step they stand for beyond the
+The decode share was measured with 16-bit weights: the part of a step they stand for beyond the
 roofline (launch gaps, normalizations, sampling, the linear-attention scan) does not get faster with
 FP8 weights, which speed up only the weight reads and the weight matrix products (Amdahl).
-The shares are engine facts with their sources (`engine.py`); `calibration` is
+The share is an engine fact with their sources (`engine.py`); `calibration` is
 `hardware.calibrated.serving_ratio` (measured / this model's prediction on the rented node), 1 when
 none. `estimate_generation` takes the output-length distribution so that ranges can call it per
 scenario.
