@@ -9,12 +9,16 @@ import pytest
 from _plan_recipes import REPO, tiny_recipe
 
 from dflashx.plan.context import build_context
-from dflashx.plan.estimates.engine import TRANSFORMERS
+from dflashx.plan.estimates.device import Device
+from dflashx.plan.estimates.engine import GEMM, TRANSFORMERS
+from dflashx.plan.estimates.prefill import prefill_of
 from dflashx.plan.plan import make_plan
 from dflashx.resolve import resolve
+from dflashx.resolve.flops import attention_flops
 from dflashx.targets.registry import lookup
 
 TINY = lookup("builtin:tiny-qwen3")
+CPU = Device("cpu", None, 50e9, 1e12, None, 1)
 
 
 def eval_term(**overrides):
@@ -45,4 +49,9 @@ def test_the_transformers_row_is_the_cited_measurement():
     m = json.loads((REPO / "benchmarks/results/transformers_decode.json").read_text())
     assert TRANSFORMERS.call_latency is not None
     assert TRANSFORMERS.call_latency.value == pytest.approx(m["per_layer_call_s"], rel=1e-3)
-    assert TRANSFORMERS.decode.value == TRANSFORMERS.prefill.value == 1.0  # the call latency replaces the shares
+    assert TRANSFORMERS.decode.value == 1.0  # the call latency replaces the share
+    # and a prefill on it is the prompt's FLOPs at the ceiling plus its layer calls: no SGLang mixer term
+    facts = TINY
+    pre = prefill_of(facts, CPU, 1, "fp32", 64, False, TRANSFORMERS.engine, fixed_s=0.01)
+    assert pre.mixer_s == 0 and pre.seconds == pytest.approx(
+        pre.weight_gemm_s + attention_flops(facts, [64]) * facts.num_kv_layers / CPU.bf16_flops / GEMM.value + 0.01)

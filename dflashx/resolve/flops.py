@@ -162,9 +162,14 @@ def causal_pairs(lengths: Sequence[float]) -> float:
 def target_forward_flops(facts: TargetFacts, deepest: int, lengths: Sequence[float]) -> float:
     """Forward FLOPs of target layers 0..deepest over sequences of `lengths` tokens."""
     attention_layers = sum(t != "linear_attention" for t in facts.types[: deepest + 1])
-    width = facts.num_attention_heads * facts.head_dim
     return (2.0 * facts.params_through_layer(deepest, active=True) * sum(lengths)
-            + 4.0 * width * causal_pairs(lengths) * attention_layers)
+            + attention_flops(facts, lengths) * attention_layers)
+
+
+def attention_flops(facts: TargetFacts, lengths: Sequence[float]) -> float:
+    """One attention layer's softmax attention over sequences of `lengths` tokens: QK^T and AV, 4 x heads x
+    head_dim per visible (causal) pair."""
+    return 4.0 * facts.num_attention_heads * facts.head_dim * causal_pairs(lengths)
 
 
 def target_pass_flops(facts: TargetFacts, layer_ids: Sequence[int], labels: str, lengths: Sequence[float],

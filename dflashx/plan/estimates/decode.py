@@ -13,8 +13,7 @@ head_dim x attention layers).
 The engine's decode share was measured with 16-bit weights: what it stands for beyond the roofline
 (launch gaps, normalizations, sampling, the scan) does not shrink with FP8 weights (Amdahl). The routed
 experts are timed once, by `moe.py` (rows per expert, grouped-GEMM efficiency, kernel floors), not by the
-roofline or the share. A prefill likewise: its routed-expert FLOPs leave the share-based time and
-`moe.py` times them at the prompt's tokens (SGLang's path, eager).
+roofline or the share. A prompt's prefill is `prefill.py`.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from dflashx.plan.estimates.engine import (
 )
 from dflashx.plan.estimates.moe import MoeLayer, moe_layer, routed_flops_per_token, serving_path
 from dflashx.plan.estimates.serving import Batch
-from dflashx.resolve.flops import target_forward_flops
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.targets.registry import TargetFacts
 
@@ -160,37 +158,3 @@ def target_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, t
     calls, routed = facts.num_layers + 1, max(b.value, 1) * tokens
     return Step(served, overhead_seconds(sixteen, row, calls), allreduce_seconds(recipe, routed),
                 moe_forward(recipe, dev, row, routed, dtype, graphed=True), facts.num_moe_layers)
-
-
-@dataclass(frozen=True)
-class Prefill:
-    weight_gemm_s: float
-    other_s: float
-    moe: MoeLayer | None = None
-    moe_layers: int = 0
-
-    @property
-    def moe_s(self) -> float:
-        return self.moe.seconds * self.moe_layers if self.moe else 0.0
-
-    @property
-    def seconds(self) -> float:
-        return self.weight_gemm_s + self.other_s + self.moe_s
-
-
-def prefill(recipe: ResolvedRecipe, dev: Device, prompt: float, dtype: str, row: EngineRow,
-            extra_flops: float = 0.0, fixed_s: float = 0.0) -> Prefill:
-    """A prompt's prefill: all of it at the 16-bit rate over the engine's prefill share, except the
-    weight GEMMs, which run at the served precision's measured ceiling, and the routed experts, which
-    `moe.py` times at the prompt's tokens. `extra_flops`: a drafter's own pass over the prompt (16-bit);
-    `fixed_s`: a launch-bound engine's layer calls."""
-    facts = recipe.target.facts
-    tp = recipe.stages.generate.serving.tp
-    ref = sixteen_bit(dtype)
-    rate_ref = dev.peak_flops(ref) * tp * gemm(recipe, ref)
-    routed = routed_flops_per_token(facts, facts.num_moe_layers) * prompt
-    weight_flops = 2.0 * facts.params_through_layer(facts.num_layers - 1, active=True) * prompt - routed
-    total = target_forward_flops(facts, facts.num_layers - 1, [prompt]) - routed + extra_flops
-    other = total / (rate_ref * row.prefill.value) - weight_flops / rate_ref + fixed_s
-    return Prefill(weight_flops / (dev.peak_flops(dtype) * tp * gemm(recipe, dtype)), other,
-                   moe_forward(recipe, dev, row, prompt, dtype, graphed=False), facts.num_moe_layers)

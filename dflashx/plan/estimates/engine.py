@@ -56,13 +56,13 @@ NVLINK_CLASS_GBS = 100.0  # interconnect_gbs at or above this is NVLink-class; b
 
 @dataclass(frozen=True)
 class EngineRow:
-    """What one engine setting reaches: decode (share of the step roofline at the measured
-    ceilings) and prefill (share of the measured GEMM ceiling of the weights' precision)."""
+    """What one engine setting reaches in decode: its share of the step roofline at the measured ceilings
+    (a prefill is `prefill.py`: FLOPs at the GEMM ceilings, and for SGLang the token mixers from their
+    measurement and the TTFT source row)."""
 
     engine: str
     target_kind: str  # "hybrid" (linear + full attention) or "dense"
     decode: Measured
-    prefill: Measured
     note: str = ""
     call_latency: Measured | None = None  # fixed time per layer call of a forward (eager, launch-bound engines)
 
@@ -78,15 +78,10 @@ SGLANG_HYBRID = EngineRow(
         "tokens/s; the serving model at these conditions with decode share 1 gives 813; the share that "
         "reproduces 702 with prefill counted is 0.73 (planner_accuracy source row)",
         "1x H200, SGLang 0.5.16, TP 1, --mem-fraction-static 0.8, MTP off, random 8,192 in / 1,024 out"),
-    prefill=Measured(
-        0.72, _COOKBOOK,
-        "Qwen3.6-27B BF16 low-latency, conc 1: TTFT 734 ms for 8,192 prompt tokens = 561 TFLOP/s, 0.72 of "
-        "the measured 780 TFLOP/s bf16 GEMM ceiling (planner_accuracy source row)",
-        "1x H200, SGLang 0.5.16, TP 1, one request at a time"),
 )
 
 SGLANG_DENSE = EngineRow(
-    "sglang", "dense", decode=SGLANG_HYBRID.decode, prefill=SGLANG_HYBRID.prefill,
+    "sglang", "dense", decode=SGLANG_HYBRID.decode,
     note="no published measurement of a dense target under these conditions yet: borrows the hybrid row")
 
 # The transformers backend (batched `generate`, CPU, tiny targets): launch-bound like the in-process decoder,
@@ -96,8 +91,6 @@ TRANSFORMERS = EngineRow(
     "transformers", "any",
     decode=Measured(1.0, "benchmarks/results/transformers_decode.json", "the fixed time per layer call replaces a "
                     "share", "CPU, HF generate(), batch 32"),
-    prefill=Measured(1.0, "benchmarks/results/transformers_decode.json", "one forward: its FLOPs plus its layer calls",
-                     "CPU, HF generate()"),
     call_latency=Measured(
         1.204e-3, "benchmarks/results/transformers_decode.json (python -m benchmarks.transformers_decode)",
         "greedy batched generate() of 32 sequences on random Qwen3 targets of the tiny target's shapes with 1, 2, 4, 8 "
@@ -115,8 +108,6 @@ IN_PROCESS = EngineRow(
     "in-process", "any",
     decode=Measured(1.0, "benchmarks/results/cpu_decode.json", "the fixed time per layer call replaces a share",
                     "CPU, torch eager, batch 1"),
-    prefill=Measured(1.0, "benchmarks/results/cpu_decode.json", "one forward: its FLOPs plus its layer calls",
-                     "CPU, torch eager"),
     call_latency=Measured(
         0.327e-3, "benchmarks/results/cpu_decode.json (python -m benchmarks.cpu_decode)",
         "plain greedy decoding of tiny Qwen3 targets with 1, 2, 4, 8 layers: 0.66, 1.07, 1.83, 2.98 ms/token (CPU "

@@ -9,18 +9,18 @@ Per replica (a TP group of `tp` GPUs) decoding `batch` sequences (`serving.runni
   step       = roofline(served weights) + roofline(16-bit weights) x (1 / decode share - 1)
                + TP all-reduce (2 per layer, ring over the interconnect:
                latency + 2 (tp-1)/tp x batch x hidden x 2 bytes / link bandwidth)
-  prefill    = prompt FLOPs at the 16-bit GEMM ceiling / prefill share, with the weight GEMMs'
-               part (2 x parameters x prompt) re-timed at the served precision's ceiling
-               + its all-reduces
+  prefill    = weight GEMMs at the served precision's ceiling + attention core and a draft's pass at the
+               16-bit ceiling + routed experts (moe.py) + the token mixers (prefill.py: measured per layer,
+               scaled from the TTFT source row) + its all-reduces
   tokens/s   = dp x Ō / (Ō x step / batch + prefill) x calibration
 With `target.mtp` (SGLang running the target's MTP head) a step is a draft-verify cycle that yields
 tau tokens per sequence (`speculative.py`): tokens/s = dp x Ō / (Ō x cycle / (batch x tau) + prefill)
 x calibration, at the batch the MTP head's memory leaves; the plan compares it with MTP off
 (`generate.speculation`) and says whether it pays.
-The engine shares were measured with 16-bit weights: the part of a step they stand for beyond the
+The decode share was measured with 16-bit weights: the part of a step they stand for beyond the
 roofline (launch gaps, normalizations, sampling, the linear-attention scan) does not get faster with
 FP8 weights, which speed up only the weight reads and the weight matrix products (Amdahl).
-The shares are engine facts with their sources (`engine.py`); `calibration` is
+The share is an engine fact with their sources (`engine.py`); `calibration` is
 `hardware.calibrated.serving_ratio` (measured / this model's prediction on the rented node), 1 when
 none. `estimate_generation` takes the output-length distribution so that ranges can call it per
 scenario.
@@ -34,6 +34,7 @@ from dflashx.plan.estimates.decode import COPY_BANDWIDTH, target_step
 from dflashx.plan.estimates.device import CALIBRATED_SERVING, Device, device_of, factor
 from dflashx.plan.estimates.engine import EngineRow, engine_row
 from dflashx.plan.estimates.lengths import Lengths
+from dflashx.plan.estimates.prefill import mixer_factor
 from dflashx.plan.estimates.serving import Batch, mtp_on, running_batch, running_batch_with
 from dflashx.plan.estimates.speculative import Rate, mtp_drafter, pays, replica_rate
 from dflashx.plan.estimates.tokens import Tokens
@@ -140,16 +141,7 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths
              recurrent_state_bytes=facts.recurrent_state_bytes,
              source="SGLang 0.5.23 mem_cache/kv_cache_configurator.py (docs/planner.md)"),
         _step_term(recipe, rate, dev, row, b, step is not None),
-        term("generate.prefill_seconds", rate.prefill_seconds, "s",
-             "prompt FLOPs (resolve.flops) / (16-bit peak x tp x GEMM share x prefill share), the weight "
-             "GEMMs (2 x parameters x prompt) re-timed at the served precision's ceiling, + TP all-reduce; "
-             "routed experts: MoE layers x moe_layer(prompt tokens) (moe.py)"
-             + (" (+ the MTP layer's pass over the prompt)" if sp else ""),
-             prompt_tokens=tokens.prompt_mean, prefill_share=row.prefill.value,
-             weight_gemm_s=rate.prefill.weight_gemm_s, other_s=rate.prefill.other_s,
-             moe_s=rate.prefill.moe_s, moe_layers=rate.prefill.moe_layers,
-             moe_layer=rate.prefill.moe.inputs() if rate.prefill.moe else None,
-             prefill_share_source=f"{row.prefill.source}: {row.prefill.figure}"),
+        _prefill_term(rate, tokens.prompt_mean, sp is not None),
         term("generate.tokens_per_second", tps, "tokens/s",
              "dp x mean output / (mean output x step / (batch x tau) + prefill) x calibration",
              dp=s.dp, calibration=s.calibration, calibrated=s.calibrated, tau=rate.tau,
@@ -162,6 +154,25 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths
     if sp:
         terms.append(_speculation_term(sp, recipe, s.dp, s.calibration))
     return Generation(s, tps, seconds, tuple(terms), sp)
+
+
+def _prefill_term(rate: Rate, prompt: float, mtp: bool) -> Term:
+    """The prefill (time to first token) and its parts (prefill.py)."""
+    p = rate.prefill
+    return term("generate.prefill_seconds", rate.prefill_seconds, "s",
+                "weight GEMMs (2 x active parameters but routed experts x prompt) at the served precision's GEMM "
+                "ceiling + a draft's own pass over the prompt and the attention core (4 x heads x head_dim x causal "
+                "pairs per attention layer) at the 16-bit ceiling + MoE layers x moe_layer(prompt tokens) (moe.py) "
+                "+ token mixers (SGLang on a GPU: transformers' measured rest per layer x prompt x mixer factor x "
+                "bandwidth(H200) / (bandwidth x tp)) + TP all-reduce"
+                + (" (the MTP layer's pass over the prompt included)" if mtp else ""),
+                prompt_tokens=prompt, weight_gemm_s=p.weight_gemm_s, draft_gemm_s=p.draft_gemm_s,
+                attention_s=p.attention_s, mixer_s=p.mixer_s, fixed_s=p.fixed_s, moe_s=p.moe_s,
+                moe_layers=p.moe_layers, allreduce_s=rate.prefill_allreduce_s,
+                moe_layer=p.moe.inputs() if p.moe else None,
+                mixer=({"transformers_rest_s": p.mixer_rest_s, **mixer_factor().inputs(),
+                        "gpu_rule": "scaled by the datasheet memory-bandwidth ratio to the H200 (docs/planner.md)"}
+                       if p.mixer_rest_s else None))
 
 
 def _step_term(recipe: ResolvedRecipe, rate: Rate, dev: Device, row: EngineRow, b: Batch, speculative: bool) -> Term:

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from dflashx.plan.estimates.decode import (
-    Prefill, Step, allreduce_seconds, head_bytes, moe_forward, overhead_seconds, prefill, roofline, sixteen_bit,
-    target_step,
+    Step, allreduce_seconds, head_bytes, moe_forward, overhead_seconds, roofline, sixteen_bit, target_step,
 )
 from dflashx.plan.estimates.device import Device
 from dflashx.plan.estimates.engine import EngineRow
+from dflashx.plan.estimates.prefill import DraftPass, Prefill, mtp_layer_params, mtp_prompt_pass, prefill
 from dflashx.plan.estimates.serving import Batch, SpecMemory
 from dflashx.resolve.flops import DrafterDims, dflash2_layer_flops_per_token
 from dflashx.resolve.model import ResolvedRecipe
@@ -64,7 +64,7 @@ class Drafter:
     kv_bytes_per_context: float  # the draft's own KV read per context token and forward
     context_cap: float | None  # a sliding window bounds the draft's context
     cycle_flops: float  # per sequence and cycle, outside the forwards (projecting accepted context)
-    prompt_flops_per_token: float  # the draft's pass over each prompt token
+    prompt: DraftPass  # the draft's own pass over the prompt (prefill.py)
     verify_tokens: int
     drafts: int
     memory: SpecMemory
@@ -78,11 +78,9 @@ def mtp_drafter(recipe: ResolvedRecipe) -> Drafter:
     """The target's MTP head as SGLang runs it (EAGLE worker): num_steps forwards of the MTP layers
     (one full-attention decoder layer, with the target's MoE feed-forward when it has one, + `fc` over
     [embedding, hidden], 2 h^2) and the shared LM head. Weights read and FLOPs per drafted token leave the
-    routed experts to `draft_step` (`moe.py`); the prompt pass counts a token's active weights."""
+    routed experts to `draft_step` (`moe.py`); the prompt pass is `prefill.mtp_prompt_pass`."""
     facts, spec = recipe.target.facts, recipe.stages.generate.serving.speculative
-    ffn = facts.moe_ffn_params(active=True) if facts.is_moe else facts.mlp_params
-    layer = facts.attention_params + ffn + 2 * facts.hidden_size**2
-    params = facts.mtp_layers * layer
+    params = mtp_layer_params(facts)
     routed = facts.mtp_layers * facts.num_experts_per_tok * facts.expert_params
     head = facts.vocab_size * facts.hidden_size
     width = facts.num_attention_heads * facts.head_dim
@@ -90,8 +88,8 @@ def mtp_drafter(recipe: ResolvedRecipe) -> Drafter:
     kv_per_token = 2 * facts.mtp_layers * facts.num_kv_heads * facts.head_dim * kv
     return Drafter("mtp", spec.num_steps, spec.eagle_topk, facts.mtp_layers,
                    (params - routed) * 2 + head_bytes(facts, "bf16"), 2.0 * (params - routed + head),
-                   4.0 * width * facts.mtp_layers, kv_per_token, None, 0.0, 2.0 * params, spec.num_draft_tokens,
-                   spec.num_steps, SpecMemory(0.0, kv_per_token, spec.num_draft_tokens),
+                   4.0 * width * facts.mtp_layers, kv_per_token, None, 0.0, mtp_prompt_pass(facts),
+                   spec.num_draft_tokens, spec.num_steps, SpecMemory(0.0, kv_per_token, spec.num_draft_tokens),
                    facts.mtp_layers if facts.is_moe else 0)
 
 
@@ -118,7 +116,7 @@ def dflash_drafter(recipe: ResolvedRecipe, dims: DrafterDims, block_size: int, w
     rows = (block_size - 1) * 2 * dims.selector_top_k * dims.selector_rank * 2
     return Drafter("dflash2" if dims.selector_rank else "dflash", 1, block_size, dims.num_layers,
                    (dims.trainable - dims.codebook_params + head) * 2, per_token, 4.0 * width * dims.num_layers,
-                   kv_per_token, window, context * tau, context, block_size, block_size - 1,
+                   kv_per_token, window, context * tau, DraftPass(context), block_size, block_size - 1,
                    SpecMemory(dims.trainable * 2, kv_per_token, block_size), row_bytes=rows,
                    table_bytes=dims.codebook_params * 2, extra_calls=block_size - 1 if dims.selector_rank else 0)
 
@@ -164,9 +162,8 @@ def replica_rate(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, 
                  drafter: Drafter | None = None, acceptance: Sequence[float | None] = ()) -> Rate:
     """Output tokens/s of one replica decoding batch `b` (module doc); `drafter` None: no speculation."""
     batch, dtype = max(b.value, 1), recipe.stages.generate.serving.weight_dtype
-    extra = drafter.prompt_flops_per_token * prompt if drafter else 0.0
     fixed = row.call_latency.value * (recipe.target.facts.num_layers + 1) if row.call_latency else 0.0
-    first = prefill(recipe, dev, prompt, dtype, row, extra, fixed)
+    first = prefill(recipe, dev, prompt, dtype, row, drafter.prompt if drafter else DraftPass(), fixed)
     reduce = allreduce_seconds(recipe, prompt)
     pre, out = first.seconds + reduce, max(output, 1e-9)
     if drafter is None:
