@@ -159,7 +159,7 @@ def make_plan(recipe: Recipe, facts: TargetFacts | None = None,
     ranges = plan_ranges(ctx, (report or {}).get("rse"))
     deploy = expected_speedup(resolved).to_json()
     return Plan([*check(ctx), *range_findings(ranges, recipe)], stages, totals({s.name: s.estimates for s in stages}),
-                resolved, [*ctx.terms, *ranges.terms, deploy_term(deploy)], ranges, report, deploy)
+                ctx.recipe, [*ctx.terms, *ranges.terms, deploy_term(deploy)], ranges, report, deploy)
 
 
 __all__ = ["Plan", "StagePlan", "make_plan"]
