@@ -119,3 +119,32 @@ def test_the_last_is_exported_when_only_the_last_step_is_measured(paths, tmp_pat
     assert [p.step for p in record.curve] == [4] and record.exported == "last"
     assert not (tmp_path / "checkpoint" / BEST_DIR).exists()
     assert record.drafter_dir(tmp_path / "checkpoint") == tmp_path / "checkpoint"
+
+
+@pytest.mark.distributed
+def test_two_gloo_ranks_measure_on_rank_0_without_a_deadlock(paths, tmp_path):
+    """`torchrun --nproc_per_node 2`, ZeRO 2 on gloo: rank 1 waits at the barrier while rank 0 decodes, the
+    engine's collectives carry on after it, and the curve is written once; the losses are the one-rank run's
+    with the same global batch (rel 1e-4, as tests/test_train_distributed.py holds them)."""
+    import os
+    import subprocess
+    import sys
+
+    from dflashx.dflash.distributed import free_port
+
+    kw = dict(micro_batch=1, zero_stage=2, optimizer="adamw", lr=1e-2)
+    one: list[dict] = []
+    run_training(_job(paths, tmp_path / "one", **kw), log=_log(one))
+    two = tmp_path / "two"
+    two.mkdir()
+    _job(paths, two, hardware={"name": "cpu-2-processes", "gpus_per_node": 2}, **kw).save()
+    env = os.environ | {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "dflashx.dflash.trainer", "--stage-dir", str(two)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = _rows(two)
+    assert [r["step"] for r in rows if is_tau_row(r)] == [4, 8, 12]
+    windows = [r["loss"] for r in rows if not is_tau_row(r)]
+    assert windows == pytest.approx([w["loss"] for w in one if not is_tau_row(w)], rel=1e-4)
+    assert HeldOutTau.read(two / "checkpoint").curve == HeldOutTau.read(tmp_path / "one" / "checkpoint").curve
