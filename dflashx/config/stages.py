@@ -236,6 +236,15 @@ class TrainStage(StageBase):
     )
     log_every: int = Field(10, ge=1, description="Optimizer steps between logged metrics.",
                            json_schema_extra=OPERATIONAL | UNCALIBRATED)
+    tau_every: int | None = Field(
+        None, ge=0,
+        description="Optimizer steps between held-out acceptance-length measurements during training (rank 0 "
+                    "decodes the first held-out prompts greedily with the drafter as it stands; the last step is "
+                    "always measured, and the best-τ drafter is kept and exported when it beats the last); 0 turns "
+                    "it off; default: derived by the planner so that the measurements cost at most 5% of the train "
+                    "stage (docs/training.md, \"Held-out τ while training\").",
+        json_schema_extra=OPERATIONAL | UNCALIBRATED,
+    )
     seed: int = Field(0, description="Random seed.", json_schema_extra=OUTPUT | UNCALIBRATED)
     compile: bool | Literal["auto"] = Field(
         "auto",

@@ -15,7 +15,12 @@ as `step-XXXXXXXX` once every rank is done; then `latest` is replaced atomically
 and so does a full disk (`DiskFull`, the partial state removed). Only then are old states pruned
 (`stages.train.keep_checkpoints`: the K newest and the best by logged loss stay).
 
-Public API: `save_drafter(drafter, out_dir, dtype=None)`, `load_drafter(path, device, dtype)`,
+The drafter with the best held-out τ so far (`dflashx.dflash.tau_probe`) is kept beside the training
+states as `best-tau/` (the DFlash layout plus its `tau.json` measurement, written as one folder), so a
+killed run resumes with it.
+
+Public API: `save_drafter(drafter, out_dir, dtype=None, extra=None)`, `save_best_tau(drafter, stage_dir,
+point, dtype)`, `best_tau(stage_dir)`, `load_drafter(path, device, dtype)`,
 `weight_shapes(path)`,
 `load_weights_into(drafter, path)` (continue from a public checkpoint), `save_training_state(
 engine, ckpt_dir, step, client_state, rank_state, loss=None, keep=None)`, `latest_tag(ckpt_dir)`,
@@ -37,6 +42,7 @@ from safetensors.torch import load_file, save_file
 
 from dflashx.dflash.config import DFlashConfig
 from dflashx.dflash.model import DFlashDrafter
+from dflashx.dflash.tau_record import TAU_FILE, TauPoint
 from dflashx.store.atomic import atomic_dir, atomic_write_text, replace_dir
 from dflashx.store.diskspace import stop_when_full, used_bytes
 
@@ -44,6 +50,7 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 LATEST = "latest"
 STEP_GLOB = "step-*"
+BEST_TAU = "best-tau"  # in the train stage folder: the drafter with the best held-out τ so far, and its TauPoint
 META_FILE = "dflashx_state.json"  # in each training state: {"step", "loss"} (the logged window loss)
 # parameters stored under another name than the module's: the DFlash2 selector's codebooks
 FILE_NAMES = {f"candidate_selector.{book}.weight": f"candidate_selector.{book}"
@@ -51,8 +58,10 @@ FILE_NAMES = {f"candidate_selector.{book}.weight": f"candidate_selector.{book}"
 PARAMETER_NAMES = {file: own for own, file in FILE_NAMES.items()}
 
 
-def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
-    """Write config.json + model.safetensors into `out_dir` (replaced atomically as a folder)."""
+def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype | None = None,
+                 extra: dict[str, str] | None = None) -> Path:
+    """Write config.json + model.safetensors (and the `extra` {file name: text}) into `out_dir`, replaced
+    atomically as a folder."""
     out_dir = Path(out_dir)
     hf = drafter.config.to_hf_dict()
     if dtype is not None:
@@ -64,7 +73,20 @@ def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype
           atomic_dir(out_dir) as tmp):
         (tmp / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
     return out_dir
+
+
+def save_best_tau(drafter: DFlashDrafter, stage_dir: str | Path, point: TauPoint, dtype: torch.dtype) -> Path:
+    """The drafter with the best held-out τ so far, and its measurement, as one folder (`BEST_TAU`)."""
+    return save_drafter(drafter, Path(stage_dir) / BEST_TAU, dtype, extra={TAU_FILE: point.model_dump_json()})
+
+
+def best_tau(stage_dir: str | Path) -> TauPoint | None:
+    """The measurement of the best-τ drafter kept in the stage folder (None: none yet)."""
+    file = Path(stage_dir) / BEST_TAU / TAU_FILE
+    return TauPoint.model_validate_json(file.read_text()) if file.is_file() else None
 
 
 def _read_config(path: Path) -> DFlashConfig:

@@ -1,7 +1,8 @@
 """What one training process is given: the `TrainJob` (the resolved recipe's target, drafter and
 train sections plus where the inputs are), the world check and the learning-rate schedule.
 
-Public API: `TrainJob` (`.of(recipe, stage_dir, dataset, target_path, tokenizer_path)`, `.save()`), `JOB_FILE`,
+Public API: `TrainJob` (`.of(recipe, stage_dir, dataset, target_path, tokenizer_path, heldout=None)`,
+`.save()`), `HeldOutSlice`, `JOB_FILE`,
 `torch_dtype(precision)`, `check_world(train, world)`, `lr_schedule(train, total_steps)`,
 `parameter_groups(train, module)`.
 """
@@ -27,6 +28,16 @@ def torch_dtype(precision: str) -> torch.dtype:
     return getattr(torch, TORCH_DTYPE[precision])
 
 
+class HeldOutSlice(BaseModel):
+    """The held-out prompts a τ measurement decodes (chat template applied, token ids) and where a decode
+    stops: what the train stage reads off the ingest stage's held-out split for `dflashx.dflash.tau_probe`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompts: list[list[int]]
+    stop_ids: list[int]
+
+
 class TrainJob(BaseModel):
     """Everything one training process needs: where things are, and the resolved recipe's
     target, drafter and train sections as they are (written as JSON for launched processes)."""
@@ -40,13 +51,14 @@ class TrainJob(BaseModel):
     target: ResolvedTarget
     drafter: ResolvedDrafter
     train: ResolvedTrainStage
+    heldout: HeldOutSlice | None = None  # None: no held-out τ measured (no held-out prompts, or tau_every 0)
 
     @classmethod
     def of(cls, recipe: ResolvedRecipe, stage_dir: str | Path, dataset: str | Path,
-           target_path: str | Path, tokenizer_path: str | Path) -> "TrainJob":
+           target_path: str | Path, tokenizer_path: str | Path, heldout: HeldOutSlice | None = None) -> "TrainJob":
         return cls(stage_dir=str(stage_dir), dataset=str(dataset), target_path=str(target_path),
-                   tokenizer_path=str(tokenizer_path),
-                   target=recipe.target, drafter=recipe.drafter, train=recipe.stages.train)
+                   tokenizer_path=str(tokenizer_path), target=recipe.target, drafter=recipe.drafter,
+                   train=recipe.stages.train, heldout=heldout)
 
     def save(self) -> Path:
         path = Path(self.stage_dir) / JOB_FILE

@@ -20,7 +20,9 @@ Entry points:
   launch argv, `stages.train.launch`), which calls it.
 The target and its tokenizer (`target.tokenizer` when set) load through `dflashx.targets.load`.
 Outputs in the stage folder: `checkpoints/` (atomic DeepSpeed states + `latest`), `checkpoint/`
-(the drafter in the exported DFlash layout), `logs/metrics.jsonl` (one line per log step),
+(the drafter in the exported DFlash layout; with held-out τ measured, `tau.json` and the best-τ drafter
+in `best/` when it is not the last: `dflashx.dflash.tau_probe`), `best-tau/` (the best-τ drafter so far),
+`logs/metrics.jsonl` (one line per log step and per τ measurement),
 `logs/kernels.json` (which implementation of each speed switch ran).
 """
 
@@ -46,6 +48,7 @@ from dflashx.dflash.job import JOB_FILE, TrainJob, check_world, torch_dtype
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.dflash.step import TrainStep
 from dflashx.dflash.target_shard import shard_target
+from dflashx.dflash.tau_probe import TauProbe
 from dflashx.dflash.window import Window
 from dflashx.resolve.formulas import optimizer_steps, steps_per_epoch
 from dflashx.store.atomic import atomic_write_text
@@ -173,6 +176,7 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     if rank == 0:
         _trim_metrics(metrics_file, step)
     last: dict[str, Any] = {}
+    probe = TauProbe.of(job, target, drafter, rank, log)
 
     epoch_micro = per_epoch * accum
     if train.mode == "offline":
@@ -194,6 +198,8 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
                         f.write(json.dumps(last) + "\n")
                     if log is not None:
                         log(last, step)
+            if probe is not None and probe.due(step, total):  # before the checkpoint, which then covers it
+                probe.measure(step)
             if step % train.checkpoint_every == 0 or step == total:  # after the log: its loss ranks the state
                 ckpt.save_training_state(engine, stage / "checkpoints", step, {"micro": g, "step": step},
                                          _rank_state(g),
@@ -202,6 +208,8 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
                 break
     if rank == 0:
         ckpt.save_drafter(drafter, stage / "checkpoint", dtype=torch_dtype(train.precision))
+        if probe is not None:
+            probe.finish(stage / "checkpoint")
     return last | {"kernels": trainer.kernels}
 
 

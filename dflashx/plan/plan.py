@@ -194,7 +194,7 @@ def make_plan(recipe: Recipe, facts: TargetFacts | None = None,
     deploy = expected_speedup(resolved)
     found = [*check(ctx), *range_findings(ranges, recipe)]
     findings = tuple(sorted(found, key=lambda f: f.severity != "error"))  # as plan.json lists them
-    return Plan(findings, stages, totals([s.estimates for s in stages]), resolved,
+    return Plan(findings, stages, totals([s.estimates for s in stages]), ctx.recipe,
                 (*ctx.terms, *ranges.terms, deploy_term(deploy)), ranges, report, deploy)
 
 

@@ -51,6 +51,15 @@ def sharded_target_not_fp8(ctx: PlanContext) -> Iterable[Finding]:
                     "set target.precision to bf16, or stages.train.shard_target to never on a GPU the FP8 target fits")
 
 
+def tau_needs_whole_target(ctx: PlanContext) -> Iterable[Finding]:
+    train = ctx.recipe.stages.train
+    if train.tau_every and train.target_sharding == "zero3":
+        yield error("tau_sharded", "stages.train.tau_every",
+                    "held-out τ is decoded on rank 0 with the whole target, but the target is sharded over the ranks "
+                    "(ZeRO-3)", "set stages.train.tau_every to 0 (the eval stage still measures τ), or "
+                    "stages.train.shard_target to never where the target fits one GPU")
+
+
 def supervised_slots(ctx: PlanContext) -> float:
     """Supervised slots the planned run trains on: sequences x anchors x (block_size - 1)."""
     block = ctx.recipe.drafter.block_size
@@ -91,4 +100,4 @@ def rows_fill_a_batch(ctx: PlanContext) -> Iterable[Finding]:
 
 
 TRAINING_RULES: tuple[Rule, ...] = (loss_kernel_fits_objective, target_labels_need_online, sharded_target_not_fp8,
-                                     long_enough_to_learn, rows_fill_a_batch)
+                                     tau_needs_whole_target, long_enough_to_learn, rows_fill_a_batch)

@@ -31,7 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dflashx.config.schema import STAGE_ORDER
-from dflashx.report.fmt import human_seconds, human_value, suite_taus, wide_console
+from dflashx.report.fmt import exported_drafter, human_seconds, human_value, suite_taus, tau_curve, wide_console
 from dflashx.report.lines import outcome_line, start_line
 from dflashx.run.observer import StageOutcome
 from dflashx.run.orchestrator import RunResult
@@ -52,15 +52,18 @@ HEADLINES: dict[str, tuple[tuple[str, Spec], ...]] = {
     "qc": (("passed", "passed: {}"), ("samples", "{:,} samples"), ("failed_checks", "{} failed checks")),
     "tokenize": (("samples", "{:,} samples"), ("tokens", "{:,} tokens")),
     "train": (("loss", "loss {:.3f}"), ("acceptance_length", "acceptance length {:.2f}"), ("step", "{:,} steps"),
-              ("tokens_per_s", "{:,.0f} tok/s")),
+              ("tokens_per_s", "{:,.0f} tok/s"), ("heldout_tau_curve", tau_curve),
+              ("heldout_tau_best_step", "best at step {:,}")),
     "eval": (("tau", "τ {:.2f} trained"), ("tau_untrained", "vs {:.2f} untrained"),
              ("tau_by_suite", suite_taus), ("greedy_agreement", "greedy agreement {:.0%}"),
              ("predicted_speedup", "predicted serving speed-up {} (requests in flight)")),
-    "export": (("parameters", "{:,} parameters"),),
+    "export": (("parameters", "{:,} parameters"), ("exported", exported_drafter), ("exported_step", "step {:,}"),
+               ("exported_heldout_tau", "held-out τ {:.2f}")),
 }
 # Live figures from a stage's `ctx.log` metrics, in this order.
 FIGURES = (("loss", "loss {:.3f}"), ("tokens_per_s", "{:,.0f} tok/s"), ("output_tokens_per_s", "{:,.0f} tok/s"),
-           ("mfu", "MFU {:.1%}"), ("eval/trained_tau", "τ {:.2f}"), ("eval/untrained_tau", "τ {:.2f}"))
+           ("mfu", "MFU {:.1%}"), ("heldout_tau", "held-out τ {:.2f}"), ("eval/trained_tau", "τ {:.2f}"),
+           ("eval/untrained_tau", "τ {:.2f}"))
 
 
 def _format(spec: Spec, value: Any) -> str:

@@ -84,3 +84,21 @@ def suite_taus(by_suite: dict[str, dict[str, float]]) -> str:
     shown = lambda tau: "-" if tau is None else f"{tau:.2f}"  # noqa: E731 - as the headline's τ
     cells = [f"{suite} " + "/".join(shown(taus.get(d)) for d in drafters) for suite, taus in by_suite.items()]
     return f"τ per suite: {', '.join(cells)} ({'/'.join(drafters)})"
+
+
+TAU_CURVE_SHOWN = 6  # points of a held-out τ curve a headline shows (the first, the last and evenly between)
+
+
+def tau_curve(curve: list[list[float]]) -> str:
+    """`held-out τ 1.00@32 → 3.52@160 → 4.11@320` from the train stage's `heldout_tau_curve` ([step, τ] pairs),
+    at most TAU_CURVE_SHOWN points."""
+    if not curve:
+        return ""
+    n = len(curve)
+    picks = sorted({round(i * (n - 1) / (TAU_CURVE_SHOWN - 1)) for i in range(TAU_CURVE_SHOWN)}) if n > 1 else [0]
+    return "held-out τ " + " → ".join(f"{curve[i][1]:.2f}@{int(curve[i][0])}" for i in picks)
+
+
+def exported_drafter(which: str) -> str:
+    """The export stage's `exported`: which of the train stage's drafters it exported."""
+    return {"best": "exported the best held-out τ drafter", "last": "exported the last drafter"}.get(which, which)

@@ -89,6 +89,10 @@ class ResolvedTrainStage(TrainStage):
                                              json_schema_extra=OPERATIONAL)
     launch: list[str] = Field(description="argv of the training launch ({run_dir} filled in by the stage).",
                               json_schema_extra=OPERATIONAL)
+    tau_prompts: int = Field(ge=0, description="Held-out prompts decoded per τ measurement while training (the first "
+                             "of the ingest stage's eval_prompts; 0: none held out).", json_schema_extra=OPERATIONAL)
+    tau_max_new_tokens: int = Field(ge=1, description="New tokens per held-out prompt in a τ measurement.",
+                                    json_schema_extra=OPERATIONAL)
 
 
 class ResolvedSpeculative(SpeculativeSpec):

@@ -15,7 +15,9 @@ What it fills in, and from what:
                fp32), peak FLOP/s, compile and loss_kernel (`auto`: compiled and liger on GPUs,
                eager and torch on CPU; torch for D-PACE), muon_lr (lr x MUON_LR_FACTOR unless
                given), the DeepSpeed config and the launch argv, target_sharding (`shard_target`,
-               `auto`: when the target's weights exceed one GPU) and the ZeRO-3 config that shards it;
+               `auto`: when the target's weights exceed one GPU) and the ZeRO-3 config that shards it,
+               the held-out τ slice (`dflashx.resolve.tau.tau_slice`; `tau_every` itself, when unset,
+               is derived from the planner's train-time estimate: `dflashx.resolve.tau.tau_every`);
   target       facts, load_precision (fp32 on a CPU profile for a bf16/fp16 target);
   generate     context_length and the serving settings (tp, dp, dp_mode, weight dtype, checkpoint,
                online quantization, the MTP acceptance profile): `dflashx.resolve.serving`, one function each;
@@ -45,6 +47,7 @@ from dflashx.resolve.serving import context_length, resolve_serving
 from dflashx.resolve.sharding import sharded_micro_batch, target_sharding
 from dflashx.resolve.speculative import expected_drafter_acceptance, expected_tau, tau_source
 from dflashx.resolve.suites import resolve_eval
+from dflashx.resolve.tau import tau_slice
 from dflashx.targets.registry import TargetFacts
 
 
@@ -126,6 +129,7 @@ def _train(recipe: Recipe, facts: TargetFacts, drafter: ResolvedDrafter, load_pr
     precision = train_precision(on_gpu, recipe.target.precision)
     bf16 = precision == "bf16"
     peak = hw.peak_flops
+    prompts, new_tokens = tau_slice(recipe)
     return ResolvedTrainStage(**{
         **train.model_dump(include=set(TrainStage.model_fields)),
         "micro_batch": micro,
@@ -144,6 +148,8 @@ def _train(recipe: Recipe, facts: TargetFacts, drafter: ResolvedDrafter, load_pr
         "muon_lr": muon_lr(train.lr, train.muon_lr) if train.optimizer == "muon" else None,
         "deepspeed_config": deepspeed_config(train, micro, accum, zero, world, bf16, on_gpu),
         "launch": launch_argv(hw, world),
+        "tau_prompts": prompts,
+        "tau_max_new_tokens": new_tokens,
     })
 
 

@@ -1,6 +1,8 @@
 """The export stage: the trained drafter as servable folders, checked against each engine's contract.
 
-Reads `train.checkpoint`; writes
+Reads `train.checkpoint` (the last drafter, or the one with the best held-out τ when the train stage
+measured one above the last's: `checkpoint/tau.json`, `dflashx.dflash.tau_record.HeldOutTau`; the
+stage's metrics say which, `exported`); writes
 - `drafter/` — the DFlash / z-lab layout: config.json (`architectures: ["DFlashDraftModel"]`,
   `block_size`, `dflash_config: {mask_token_id, target_layer_ids, ...}`, `num_target_layers`,
   `layer_types`, the Qwen3 fields) and model.safetensors (the public DFlash parameter names, in
@@ -31,6 +33,7 @@ from dflashx.config.fields import TORCH_DTYPE
 from dflashx.export import (Serving, Violation, check_sglang, check_speculators, commands, readme, report,
                             to_speculators)
 from dflashx.data import chat_contract
+from dflashx.dflash.tau_record import HeldOutTau
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import input_name
 from dflashx.store.atomic import atomic_dir, atomic_write_text
@@ -104,6 +107,14 @@ def write_folders(drafter: Any, out: Path, vllm_out: Path, dtype: Any, target: s
     return vllm_out
 
 
+def exported(tau: HeldOutTau | None) -> dict[str, Any]:
+    """Which of the train stage's drafters was exported: `best` (held-out τ), else `last`, with its step and τ."""
+    if tau is None:
+        return {"exported": "last"}
+    point = tau.best if tau.exported == "best" else tau.last
+    return {"exported": tau.exported, "exported_step": point.step, "exported_heldout_tau": point.tau}
+
+
 def run(ctx: StageContext) -> StageResult:
     from dflashx.dflash.checkpoint import load_drafter
 
@@ -112,7 +123,9 @@ def run(ctx: StageContext) -> StageResult:
     import torch
 
     dtype = getattr(torch, TORCH_DTYPE[ctx.config.dtype])
-    drafter = load_drafter(ctx.inputs[CHECKPOINT])
+    trained = Path(ctx.inputs[CHECKPOINT])
+    tau = HeldOutTau.read(trained)  # held-out τ measured while training: the best drafter when it beat the last
+    drafter = load_drafter(tau.drafter_dir(trained) if tau is not None else trained)
     out, target = ctx.out_dir / OUT, served_target(ctx)
     vllm = write_folders(drafter, out, ctx.out_dir / VLLM_DIR, dtype, target)
     speculators, vllm_out = vllm is not None, ctx.out_dir / VLLM_DIR
@@ -137,5 +150,5 @@ def run(ctx: StageContext) -> StageResult:
     return StageResult(
         artifacts=artifacts,
         metrics={"parameters": sum(p.numel() for p in drafter.parameters()),
-                 "bytes": sum(f.stat().st_size for f in out.iterdir())},
+                 "bytes": sum(f.stat().st_size for f in out.iterdir())} | exported(tau),
     )

@@ -1,12 +1,15 @@
 """The train stage: online DFlash drafter training on DeepSpeed.
 
-Reads `tokenize.dataset`; writes `checkpoint` (the drafter in the exported DFlash layout:
-config.json + model.safetensors, loadable by `dflashx.dflash.checkpoint.load_drafter`) and `logs`
-(metrics.jsonl). With one process (the CPU profile, one GPU) it trains in-process and logs every
-log step through `ctx.log`; with N GPUs it writes `train_job.json` and runs the plan's launch
-(`ctx.runtime.train_launch`, a `TrainLaunch`: the resolved argv with `{run_dir}` filled in), one process
-per GPU, then replays the metrics into `ctx.log`. On several nodes it first writes the hostfile the argv
-reads (`write_hostfile`: node i at `dflashx.backends.nodes.node_address(i)`, atomically). Resuming is
+Reads `tokenize.dataset` and, for held-out τ while training (`stages.train.tau_every`), the ingest
+stage's held-out prompts (`ingest.eval_prompts`: `heldout_slice`); writes `checkpoint` (the drafter in
+the exported DFlash layout: config.json + model.safetensors, loadable by
+`dflashx.dflash.checkpoint.load_drafter`; with τ measured, `tau.json` and `best/`:
+`dflashx.dflash.tau_record.HeldOutTau`) and `logs` (metrics.jsonl). With one process (the CPU profile,
+one GPU) it trains in-process and logs every log step through `ctx.log`; with N GPUs it writes
+`train_job.json` and runs the plan's launch (`ctx.runtime.train_launch`, a `TrainLaunch`: the resolved argv
+with `{run_dir}` filled in), one process per GPU, then replays the metrics into `ctx.log`. On several nodes
+it first writes the hostfile the argv reads (`write_hostfile`: node i at
+`dflashx.backends.nodes.node_address(i)`, atomically). Resuming is
 automatic: a stage folder with `checkpoints/latest` continues from it with the same optimizer, scheduler,
 data position and RNG.
 
@@ -24,17 +27,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflashx.backends.nodes import NodeAddressError, node_address
+from dflashx.dflash.tau_record import HeldOutTau
 from dflashx.plan.launch import TrainLaunch
 from dflashx.resolve.deepspeed import RUN_DIR
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
-from dflashx.stages.graph import input_name
+from dflashx.stages.graph import GRAPH, input_name
 from dflashx.store.atomic import atomic_write_text
 from dflashx.store.diskspace import DiskFull
 
 if TYPE_CHECKING:
-    from dflashx.dflash.job import TrainJob
+    from dflashx.dflash.job import HeldOutSlice, TrainJob
 
 INPUT = input_name("train")
+HELDOUT = GRAPH["train"].optional_inputs[0]  # the ingest stage's held-out prompts: the τ slice
 
 
 def _absolute(path: str) -> str:
@@ -54,9 +59,9 @@ def build_job(ctx: StageContext) -> "TrainJob":
     if init_from:
         drafter = recipe.drafter.model_copy(update={"init_from": _absolute(init_from)})
         recipe = recipe.model_copy(update={"drafter": drafter})
-    return TrainJob.of(recipe, ctx.out_dir.resolve(), Path(ctx.inputs[INPUT]).resolve(),
-                       _absolute(str(locate_target(recipe.target))),
-                       _absolute(str(locate_tokenizer(recipe.target))))
+    target = _absolute(str(locate_target(recipe.target)))
+    return TrainJob.of(recipe, ctx.out_dir.resolve(), Path(ctx.inputs[INPUT]).resolve(), target,
+                       _absolute(str(locate_tokenizer(recipe.target))), heldout_slice(ctx, target))
 
 
 def _train_launch(ctx: StageContext) -> TrainLaunch:
@@ -68,6 +73,32 @@ def _train_launch(ctx: StageContext) -> TrainLaunch:
 def _filled(text: str, ctx: StageContext) -> str:
     """A launch string with `{run_dir}` filled in."""
     return text.replace(RUN_DIR, str(ctx.run_dir))
+
+
+def heldout_slice(ctx: StageContext, target: str) -> "HeldOutSlice | None":
+    """The held-out prompts a τ measurement decodes: the first `tau_prompts` of the ingest stage's held-out
+    split, read, rendered and stopped as the eval stage's `heldout` suite reads, renders and stops them
+    (`dflashx.data.suites.load_prompts`, `render_prompt`, `stages.eval.stop_ids`); None when not measured."""
+    train = ctx.recipe.stages.train
+    if not train.tau_every or HELDOUT not in ctx.inputs:
+        return None
+    from transformers import AutoConfig, GenerationConfig
+
+    from dflashx.data.chat_mask import render_prompt
+    from dflashx.data.suites import load_prompts
+    from dflashx.dflash.job import HeldOutSlice
+    from dflashx.stages.eval import stop_ids
+    from dflashx.targets.load import load_tokenizer
+
+    tokenizer = load_tokenizer(ctx.recipe.target)
+    try:
+        generation = GenerationConfig.from_pretrained(target)
+    except OSError:  # no generation_config.json: what transformers derives from config.json when it loads the model
+        generation = GenerationConfig.from_model_config(AutoConfig.from_pretrained(target))
+    chat = ctx.recipe.target.chat_template
+    prompts = [tokenizer(render_prompt(tokenizer, p, chat), add_special_tokens=False)["input_ids"]
+               for p in load_prompts(Path(ctx.inputs[HELDOUT]), train.tau_prompts)]
+    return HeldOutSlice(prompts=prompts, stop_ids=stop_ids(tokenizer, generation))
 
 
 def launch_command(ctx: StageContext) -> tuple[list[str], int]:
@@ -108,11 +139,15 @@ def _launch(ctx: StageContext, argv: list[str]) -> None:
 
 
 def _replay(ctx: StageContext) -> dict[str, Any]:
+    """Every line of the launched job's metrics.jsonl into `ctx.log`; the last window (not a τ line)."""
+    from dflashx.dflash.tau_record import is_tau_row
+
     last: dict[str, Any] = {}
     metrics = ctx.out_dir / "logs" / "metrics.jsonl"
     for line in metrics.read_text().splitlines() if metrics.exists() else []:
-        last = json.loads(line)
-        ctx.log(last, last.get("step"))
+        row = json.loads(line)
+        ctx.log(row, row.get("step"))
+        last = last if is_tau_row(row) else row
     return last
 
 
@@ -140,8 +175,11 @@ def run(ctx: StageContext) -> StageResult:
         except DiskFull as e:  # the last complete checkpoint is intact: a rerun resumes from it
             raise StageFailed(str(e)) from None
     chat_contract.write(ctx.out_dir / "checkpoint", contract)  # what the drafter was trained for
-    metrics = {k: last[k] for k in ("loss", "acceptance_length", "accuracy", "tokens_per_s", "tflops", "mfu", "step",
-                                     "kernels") if k in last}
+    kept = ("loss", "acceptance_length", "accuracy", "tokens_per_s", "tflops", "mfu", "step", "kernels")
+    metrics: dict[str, Any] = {k: last[k] for k in kept if k in last}
+    tau = HeldOutTau.read(ctx.out_dir / "checkpoint")
+    if tau is not None:
+        metrics |= tau.summary()
     return StageResult(
         artifacts={
             "checkpoint": Artifact("checkpoint", tier="irreplaceable",

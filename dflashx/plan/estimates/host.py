@@ -44,15 +44,28 @@ def host_seconds(recipe: Recipe, tokens: Tokens, storage_total: float, export_by
     }
 
 
+def batch1_seconds_per_token(recipe: ResolvedRecipe, weight_bytes: float, tp: int) -> float:
+    """A GPU's batch-1 decode of one token: the weights read at EVAL_BANDWIDTH_EFFICIENCY of the bandwidth."""
+    return weight_bytes / (device_of(recipe.hardware).bandwidth_bps * tp) / EVAL_BANDWIDTH_EFFICIENCY
+
+
+def in_process_tokens_per_s(recipe: ResolvedRecipe, acceptance: list[float | None]) -> float:
+    """The in-process speculative decoder at batch 1 with a drafter accepting `acceptance` (deploy.speedup's
+    model at concurrency 1; on the CPU its fixed time per layer call was measured: engine.IN_PROCESS)."""
+    row = predict_speedup(recipe, acceptance, recipe.drafter.dims, window=drafter_window(recipe),
+                          concurrencies=[1]).rows[0]
+    return row.tokens_per_second_drafter
+
+
 def eval_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
     """Batch-1 target decode of every eval token (an upper bound: speculation only shortens it):
     each suite's prompts, once per drafter (`ResolvedEvalStage.decodes`). On the CPU the stage's decoder
     is the measured in-process engine: `eval_in_process_seconds`."""
     if recipe.hardware.gpu is None:
         return eval_in_process_seconds(recipe)
-    ev, dev = recipe.stages.eval, device_of(recipe.hardware)
+    ev = recipe.stages.eval
     tokens = ev.decodes * ev.max_new_tokens
-    per_token = s.weight_bytes / (dev.bandwidth_bps * s.tp) / EVAL_BANDWIDTH_EFFICIENCY
+    per_token = batch1_seconds_per_token(recipe, s.weight_bytes, s.tp)
     return term("eval.seconds", tokens * per_token, "s",
                 "prompt decodes (suites x drafters) x max_new_tokens x weights / (bandwidth x tp x batch-1 "
                 "efficiency)", tokens=tokens, seconds_per_token=per_token, efficiency=EVAL_BANDWIDTH_EFFICIENCY)
@@ -68,13 +81,8 @@ def eval_in_process_seconds(recipe: ResolvedRecipe) -> Term:
     ev, block = recipe.stages.eval, recipe.drafter.block_size
     prompts = ev.decodes / (1 + len(ev.baselines))
     output = OutputLengths.of(recipe.dataset.stats).clipped_moment(1, ev.max_new_tokens)
-
-    def rate(acceptance: list[float | None]) -> float:
-        row = predict_speedup(recipe, acceptance, recipe.drafter.dims, window=drafter_window(recipe),
-                              concurrencies=[1]).rows[0]
-        return row.tokens_per_second_drafter
-
-    trained, baseline = rate(list(recipe.deploy.acceptance)), rate([0.0] * (block - 1))
+    trained = in_process_tokens_per_s(recipe, list(recipe.deploy.acceptance))
+    baseline = in_process_tokens_per_s(recipe, [0.0] * (block - 1))
     seconds = prompts * output * (1 / trained + len(ev.baselines) / baseline)
     return term("eval.seconds", seconds, "s",
                 "prompts per drafter x output tokens x (1 / trained tokens/s + baselines / tau-1 tokens/s), "

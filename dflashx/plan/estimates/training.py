@@ -12,6 +12,10 @@ Time = FLOPs x sequences / (peak x GPUs x MFU) + optimizer steps x gradient sync
 + micro steps x the sharded target's all-gather (`gather.py`; zero without sharding). An MoE target's
 routed experts leave the MFU term and are timed by `moe.trainer_moe` (transformers' grouped_mm path at
 the micro step's tokens), unless a calibrated MFU (which measured them) replaces the model.
++ the held-out τ measurements (`tau_probe`: `dflashx.resolve.tau.measurements` of them, each a batch-1
+greedy decode of the held-out slice on rank 0, bounded as the eval stage's estimate bounds a decode:
+at τ 1). Unset, `stages.train.tau_every` is derived here from the rest of the time
+(`dflashx.resolve.tau.tau_every`) and handed on in `Training.tau_every`.
 MFU: `hardware.calibrated.training_mfu` (measured on this node, all-reduce and gathers included:
 they are then not added again), else the cited table row (`mfu.py`).
 """
@@ -21,12 +25,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dflashx.plan.estimates.decode import dense_read_bytes
 from dflashx.plan.estimates.device import CALIBRATED_MFU, device_of, factor
 from dflashx.plan.estimates.gather import target_gather
 from dflashx.plan.estimates.gradsync import grad_sync
+from dflashx.plan.estimates.host import batch1_seconds_per_token, in_process_tokens_per_s
 from dflashx.plan.estimates.lengths import Lengths
 from dflashx.plan.estimates.mfu import mfu_row
-from dflashx.plan.estimates.moe import trainer_moe
+from dflashx.plan.estimates.moe import moe_layer, serving_path, trainer_moe
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.explain import Term, term
 from dflashx.resolve.flops import (
@@ -35,6 +41,7 @@ from dflashx.resolve.flops import (
 )
 from dflashx.resolve.formulas import effective_batch, optimizer_steps, steps_per_epoch
 from dflashx.resolve.model import ResolvedRecipe
+from dflashx.resolve.tau import TAU_SHARE, measurable, measurements, tau_every
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,7 @@ class Training:
     drafter_tokens_per_sample: float
     flops: float
     seconds: float
+    tau_every: int  # the resolved stages.train.tau_every (derived here when the recipe leaves it unset)
     terms: tuple[Term, ...]
 
 
@@ -73,6 +81,26 @@ def flops_per_sample(recipe: ResolvedRecipe, prompt: float, outputs: list[float]
     return target / n, drafter / n, tokens / n
 
 
+def tau_probe(recipe: ResolvedRecipe, lengths: Lengths) -> Term:
+    """One held-out τ measurement: `tau_prompts` greedy decodes on rank 0, each to the end of its turn (the
+    output-length mean capped at `tau_max_new_tokens`), at the τ-1 rate (the untrained drafter's: an upper
+    bound); on a GPU the batch-1 bandwidth bound of the eval estimate, on the CPU the in-process decoder."""
+    train = recipe.stages.train
+    output = lengths.clipped_moment(1, train.tau_max_new_tokens)
+    if recipe.hardware.gpu is None:
+        per_token = 1 / in_process_tokens_per_s(recipe, [0.0] * (recipe.drafter.block_size - 1))
+    else:
+        facts, dtype = recipe.target.facts, recipe.target.load_precision
+        routed = (facts.num_moe_layers * moe_layer(facts, 1, dtype, device_of(recipe.hardware),
+                                                   serving_path("transformers", True, False)).weight_bytes
+                  if facts.is_moe else 0.0)  # one token's touched experts
+        per_token = batch1_seconds_per_token(recipe, dense_read_bytes(facts, dtype) + routed, 1)
+    return term("train.tau_probe_seconds", train.tau_prompts * output * per_token, "s",
+                "tau_prompts x output tokens (mean, capped at tau_max_new_tokens) x seconds per token at batch 1 "
+                "and τ 1 (GPU: weights / (bandwidth x efficiency); CPU: the in-process decoder)",
+                tau_prompts=train.tau_prompts, output_tokens=output, seconds_per_token=per_token)
+
+
 def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Training:
     train, hw, facts = recipe.stages.train, recipe.hardware, recipe.target.facts
     drafter = recipe.drafter.dims
@@ -97,7 +125,10 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
     moe_s = 0.0 if calibrated else moe.seconds * sequences / dev.count
     dense_flops = total - (0.0 if calibrated else moe.routed_flops * sequences)
     compute_s = dense_flops / (train.peak_flops * dev.count * mfu) + moe_s
-    seconds = compute_s + sync_s + gather_s
+    probe = tau_probe(recipe, lengths)
+    every = tau_every(train.tau_every, measurable(train), steps, compute_s + sync_s + gather_s, probe.value)
+    tau_s = measurements(steps, every) * probe.value
+    seconds = compute_s + sync_s + gather_s + tau_s
     mfu_source = ("measured on this node: hardware.calibrated.training_mfu (includes the gradient sync)" if calibrated
                   else f"{row.generation}/{row.precision}/{row.kind}: {row.source}"
                   + (f" — borrowed: {row.borrowed}" if row.borrowed else ""))
@@ -136,13 +167,19 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
              global_batch=train.global_batch),
         sync.term,
         gather.term,
+        probe,
+        term("train.tau_seconds", tau_s, "s",
+             "held-out τ measurements (ceil(steps / tau_every): every tau_every steps and at the last) x one "
+             "measurement; tau_every unset: the smallest interval keeping them within tau_share of the rest",
+             tau_every=every, given=train.tau_every, measurements=measurements(steps, every),
+             tau_share=TAU_SHARE, share=tau_s / seconds if seconds else 0.0),
         term("train.seconds", seconds, "s",
              "(FLOPs per sample - routed experts) x sequences / (peak x GPUs x MFU) + MoE layers (moe.py) "
-             "+ steps x gradient sync"
-             " + steps x grad_accum x target gather",
+             "+ steps x gradient sync + steps x grad_accum x target gather + held-out τ measurements",
              sequences=sequences, peak_flops=train.peak_flops, gpus=dev.count, mfu=mfu, mfu_source=mfu_source,
              compute_s=compute_s, moe_s=moe_s, moe_routed_flops_per_sample=moe.routed_flops,
              moe_layer=moe.layer.inputs() if moe.layer else None, grad_sync_s=sync_s, target_gather_s=gather_s,
+             tau_s=tau_s,
              calibrated=calibrated),
     )
-    return Training(drafter, steps, sequences, dtoks, total, seconds, terms)
+    return Training(drafter, steps, sequences, dtoks, total, seconds, every, terms)

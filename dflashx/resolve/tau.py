@@ -1,0 +1,60 @@
+"""Held-out τ while training: which slice is decoded, and how often (`stages.train.tau_every`).
+
+Every `tau_every` optimizer steps (and at the last step) rank 0 decodes the first `tau_prompts`
+held-out prompts (the ingest stage's `eval_prompts`, the ones the eval stage's `heldout` suite starts
+with) greedily, up to `tau_max_new_tokens` each, with the drafter as it stands
+(`dflashx.dflash.tau_probe`). Unset, `tau_every` is derived once, here, from the planner's train-time
+estimate and its estimate of one measurement (`dflashx.plan.estimates.training`): the smallest
+interval whose measurements cost at most `TAU_SHARE` of the stage. Without held-out prompts
+(`dataset.eval_holdout: 0`) or with the target sharded over the ranks (ZeRO-3) nothing is measured.
+
+Public API: `TAU_SHARE`, `TAU_PROMPTS`, `TAU_MAX_NEW_TOKENS`, `tau_slice(recipe) -> (prompts,
+max_new_tokens)`, `measurable(train)`, `measurements(steps, every)`, `tau_every(given, can_measure, steps,
+train_seconds, probe_seconds)`, `with_tau_every(recipe, every)`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dflashx.config.schema import Recipe
+from dflashx.resolve.model import ResolvedRecipe, ResolvedTrainStage
+
+TAU_SHARE = 0.05  # most of the train stage's time the measurements may take when tau_every is derived
+TAU_PROMPTS = 8  # held-out prompts per measurement: a trend, not the eval stage's figure
+TAU_MAX_NEW_TOKENS = 256  # at most this many new tokens per prompt (the eval stage's max_new_tokens when lower)
+
+
+def tau_slice(recipe: Recipe) -> tuple[int, int]:
+    """(held-out prompts, new tokens per prompt) of one measurement: the first prompts of the ingest
+    stage's held-out split, at the eval stage's max_new_tokens capped at TAU_MAX_NEW_TOKENS."""
+    return (min(recipe.dataset.eval_holdout, TAU_PROMPTS),
+            min(recipe.stages.eval.max_new_tokens, TAU_MAX_NEW_TOKENS))
+
+
+def measurements(steps: int, every: int) -> int:
+    """Measurements a run of `steps` optimizer steps takes: every `every` steps and at the last one."""
+    return math.ceil(steps / every) if every and steps else 0
+
+
+def measurable(train: ResolvedTrainStage) -> bool:
+    """Held-out prompts to decode, and a whole target on rank 0 to decode them with (a target sharded with
+    ZeRO-3 has no whole embedding and LM head outside its forward)."""
+    return train.tau_prompts > 0 and train.target_sharding == "none"
+
+
+def tau_every(given: int | None, can_measure: bool, steps: int, train_seconds: float, probe_seconds: float) -> int:
+    """The recipe's value; else 0 when nothing can be measured (`measurable`), else the smallest interval
+    whose `measurements` cost at most TAU_SHARE of `train_seconds` (0 when even the last step's one would not)."""
+    if given is not None:
+        return given
+    if not can_measure or steps == 0:
+        return 0
+    allowed = math.floor(TAU_SHARE * train_seconds / probe_seconds) if probe_seconds > 0 else steps
+    return math.ceil(steps / min(allowed, steps)) if allowed >= 1 else 0
+
+
+def with_tau_every(recipe: ResolvedRecipe, every: int) -> ResolvedRecipe:
+    """The resolved recipe with `stages.train.tau_every` decided."""
+    train = recipe.stages.train.model_copy(update={"tau_every": every})
+    return recipe.model_copy(update={"stages": recipe.stages.model_copy(update={"train": train})})

@@ -1,0 +1,68 @@
+"""The planner's held-out τ interval (stages.train.tau_every): derived once from its own train-time
+estimate so that the measurements cost at most 5% of it, counted in the train stage's time and shown by
+--explain; a recipe's value is kept, 0 turns it off, no held-out prompts or a ZeRO-3 sharded target mean
+none."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dflashx.config.load import load_recipe
+from dflashx.plan.plan import make_plan
+from dflashx.resolve.tau import TAU_SHARE, measurements, tau_every
+from dflashx.targets.facts import facts_for
+
+
+def _plan(*overrides: str):
+    recipe = load_recipe("recipes/tiny.yaml", list(overrides)).recipe
+    return make_plan(recipe, facts_for(recipe.target))
+
+
+def _terms(plan):
+    return {t.key: t for t in plan.terms}
+
+
+def test_the_derived_interval_keeps_the_measurements_within_five_percent():
+    plan = _plan()
+    train, terms = plan.resolved.stages.train, _terms(plan)
+    steps, probe = terms["train.steps"].value, terms["train.tau_probe_seconds"].value
+    seconds = terms["train.seconds"]
+    assert train.tau_prompts == 8 and train.tau_max_new_tokens == 96  # the eval stage's, under the cap
+    assert train.tau_every >= 1 and seconds.inputs["tau_s"] == measurements(steps, train.tau_every) * probe > 0
+    rest = seconds.value - seconds.inputs["tau_s"]
+    assert seconds.inputs["tau_s"] <= TAU_SHARE * rest
+    if train.tau_every > 1:  # the smallest such interval: one step less would measure more than allowed
+        assert measurements(steps, train.tau_every - 1) * probe > TAU_SHARE * rest
+    assert terms["train.tau_seconds"].inputs["tau_every"] == train.tau_every
+    stage = next(s for s in plan.to_json()["stages"] if s["name"] == "train")
+    assert stage["estimates"]["seconds"] >= seconds.value  # the stage's time counts it (plus its fixed costs)
+
+
+def test_a_given_interval_is_kept_and_zero_measures_nothing():
+    assert _plan("stages.train.tau_every=10").resolved.stages.train.tau_every == 10
+    off = _plan("stages.train.tau_every=0")
+    assert off.resolved.stages.train.tau_every == 0 and _terms(off)["train.tau_seconds"].value == 0
+    assert _plan("dataset.eval_holdout=0").resolved.stages.train.tau_every == 0
+
+
+@pytest.mark.parametrize(("steps", "train_s", "probe_s", "every"), [
+    (320, 100.0, 1.0, 64),  # 5 measurements of 1 s within 5 s
+    (320, 100.0, 6.0, 0),  # not even the last step's
+    (10, 1e6, 1.0, 1),  # every step is cheap enough
+])
+def test_tau_every_formula(steps, train_s, probe_s, every):
+    assert tau_every(None, True, steps, train_s, probe_s) == every
+    if every:
+        assert measurements(steps, every) * probe_s <= TAU_SHARE * train_s
+    assert tau_every(None, False, steps, train_s, probe_s) == 0 and tau_every(7, True, steps, train_s, probe_s) == 7
+    assert math.ceil(steps / max(every, 1)) >= measurements(steps, every)
+
+
+def test_a_sharded_target_cannot_be_measured_on_rank_0():
+    sharded = ("hardware=h200_x8", "stages.train.shard_target=always")
+    plan = _plan(*sharded, "stages.train.tau_every=50")
+    assert plan.resolved.stages.train.target_sharding == "zero3"
+    assert any(f.code == "tau_sharded" and f.key == "stages.train.tau_every" for f in plan.errors)
+    assert _plan(*sharded).resolved.stages.train.tau_every == 0
