@@ -54,7 +54,8 @@ HEADLINES: dict[str, tuple[tuple[str, Spec], ...]] = {
     "train": (("loss", "loss {:.3f}"), ("acceptance_length", "acceptance length {:.2f}"), ("step", "{:,} steps"),
               ("tokens_per_s", "{:,.0f} tok/s")),
     "eval": (("tau", "τ {:.2f} trained"), ("tau_untrained", "vs {:.2f} untrained"),
-             ("tau_by_suite", suite_taus), ("greedy_agreement", "greedy agreement {:.0%}"),
+             ("tau_by_suite", suite_taus), ("tau_sampled_text", "served: {}"),
+             ("greedy_agreement", "greedy agreement {:.0%}"),
              ("predicted_speedup", "predicted serving speed-up {} (requests in flight)")),
     "export": (("parameters", "{:,} parameters"),),
 }
