@@ -121,8 +121,8 @@ def test_a_sampled_deployment_is_measured_greedily_and_over_seeds_at_its_tempera
     assert result.metrics["tau_sampled"] == data["trained"]["sampled"]["tau"]
     assert result.metrics["tau_sampled_text"].startswith(f"τ {data['trained']['sampled']['tau']:.2f} ± ")
     assert "at temperature 0.8" in result.metrics["tau_sampled_text"]
-    prediction = data["predicted_speedup"]
-    assert prediction["tau"] == pytest.approx(1 + sum(a or 0 for a in data["trained"]["sampled"]["acceptance_by_position"]))
+    prediction, served = data["predicted_speedup"], data["trained"]["sampled"]["acceptance_by_position"]
+    assert prediction["tau"] == pytest.approx(1 + sum(a or 0 for a in served))
     assert "temperature 0.8" in prediction["acceptance_source"]
 
 

@@ -64,7 +64,8 @@ class DeploySpec(Strict):
         "its model card; recipes/qwen36_27b.yaml does).", json_schema_extra=OUTPUT)
     top_p: FiniteFloat = Field(
         1.0, gt=0, le=1, description="Nucleus sampling when temperature > 0: the smallest set of most likely "
-        "tokens whose probability reaches top_p (1: all); target and drafter distributions filtered alike. "
+        "tokens whose probability reaches top_p (1: all); the target's distribution, and a DFlash drafter's, "
+        "filtered alike, as the reference decoder does. "
         "No effect at temperature 0.", json_schema_extra=OUTPUT)
     top_k: int = Field(
         0, ge=0, description="Sample only among the top_k most likely tokens when temperature > 0 (0: all; applied "

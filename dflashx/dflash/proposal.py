@@ -16,9 +16,9 @@ The serving distribution is the reference's (`dflash` 0.1.0, `_sampling_probs`):
 logits over T, kept to the top_k highest (0: all), then to the smallest set of the most likely
 tokens whose mass reaches top_p (the token that crosses it included), renormalized.
 
-Public API: `Sampling(temperature, top_p=1.0, top_k=0)`, `probs(logits, temperature, top_p=1.0, top_k=0)`, `sample(probs, generator)`,
-`propose(drafter, ctx, anchor, n, rows, embed, lm_head, temperature=0.0, generator=None, top_p=1.0,
-top_k=0) -> (tokens [n], q [n, V] | None)`.
+Public API: `Sampling(temperature, top_p=1.0, top_k=0)`, `probs(logits, temperature, top_p=1.0,
+top_k=0)`, `sample(probs, generator)`, `propose(drafter, ctx, anchor, n, rows, embed, lm_head,
+temperature=0.0, generator=None, top_p=1.0, top_k=0) -> (tokens [n], q [n, V] | None)`.
 """
 
 from __future__ import annotations
