@@ -109,7 +109,8 @@ def test_a_sampled_deployment_is_measured_greedily_and_over_seeds_at_its_tempera
     data = json.loads((ctx.out_dir / "report" / "eval.json").read_text())
     assert data["sampling"] == {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "seeds": 3}
     assert data["greedy_agreement"] == 1.0 and result.metrics["greedy_agreement"] == 1.0  # the greedy run is exact
-    assert sum("eval/trained_tau" in m for m in logs) == 3 * 4 and logs[-1]["eval/decodes"] == 3 * 2 * 4
+    assert sum("eval/trained_tau" in m for m in logs) == 3 and sum("eval/trained_tau_sampled" in m for m in logs) == 9
+    assert logs[-1]["eval/decoded"] == logs[-1]["eval/decodes"] == 3 * 2 * 4
     for drafter in ("trained", "untrained"):
         s = data[drafter]["sampled"]
         assert s["seeds"] == len(s["tau_per_seed"]) == 3 and all(t >= 1.0 for t in s["tau_per_seed"])

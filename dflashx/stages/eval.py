@@ -106,7 +106,7 @@ def _served(ctx: StageContext) -> dict[str, Any]:
 
 def _sampling(ctx: StageContext) -> dict[str, Any] | None:
     """eval.json's `sampling`: the serving settings the sampled runs decode at and their seeds, None when greedy."""
-    return _served(ctx) | {"seeds": ctx.config.sampled_runs} if ctx.config.sampled_runs else None
+    return (_served(ctx) | {"seeds": ctx.config.sampled_runs}) if ctx.config.sampled_runs else None
 
 
 Decoded = dict[str, dict[str, list[list[Any]]]]  # {suite: {drafter: [[DecodeResult per prompt] per run]}}
@@ -132,11 +132,12 @@ def _decode(ctx: StageContext, target: Any, drafters: list[EvalDrafter], suites:
                 gen = torch.Generator(device=decoder.device).manual_seed(max(0, run - 1))
                 runs: list[Any] = []
                 results[name][drafter.name].append(runs)
+                live = f"eval/{drafter.name}_tau" + ("_sampled" if run else "")  # the greedy figure stays apart
                 for ids in suite["encoded"]:
                     runs.append(decoder.generate(ids, cfg.max_new_tokens, stop_token_ids=stops, generator=gen,
                                                  **setting))
                     done += 1
-                    ctx.log({f"eval/{drafter.name}_tau": runs[-1].tau, "eval/decoded": done, "eval/decodes": total})
+                    ctx.log({live: runs[-1].tau, "eval/decoded": done, "eval/decodes": total})
         del decoder
     return results
 
