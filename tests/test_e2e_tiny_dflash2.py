@@ -6,7 +6,7 @@ imported from the unpacked wheel as in test_tau_reference.py, its CUDA clock rep
 - the reference's `dflash_generate` with it reproduces the target's greedy output;
 - dflashx's own τ on the same held-out prompts equals the reference's within 0.01;
 - at the recipe's serving settings (deploy: temperature 0.6, top_p 0.95, top_k 20) dflashx's τ and the
-  reference's `dflash_generate(..., temperature=0.6, ...)` on the same prompts, 5 seeds each, have means
+  reference's `dflash_generate(..., temperature=0.6, ...)` on the same prompts, 20 seeds each, have means
   within two standard errors of their difference, and the eval stage reported that τ with its interval.
 """
 
@@ -28,6 +28,11 @@ from dflashx.dflash.spec_decode import SpecDecoder
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS, NEW_TOKENS = 6, 64
+# Seeds per decoder at the serving settings. Five (the issue's figure) is too few for a 2-SE test to be
+# told from chance: on two tiny exports seeds 0-4 put our mean 0.06-0.09 below the reference's (just past
+# 2 SE) while over 20 seeds the means differ by 0.001 (SE 0.032); the draws of a seed are shared between
+# exports, so one unlucky set of five fails every run. 20 seeds: about 2.5 min on 2 busy cores.
+SEEDS = 20
 
 pytestmark = pytest.mark.slow
 
@@ -102,14 +107,14 @@ def test_the_reference_decodes_our_export_as_we_do(decoders) -> None:
 
 def test_at_the_serving_temperature_our_tau_agrees_with_the_references(run_dir: Path, decoders) -> None:
     """Issue 31's acceptance: the tiny recipe serves at temperature 0.6 (top_p 0.95, top_k 20); on the run's
-    export both decoders sample 5 seeds over the same prompts and their mean τ agree within two standard
-    errors of the difference. The eval stage measured that τ too (5 seeds, mean ± 1.96 SE) and the
+    export both decoders sample SEEDS seeds over the same prompts and their mean τ agree within two
+    standard errors of the difference. The eval stage measured that τ too (5 seeds, mean ± 1.96 SE) and the
     predicted speed-up reads its acceptance."""
     ref, theirs, ours, prompts = decoders
     deploy = json.loads((run_dir / "plan.json").read_text())["resolved"]["deploy"]
     sampling = {k: deploy[k] for k in ("temperature", "top_p", "top_k")}
     assert sampling == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
-    mine, reference = sampled_taus(ref, theirs, ours, prompts, NEW_TOKENS, sampling)
+    mine, reference = sampled_taus(ref, theirs, ours, prompts, NEW_TOKENS, sampling, seeds=SEEDS)
     assert_means_agree(mine, reference)
     assert min(mine + reference) > 1.5  # a trained drafter's drafts are accepted when sampling too
 
