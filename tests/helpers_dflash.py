@@ -172,3 +172,31 @@ def logged_training(stage_dir: str | Path, dataset: str | Path, target_dir: str 
 
     run_training(train_job(stage_dir, dataset, target_dir, **train), log=log)
     return logs
+
+
+def sampled_taus(ref, theirs, ours, prompts: list[list[int]], new_tokens: int, sampling: dict[str, Any],
+                 seeds: int = 5) -> tuple[list[float], list[float]]:
+    """tau at the serving settings `sampling` ({temperature, top_p, top_k}) per seed, pooled over
+    `prompts`: ours (`SpecDecoder` `ours`, a generator seeded as the eval stage seeds it) and the
+    reference's `dflash_generate` with drafter `theirs` (it draws from torch's global generator,
+    seeded alike). Two independent samples of the same figure: they agree when the decoders do."""
+    from dflashx.dflash.acceptance import summarize
+
+    mine, reference = [], []
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        lengths = [ref.dflash_generate(theirs, ours.target, torch.tensor([p]), new_tokens, None, return_stats=True,
+                                       **sampling).acceptance_lengths for p in prompts]
+        reference.append(sum(map(sum, lengths)) / sum(map(len, lengths)))
+        generator = torch.Generator().manual_seed(seed)
+        mine.append(summarize([ours.generate(p, new_tokens, generator=generator, **sampling) for p in prompts],
+                              ours.cfg.block_size)["tau"])
+    return mine, reference
+
+
+def assert_means_agree(mine: list[float], reference: list[float]) -> None:
+    """The two means lie within two standard errors of their difference (each SE over its seeds)."""
+    import statistics
+
+    se = (statistics.variance(mine) / len(mine) + statistics.variance(reference) / len(reference)) ** 0.5
+    assert abs(statistics.mean(mine) - statistics.mean(reference)) <= 2 * se, (mine, reference)

@@ -4,7 +4,10 @@ imported from the unpacked wheel as in test_tau_reference.py, its CUDA clock rep
 
 - the export loads into `DFlash2DraftModel` with no missing, unexpected or mismatched key;
 - the reference's `dflash_generate` with it reproduces the target's greedy output;
-- dflashx's own τ on the same held-out prompts equals the reference's within 0.01.
+- dflashx's own τ on the same held-out prompts equals the reference's within 0.01;
+- at the recipe's serving settings (deploy: temperature 0.6, top_p 0.95, top_k 20) dflashx's τ and the
+  reference's `dflash_generate(..., temperature=0.6, ...)` on the same prompts, 20 seeds each, have means
+  within two standard errors of their difference, and the eval stage reported that τ with its interval.
 """
 
 from __future__ import annotations
@@ -18,13 +21,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_dflash import zlab_reference
+from helpers_dflash import assert_means_agree, sampled_taus, zlab_reference
 
 from dflashx.dflash.checkpoint import load_drafter
 from dflashx.dflash.spec_decode import SpecDecoder
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS, NEW_TOKENS = 6, 64
+# Seeds per decoder at the serving settings. Five (the issue's figure) is too few for a 2-SE test to be
+# told from chance: on two tiny exports seeds 0-4 put our mean 0.06-0.09 below the reference's (just past
+# 2 SE) while over 20 seeds the means differ by 0.001 (SE 0.032); the draws of a seed are shared between
+# exports, so one unlucky set of five fails every run. 20 seeds: about 2.5 min on 2 busy cores.
+SEEDS = 20
 
 pytestmark = pytest.mark.slow
 
@@ -53,9 +61,13 @@ def test_the_dflash2_run_completes_and_exports_the_published_layout(run_dir: Pat
     assert len(selector) >= 3 and selector[-1] < selector[0]  # the selector learnt on the tiny run
 
 
-def test_the_reference_decodes_our_export_as_we_do(run_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def decoders(run_dir: Path):
+    """The reference's DFlash2DraftModel and our SpecDecoder on the run's export and the tiny target, and
+    the first held-out prompts, chat template applied."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from dflashx.config.load import load_recipe
     from dflashx.data.chat_mask import render_prompt
     from dflashx.data.suites import load_prompts
     from dflashx.targets.locate import locate_target, locate_tokenizer
@@ -65,18 +77,20 @@ def test_the_reference_decodes_our_export_as_we_do(run_dir: Path) -> None:
     folder = run_dir / "export" / "drafter"
     theirs, info = ref.DFlash2DraftModel.from_pretrained(str(folder), dtype=torch.float32, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
-    theirs.eval()
-
-    from dflashx.config.load import load_recipe
-
     spec = load_recipe(REPO / "recipes" / "tiny.yaml").recipe.target
     target = AutoModelForCausalLM.from_pretrained(str(locate_target(spec)), dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(locate_tokenizer(spec)))
     ours = SpecDecoder(target, load_drafter(folder, dtype=torch.float32).eval())
+    prompts = [tokenizer(render_prompt(tokenizer, p, spec.chat_template), add_special_tokens=False)["input_ids"]
+               for p in load_prompts(run_dir / "ingest" / "eval_prompts.jsonl", PROMPTS)]
+    return ref, theirs.eval(), ours, prompts
+
+
+def test_the_reference_decodes_our_export_as_we_do(decoders) -> None:
+    ref, theirs, ours, prompts = decoders
+    target = ours.target
     mine_tokens, mine_cycles, ref_lengths = 0, 0, []
-    for prompt in load_prompts(run_dir / "ingest" / "eval_prompts.jsonl", PROMPTS):
-        text = render_prompt(tokenizer, prompt, spec.chat_template)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    for ids in prompts:
         stats = ref.dflash_generate(theirs, target, torch.tensor([ids]), NEW_TOKENS, None, return_stats=True)
         out = stats.output_ids[0, len(ids):].tolist()
         with torch.no_grad():  # the reference's output is the target's greedy output: each token its argmax
@@ -89,3 +103,23 @@ def test_the_reference_decodes_our_export_as_we_do(run_dir: Path) -> None:
     tau, ref_tau = mine_tokens / mine_cycles, sum(ref_lengths) / len(ref_lengths)
     assert tau == pytest.approx(ref_tau, abs=0.01)
     assert tau > 2.0  # a trained drafter: drafts are accepted
+
+
+def test_at_the_serving_temperature_our_tau_agrees_with_the_references(run_dir: Path, decoders) -> None:
+    """Issue 31's acceptance: the tiny recipe serves at temperature 0.6 (top_p 0.95, top_k 20); on the run's
+    export both decoders sample SEEDS seeds over the same prompts and their mean τ agree within two
+    standard errors of the difference. The eval stage measured that τ too (5 seeds, mean ± 1.96 SE) and the
+    predicted speed-up reads its acceptance."""
+    ref, theirs, ours, prompts = decoders
+    deploy = json.loads((run_dir / "plan.json").read_text())["resolved"]["deploy"]
+    sampling = {k: deploy[k] for k in ("temperature", "top_p", "top_k")}
+    assert sampling == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    mine, reference = sampled_taus(ref, theirs, ours, prompts, NEW_TOKENS, sampling, seeds=SEEDS)
+    assert_means_agree(mine, reference)
+    assert min(mine + reference) > 1.5  # a trained drafter's drafts are accepted when sampling too
+
+    report = json.loads((run_dir / "eval" / "report" / "eval.json").read_text())
+    served = report["trained"]["sampled"]
+    assert report["sampling"] == sampling | {"seeds": 5} and len(served["tau_per_seed"]) == 5
+    assert served["tau_ci95"][0] < served["tau"] < served["tau_ci95"][1] and served["tau"] > 1.5
+    assert report["predicted_speedup"]["tau"] == pytest.approx(1 + sum(served["acceptance_by_position"]))

@@ -31,8 +31,8 @@ def setup(tmp_path_factory):
 
 
 def _ctx(tmp_path: Path, target: Path, inputs: dict, logs: list | None = None, precision: str = "fp32",
-         **eval_cfg):
-    recipe = make_recipe(target={"model": str(target), "precision": precision},
+         deploy: dict | None = None, **eval_cfg):
+    recipe = make_recipe(target={"model": str(target), "precision": precision}, deploy=deploy or {},
                          stages={"eval": {"num_prompts": 3, "max_new_tokens": 12} | eval_cfg})
     run_dir = tmp_path / "run"
     run_dir.mkdir(exist_ok=True)
@@ -95,14 +95,48 @@ def test_drafter_for_another_target_is_refused(setup, tmp_path):
         eval_stage.run(ctx)
 
 
-def test_sampling_eval_reports_without_greedy_agreement(setup, tmp_path):
+def test_a_sampled_deployment_is_measured_greedily_and_over_seeds_at_its_temperature(setup, tmp_path):
+    """deploy.temperature > 0: every suite and drafter decoded greedily (the figures as before, exact) and
+    stages.eval.sampling_seeds times at the serving settings; the sampled tau is the mean over the seeds
+    with its standard error, and the predicted speed-up reads the sampled acceptance."""
+    import statistics
+
     root, target, prompts = setup
-    ctx = _ctx(tmp_path, target, {"train.checkpoint": root / "ckpt", "ingest.eval_prompts": prompts}, temperature=0.8)
+    logs: list = []
+    ctx = _ctx(tmp_path, target, {"train.checkpoint": root / "ckpt", "ingest.eval_prompts": prompts}, logs,
+               deploy={"temperature": 0.8, "top_p": 0.9, "top_k": 20}, sampling_seeds=3)
+    assert ctx.config.sampled_runs == 3 and ctx.config.decodes == 3 * 2 * 4
     result = eval_stage.run(ctx)
     data = json.loads((ctx.out_dir / "report" / "eval.json").read_text())
-    assert data["temperature"] == 0.8 and data["greedy_agreement"] is None
-    assert "greedy_agreement" not in result.metrics and result.metrics["tau"] >= 1.0
-    assert data["trained"]["cycles"] == sum(data["trained"]["accept_length_histogram"])
+    assert data["sampling"] == {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "seeds": 3}
+    assert data["greedy_agreement"] == 1.0 and result.metrics["greedy_agreement"] == 1.0  # the greedy run is exact
+    assert sum("eval/trained_tau" in m for m in logs) == 3 and sum("eval/trained_tau_sampled" in m for m in logs) == 9
+    assert logs[-1]["eval/decoded"] == logs[-1]["eval/decodes"] == 3 * 2 * 4
+    for drafter in ("trained", "untrained"):
+        s = data[drafter]["sampled"]
+        assert s["seeds"] == len(s["tau_per_seed"]) == 3 and all(t >= 1.0 for t in s["tau_per_seed"])
+        assert s["tau"] == pytest.approx(statistics.mean(s["tau_per_seed"]))
+        assert s["tau_se"] == pytest.approx(statistics.stdev(s["tau_per_seed"]) / 3 ** 0.5)
+        assert s["tau_ci95"] == pytest.approx([s["tau"] - 1.96 * s["tau_se"], s["tau"] + 1.96 * s["tau_se"]])
+        assert s["cycles"] == sum(s["accept_length_histogram"]) > 0
+        assert data["suites"]["heldout"][drafter]["sampled"] == s
+    assert result.metrics["tau_sampled"] == data["trained"]["sampled"]["tau"]
+    assert result.metrics["tau_sampled_text"].startswith(f"τ {data['trained']['sampled']['tau']:.2f} ± ")
+    assert "at temperature 0.8" in result.metrics["tau_sampled_text"]
+    prediction, served = data["predicted_speedup"], data["trained"]["sampled"]["acceptance_by_position"]
+    assert prediction["tau"] == pytest.approx(1 + sum(a or 0 for a in served))
+    assert "temperature 0.8" in prediction["acceptance_source"]
+
+
+def test_a_greedy_deployment_has_no_sampled_runs(setup, tmp_path):
+    root, target, prompts = setup
+    ctx = _ctx(tmp_path, target, {"train.checkpoint": root / "ckpt", "ingest.eval_prompts": prompts},
+               deploy={"top_p": 0.9}, sampling_seeds=3)
+    assert ctx.config.sampled_runs == 0 and ctx.config.decodes == 3 * 2
+    result = eval_stage.run(ctx)
+    data = json.loads((ctx.out_dir / "report" / "eval.json").read_text())
+    assert data["sampling"] is None and "sampled" not in data["trained"] and "tau_sampled" not in result.metrics
+    assert "greedy" in data["predicted_speedup"]["acceptance_source"]
 
 
 def test_fp8_target_is_evaluated_in_fp8_and_decoding_stays_exact(setup, tmp_path):

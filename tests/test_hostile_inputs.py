@@ -139,13 +139,14 @@ def test_ordinary_anchors_and_aliases_still_load(tmp_path: Path) -> None:
     recipe = _child(tmp_path, (
         "stages:\n"
         "  generate: {temperature: &t 0.0, max_tokens: &n 96}\n"
-        "  eval: {temperature: *t, max_new_tokens: *n}\n"
+        "  eval: {max_new_tokens: *n}\n"
         "  train: {lr: &lr 2.0e-3}\n"
+        "deploy: {temperature: *t}\n"
         "tracking: {project: &p anchored, entity: *p}\n"
     ))
     r = load_recipe(recipe).recipe
     assert (r.stages.generate.max_tokens, r.stages.eval.max_new_tokens) == (96, 96)
-    assert r.stages.eval.temperature == 0.0 and r.stages.train.lr == 2.0e-3
+    assert r.deploy.temperature == 0.0 and r.stages.train.lr == 2.0e-3
     assert r.tracking.project == r.tracking.entity == "anchored"
 
 

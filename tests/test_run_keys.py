@@ -85,6 +85,8 @@ def test_every_field_a_stage_key_reaches_declares_its_role():
     # suites and baselines decide what eval measures; a built-in name enters as its whole definition
     ({"stages.eval.suites": ["heldout", "gsm8k"]}, {"eval"}),
     ({"stages.eval.baselines": []}, {"eval"}),
+    # how the drafter will be served decides what eval measures (its sampled runs)
+    ({"deploy.temperature": 0.6}, {"eval"}),
 ])
 def test_config_changes_touch_only_their_stages(source, tmp_path, change, stages):
     assert _changed(source, tmp_path, **change) == stages
@@ -98,6 +100,8 @@ def test_config_changes_touch_only_their_stages(source, tmp_path, change, stages
     {"stages.train.micro_batch": 4, "stages.train.zero_stage": 1, "stages.train.log_every": 1},
     {"tracking.mode": "offline", "budget.max_usd": 10},
     {"dataset.stats": {"samples": 10}},
+    # the predicted speed-up's concurrencies, and seeds that a greedy deployment does not decode
+    {"deploy.concurrencies": [1, 2], "stages.eval.sampling_seeds": 3},
 ])
 def test_operational_changes_touch_nothing(source, tmp_path, change):
     assert _changed(source, tmp_path, **change) == set()

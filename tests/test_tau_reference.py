@@ -19,10 +19,13 @@ import time
 
 import pytest
 import torch
-from helpers_dflash import load_target, repeating_drafter, tiny_target, zlab_reference
+from helpers_dflash import (
+    assert_means_agree, load_target, repeating_drafter, sampled_taus, tiny_target, zlab_reference,
+)
 
 from dflashx.dflash.acceptance import summarize
 from dflashx.dflash.checkpoint import load_drafter, save_drafter
+from dflashx.dflash.proposal import probs
 from dflashx.dflash.spec_decode import SpecDecoder
 
 N = 24
@@ -69,3 +72,28 @@ def test_our_tau_is_the_references_pooled_acceptance_length(setup, monkeypatch, 
     else:
         assert 1.0 < summary["tau"] < 4.0  # drafts are accepted, but not all of them
         assert summary["accepted_plus_one"] == pytest.approx(summary["tau"])  # no cycle was cut short
+
+
+@pytest.mark.parametrize("temperature, top_p, top_k", [(0.6, 1.0, 0), (0.6, 0.95, 20), (1.0, 0.5, 0), (0.7, 1.0, 3)])
+def test_the_serving_distribution_is_the_references(temperature, top_p, top_k):
+    """`proposal.probs` (what our target and DFlash drafter sample from) equals the reference's
+    `_sampling_probs` at the same settings, row for row."""
+    ref = zlab_reference()
+    logits = torch.randn(6, 320, generator=torch.Generator().manual_seed(0)) * 4
+    ours, theirs = probs(logits, temperature, top_p, top_k), ref._sampling_probs(logits, temperature, top_p, top_k)
+    assert torch.allclose(ours, theirs, atol=1e-7)
+    kept = (ours > 0).sum(-1)
+    assert (kept <= (top_k or 320)).all() and ((kept < 320).all() if top_p < 1 or top_k else (kept == 320).all())
+
+
+def test_sampled_tau_at_the_serving_settings_agrees_with_the_reference(setup, monkeypatch):
+    """DFlash at temperature 0.6, top_p 0.95, top_k 20 (the seeds' serving settings): over 5 seeds each, our
+    mean tau and the reference's lie within two standard errors of their difference."""
+    model, prompts, _, _, folder = setup
+    ref = zlab_reference()
+    monkeypatch.setattr(ref, "_cuda_time", time.perf_counter)
+    theirs = ref.DFlashDraftModel.from_pretrained(str(folder), dtype=torch.float32).eval()
+    ours = SpecDecoder(model, load_drafter(folder).eval())
+    mine, reference = sampled_taus(ref, theirs, ours, prompts, N, {"temperature": 0.6, "top_p": 0.95, "top_k": 20})
+    assert_means_agree(mine, reference)
+    assert min(mine + reference) > 1.0  # drafts are accepted when sampling

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from dflashx.config.eval_suites import (
     BUILTIN_BASELINES, BUILTIN_SUITES, HELDOUT, TRAINED, UNTRAINED, known_names, template_fields, unique_names,
 )
-from dflashx.config.fields import OUTPUT, PATH, FiniteFloat, StageBase, Strict
+from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, StageBase, Strict
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 def _named(value: object) -> object:
@@ -83,8 +83,12 @@ class EvalStage(StageBase):
     max_new_tokens: int = Field(
         256, ge=1, description="Tokens generated per prompt while measuring acceptance.", json_schema_extra=OUTPUT
     )
-    temperature: FiniteFloat = Field(0.0, ge=0, description="Sampling temperature (0 = greedy).",
-                                     json_schema_extra=OUTPUT)
+    sampling_seeds: int = Field(
+        5, ge=2, description="When deploy.temperature > 0: how often every suite is decoded with every drafter at "
+        "the serving sampling settings (rejection sampling, seeds 0..N-1) beside the greedy decode; tau there is "
+        "reported as the mean over the seeds +- 1.96 standard errors (at least 2 seeds). Each seed costs about one "
+        "greedy decode's time. Keyed through the resolved `sampled_runs` (0 when greedy).",
+        json_schema_extra=OPERATIONAL)
     prompts: str | None = Field(None, description="JSONL of held-out prompts (the `heldout` suite); default: "
                                 "dataset.eval_holdout.", json_schema_extra=PATH)
     suites: list[EvalSuite] = Field(
@@ -97,6 +101,15 @@ class EvalStage(StageBase):
         description="Drafters decoded beside the trained one on every suite: `untrained` or {name, path} of a "
                     "drafter folder (z-lab or speculators layout).",
         json_schema_extra=OUTPUT)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: object) -> object:
+        if isinstance(data, dict) and "temperature" in data:
+            raise ValueError("stages.eval.temperature moved to deploy.temperature (with deploy.top_p, deploy.top_k): "
+                             "the eval measures tau greedily and at the temperature the drafter will be served at; "
+                             "remove stages.eval.temperature and set deploy.temperature")
+        return data
 
     @field_validator("suites", "baselines", mode="before")
     @classmethod

@@ -5,8 +5,10 @@ trained drafter will be served (the planner predicts its speed-up there).
 defaults of SGLang's Qwen3.6 cookbook low-latency cells (`--speculative-algorithm EAGLE
 --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4`,
 sgl-project/sglang docs_new/src/snippets/configs/qwen/qwen3.6.jsx @4b7077b; SGLang reads NEXTN as
-EAGLE). `deploy` says at which concurrencies the drafter's speed-up is predicted and, before any
-training, which tau to expect. docs/planner.md ("Speculative decoding") has the model and sources.
+EAGLE). `deploy` says how the drafter will be served (the sampling settings its acceptance is measured
+at: greedy, or temperature / top_p / top_k with rejection sampling), at which concurrencies its
+speed-up is predicted and, before any training, which tau to expect. docs/planner.md ("Speculative
+decoding") has the model and sources, docs/evaluation.md the measurement.
 """
 
 # No `from __future__ import annotations` here: pydantic would evaluate every field's string
@@ -16,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from dflashx.config.fields import OPERATIONAL, FiniteFloat, Strict
+from dflashx.config.fields import OPERATIONAL, OUTPUT, FiniteFloat, Strict
 
 Share = FiniteFloat
 
@@ -49,17 +51,35 @@ class SpeculativeSpec(Strict):
 
 
 class DeploySpec(Strict):
-    """Where the trained drafter will be served: the planner and the eval stage predict its speed-up here
-    (the recipe's hardware profile and serving settings, SGLang's DFLASH verify of `block_size` tokens)."""
+    """Where and how the trained drafter will be served: the eval stage measures its acceptance at these
+    sampling settings, and the planner and the eval stage predict its speed-up here (the recipe's hardware
+    profile and serving settings, SGLang's DFLASH verify of `block_size` tokens)."""
+
+    temperature: FiniteFloat = Field(
+        0.0, ge=0, description="Sampling temperature the target will be served at; above 0 the server verifies "
+        "drafts by rejection sampling, whose acceptance differs from the greedy one, so the eval stage also "
+        "measures tau there (stages.eval.sampling_seeds seeds) and the predicted speed-up uses that tau. "
+        "Default 0 (greedy): the setting every published DFlash tau is measured at, and the only one that "
+        "fits any target; set the target's served settings (Qwen3.6 thinking: 0.6, top_p 0.95, top_k 20, "
+        "its model card; recipes/qwen36_27b.yaml does).", json_schema_extra=OUTPUT)
+    top_p: FiniteFloat = Field(
+        1.0, gt=0, le=1, description="Nucleus sampling when temperature > 0: the smallest set of most likely "
+        "tokens whose probability reaches top_p (1: all); the target's distribution, and a DFlash drafter's, "
+        "filtered alike, as the reference decoder does. "
+        "No effect at temperature 0.", json_schema_extra=OUTPUT)
+    top_k: int = Field(
+        0, ge=0, description="Sample only among the top_k most likely tokens when temperature > 0 (0: all; applied "
+        "before top_p). No effect at temperature 0.", json_schema_extra=OUTPUT)
 
     concurrencies: list[int] = Field(
         default_factory=lambda: [1, 8, 32, 128], min_length=1,
         description="Requests in flight per server at which tokens/s with and without the drafter are predicted.",
         json_schema_extra=OPERATIONAL)
     expected_tau: FiniteFloat | None = Field(
-        None, gt=1, description="Accepted tokens per draft-verify cycle expected before training (the plan's figure); "
-        "default: the published DFlash figure for the block size (docs/planner.md). The eval stage's measured "
-        "acceptance replaces it.", json_schema_extra=OPERATIONAL)
+        None, gt=1, description="Accepted tokens per draft-verify cycle expected before training at deploy.temperature "
+        "(the plan's figure); default: the published DFlash figure for the block size (docs/planner.md), measured "
+        "greedily. The eval stage's measured acceptance at deploy.temperature replaces it.",
+        json_schema_extra=OPERATIONAL)
 
     @model_validator(mode="after")
     def _positive(self) -> "DeploySpec":

@@ -12,12 +12,20 @@ Groups (per prompt source, per context-length bucket) are summarized exactly lik
 a group's tau is its prompts' decoded tokens over all their cycles, so a group with
 long prompts weighs by its cycles, not by its prompt count.
 
+At the serving temperature (rejection sampling) tau varies with the sampler's draws, so the eval
+decodes the prompts once per seed: `sampled_summary` gives tau per seed (each pooled as above), their
+mean and its standard error over the seeds (sample standard deviation / sqrt(seeds)), the 95%
+interval mean +- 1.96 SE, and acceptance by position and the histogram pooled over every seed's
+cycles (what the serving prediction reads). The interval covers the sampler's variation on these
+prompts, not the choice of prompts.
+
 Context-length buckets are by the prompt's length in tokens (chat template applied), the context
 the drafter starts from: `<512`, `512-2K`, `2K-8K`, `8K-32K`, `>=32K` (K = 1024).
 
 Public API: `summarize(results, block_size) -> dict` (JSON-ready), `summarize_groups(results,
 labels, block_size, order=None) -> {label: summary}`, `drafter_summary(results, block_size,
-sources, buckets)` (one drafter's eval.json entry on one suite), `context_bucket(prompt_tokens) ->
+sources, buckets)` (one drafter's eval.json entry on one suite), `sampled_summary(results_per_seed,
+block_size)`, `context_bucket(prompt_tokens) ->
 label`, `acceptance_figure(summaries, suites=None, suite=None) -> Figure`, `plot_acceptance(
 summaries, path, suites=None, suite=None)` (PNG, matplotlib Agg; `suites` adds tau per suite and
 drafter). Importing this module does not import torch (report/ reads the labels).
@@ -25,6 +33,8 @@ drafter). Importing this module does not import torch (report/ reads the labels)
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,6 +106,18 @@ def drafter_summary(results: Sequence[DecodeResult], block_size: int, sources: S
         "by_source": summarize_groups(results, sources, block_size),
         "by_context": summarize_groups(results, buckets, block_size, order=CONTEXT_BUCKET_LABELS),
     }
+
+
+def sampled_summary(results_per_seed: Sequence[Sequence[DecodeResult]], block_size: int) -> dict[str, Any]:
+    """tau at the serving temperature over seeds (module doc): `tau` the mean of `tau_per_seed`, `tau_se`
+    its standard error, `tau_ci95` mean +- 1.96 SE; acceptance, histogram and counts pooled over the seeds.
+    At least 2 seeds (stages.eval.sampling_seeds has that bound)."""
+    taus = [summarize(runs, block_size)["tau"] for runs in results_per_seed]
+    pooled = summarize([r for runs in results_per_seed for r in runs], block_size)
+    mean, se = statistics.fmean(taus), statistics.stdev(taus) / math.sqrt(len(taus))
+    return {"tau": mean, "tau_se": se, "tau_ci95": [mean - 1.96 * se, mean + 1.96 * se], "tau_per_seed": taus,
+            "seeds": len(taus), **{k: pooled[k] for k in ("acceptance_by_position", "accept_length_histogram",
+                                                         "cycles", "generated_tokens", "seconds")}}
 
 
 def _group_bars(ax: Any, summaries: dict[str, dict[str, Any]], key: str, title: str) -> None:

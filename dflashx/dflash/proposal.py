@@ -1,23 +1,29 @@
 """The drafter's proposal in one decode cycle: the drafted tokens and, when sampling, their draft
 distributions q (what rejection sampling compares the target's p with).
 
-- DFlash: the argmax of each drafted row's logits, or a sample of softmax(logits / T) (q over the
-  full vocabulary).
+- DFlash: the argmax of each drafted row's logits, or a sample of the serving distribution
+  `probs(logits, T, top_p, top_k)` (q over the full vocabulary, filtered as the target's p is).
 - DFlash2: the path selector's walk from the anchor over the rows' final hidden states and unary
   logits (`dflash2.PathSelector.walk`): the best candidate, or a sample of softmax(S / T) over the
-  top-k candidates (q zero outside them), as the reference's `DFlash2DraftModel.propose`.
+  top-k candidates (q zero outside them), as the reference's `DFlash2DraftModel.propose` (which
+  applies no top-p / top-k to it: any q keeps rejection sampling exact, only p must be filtered).
 
 The block drafted has `rows` rows: the block size, or fewer at the end of generation, where the
 reference (`dflash` 0.1.0, `dflash_generate`) drafts only the rows it will verify; the decoder
 keeps the first n drafts of it.
 
-Public API: `probs(logits, temperature)`, `sample(probs, generator)`, `propose(drafter, ctx, anchor,
-n, rows, embed, lm_head, temperature=0.0, generator=None) -> (tokens [n], q [n, V] | None)`.
+The serving distribution is the reference's (`dflash` 0.1.0, `_sampling_probs`): softmax of the
+logits over T, kept to the top_k highest (0: all), then to the smallest set of the most likely
+tokens whose mass reaches top_p (the token that crosses it included), renormalized.
+
+Public API: `Sampling(temperature, top_p=1.0, top_k=0)`, `probs(logits, temperature, top_p=1.0,
+top_k=0)`, `sample(probs, generator)`, `propose(drafter, ctx, anchor, n, rows, embed, lm_head,
+temperature=0.0, generator=None, top_p=1.0, top_k=0) -> (tokens [n], q [n, V] | None)`.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -26,9 +32,29 @@ from dflashx.dflash.model import DFlashDrafter, DraftContext
 Head = Callable[[torch.Tensor], torch.Tensor]
 
 
-def probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """softmax(logits / T) in fp32."""
-    return torch.softmax(logits.float() / temperature, dim=-1)
+class Sampling(NamedTuple):
+    """The serving distribution's settings: `probs(logits, *sampling)`."""
+
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+def probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
+    """The serving distribution over the last dimension (module doc), in fp32."""
+    scores = logits.float() / temperature
+    indices = None
+    if 0 < top_k < scores.shape[-1]:
+        scores, indices = torch.topk(scores, top_k, dim=-1)
+    out = torch.softmax(scores, dim=-1)
+    if top_p < 1.0:
+        ranked, order = out.sort(dim=-1, descending=True)
+        ranked = ranked * (ranked.cumsum(dim=-1) - ranked < top_p)
+        out = torch.zeros_like(out).scatter(-1, order, ranked)
+        out = out / out.sum(dim=-1, keepdim=True)
+    if indices is not None:
+        out = torch.zeros_like(logits, dtype=out.dtype).scatter(-1, indices, out)
+    return out
 
 
 def sample(distribution: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -38,15 +64,15 @@ def sample(distribution: torch.Tensor, generator: torch.Generator | None) -> tor
 
 @torch.no_grad()
 def propose(drafter: DFlashDrafter, ctx: DraftContext, anchor: int, n: int, rows: int, embed: Head, lm_head: Head,
-            temperature: float = 0.0, generator: torch.Generator | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+            temperature: float = 0.0, generator: torch.Generator | None = None, top_p: float = 1.0,
+            top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """n drafted tokens after `anchor` from a block of `rows` rows (n < rows), and their draft
     distributions q [n, V] (None when greedy)."""
     if drafter.candidate_selector is None:
         logits = drafter.draft_block(ctx, anchor, embed, lm_head, rows=rows)[:n].float()
         if temperature <= 0:
             return logits.argmax(-1), None
-        q = probs(logits, temperature)
+        q = probs(logits, temperature, top_p, top_k)
         return sample(q, generator), q
     hidden = drafter.block_hidden(ctx, anchor, embed, rows)[:n]
     return drafter.candidate_selector.walk(hidden, lm_head(hidden), anchor, temperature, generator)

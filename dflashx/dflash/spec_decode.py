@@ -11,7 +11,8 @@ One cycle (DFlash, arXiv 2602.06036; verification as in Leviathan et al. 2023 / 
   3. greedy: accept the longest prefix where draft == target argmax, plus the target's token after
      it (the bonus); sampling: accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i)), on the
      first rejection sample from norm(max(0, p_i - q_i)), after a full accept sample the bonus from p
-     (DFlash2's q is softmax(S / T) over its k candidates, zero elsewhere);
+     (p: the target's serving distribution at T, top_p, top_k, `proposal.probs`; DFlash's q the
+     drafter's, filtered alike; DFlash2's q is softmax(S / T) over its k candidates, zero elsewhere);
   4. the features of the anchor and the accepted drafts join the drafter's context (fused and
      projected to keys/values once: `DFlashDrafter.extend_context`); the target's cache is rolled
      back to the accepted length.
@@ -24,8 +25,8 @@ through the target once more (one extra target forward per partially accepted cy
 targets only). Sliding-window target layers are refused (their cache drops old keys).
 
 Public API: `SpecDecoder(target, drafter)`, `.generate(prompt_ids, max_new_tokens, temperature=0.0,
-stop_token_ids=(), generator=None) -> DecodeResult`; `rejection_sample(draft_tokens, draft_probs,
-target_probs, generator) -> (accepted, next_token)`.
+stop_token_ids=(), generator=None, top_p=1.0, top_k=0) -> DecodeResult`;
+`rejection_sample(draft_tokens, draft_probs, target_probs, generator) -> (accepted, next_token)`.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from transformers.cache_utils import (
 
 from dflashx.dflash.capture import find_decoder_layers
 from dflashx.dflash.model import DFlashDrafter, DraftContext
-from dflashx.dflash.proposal import probs, propose, sample
+from dflashx.dflash.proposal import Sampling, probs, propose, sample
 
 
 @dataclass
@@ -199,21 +200,22 @@ class SpecDecoder:
         feats = torch.cat([store[i] for i in self.layer_ids], dim=-1)
         return out.logits[0].float(), feats
 
-    def _draft(self, context: DraftContext, anchor: int, n: int, rows: int, temperature: float, generator):
+    def _draft(self, context: DraftContext, anchor: int, n: int, rows: int, sampling: Sampling, generator):
         """n drafted tokens after `anchor` and their proposal distributions (None when greedy)."""
         if n == 0:
             return torch.empty(0, dtype=torch.long, device=self.device), None
-        return propose(self.drafter, context, anchor, n, rows, self._embed, self._lm_head, temperature, generator)
+        return propose(self.drafter, context, anchor, n, rows, self._embed, self._lm_head, sampling.temperature,
+                       generator, sampling.top_p, sampling.top_k)
 
     @staticmethod
-    def _verify(drafts: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor, temperature: float, generator):
+    def _verify(drafts: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor, sampling: Sampling, generator):
         """(accepted drafts, next token) from the target's logits over anchor + drafts."""
-        if temperature <= 0:
+        if sampling.temperature <= 0:
             best = logits.argmax(-1)
             accepted = int((drafts == best[: drafts.shape[0]]).int().cumprod(0).sum())
             return accepted, int(best[accepted])
         q = q.to(logits.device) if q is not None else logits.new_zeros(0, logits.shape[-1])
-        return rejection_sample(drafts, q, probs(logits, temperature), generator)
+        return rejection_sample(drafts, q, probs(logits, *sampling), generator)
 
     @torch.no_grad()
     def generate(
@@ -223,10 +225,14 @@ class SpecDecoder:
         temperature: float = 0.0,
         stop_token_ids: Iterable[int] = (),
         generator: torch.Generator | None = None,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> DecodeResult:
-        """Decode up to `max_new_tokens` after `prompt_ids` (stopping after a stop token)."""
+        """Decode up to `max_new_tokens` after `prompt_ids` (stopping after a stop token): greedy at
+        temperature 0, else sampled from the target's distribution at (temperature, top_p, top_k)."""
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
+        sampling = Sampling(temperature, top_p, top_k)
         stops, block = set(stop_token_ids), self.cfg.block_size
         t0 = time.perf_counter()
         cache = DynamicCache(config=self.target.config)
@@ -234,19 +240,19 @@ class SpecDecoder:
         logits, prompt_feats = self._forward(list(prompt_ids), 0, cache, keep_all=False)
         context = self.drafter.extend_context(None, prompt_feats)
         first = (int(logits[-1].argmax()) if temperature <= 0
-                 else int(sample(probs(logits[-1], temperature), generator)))
+                 else int(sample(probs(logits[-1], *sampling), generator)))
         result = DecodeResult(output_ids=[first], target_forwards=1)
         start = len(prompt_ids)  # position of the anchor (the last token, not yet in the target cache)
         while len(result.output_ids) < max_new_tokens and result.output_ids[-1] not in stops:
             n = min(block, max_new_tokens - len(result.output_ids)) - 1
             anchor = result.output_ids[-1]
             # the reference drafts one row past max_new_tokens in the last cycles (and trims after)
-            drafts, q = self._draft(context, anchor, n, min(block, n + 2), temperature, generator)
+            drafts, q = self._draft(context, anchor, n, min(block, n + 2), sampling, generator)
             if rollback.needs_replay:
                 rollback.snapshot()
             logits, feats = self._forward([anchor, *drafts.tolist()], start, cache)
             result.target_forwards += 1
-            accepted, nxt = self._verify(drafts.to(logits.device), q, logits, temperature, generator)
+            accepted, nxt = self._verify(drafts.to(logits.device), q, logits, sampling, generator)
             keep = accepted + 1  # the anchor and the accepted drafts enter the cache and the context
             if keep < n + 1 and rollback.needs_replay:
                 rollback.restore()

@@ -21,8 +21,8 @@ What it fills in, and from what:
   target       facts, load_precision (fp32 on a CPU profile for a bf16/fp16 target);
   generate     context_length and the serving settings (tp, dp, dp_mode, weight dtype, checkpoint,
                online quantization, the MTP acceptance profile): `dflashx.resolve.serving`, one function each;
-  eval         each suite's definition (built-in names filled in) and count, and the decodes the
-               stage runs at most: `dflashx.resolve.suites`;
+  eval         each suite's definition (built-in names filled in) and count, the sampled runs at
+               deploy.temperature and the decodes the stage runs at most: `dflashx.resolve.suites`;
   deploy       the drafter's expected tau and acceptance profile before training
                (`dflashx.resolve.speculative`).
 Inconsistent values (layer ids out of range, a batch that does not divide) are resolved as
@@ -183,6 +183,7 @@ def resolve(recipe: Recipe, facts: TargetFacts) -> ResolvedRecipe:
     """The recipe with every derived value filled in (see the module docstring)."""
     drafter, target = _drafter(recipe, facts), _target(recipe, facts)
     stages = ResolvedStages(**{**dict(recipe.stages), "train": _train(recipe, facts, drafter, target.load_precision),
-                               "generate": _generate(recipe, facts), "eval": resolve_eval(recipe.stages.eval)})
+                               "generate": _generate(recipe, facts),
+                               "eval": resolve_eval(recipe.stages.eval, recipe.deploy)})
     return ResolvedRecipe(**{**dict(recipe), "target": target, "drafter": drafter, "stages": stages,
                              "deploy": _deploy(recipe)})

@@ -118,5 +118,9 @@ def tau_source(recipe: Recipe) -> str:
         return "deploy.expected_tau (the recipe)"
     _, figure = _published_alpha(recipe)
     block = PUBLISHED_DRAFTER[recipe.drafter.architecture][1]
+    served = recipe.deploy.temperature
+    sampled = (f"; measured greedily, while deploy.temperature is {served:g} (rejection sampling accepts less or "
+               "more than greedy; the eval measures it): set deploy.expected_tau for the served figure"
+               if served > 0 else "")
     return (f"{figure.source}: {figure.figure} ({figure.conditions}); geometric profile of the block-{block} "
-            "figure at the recipe's block")
+            f"figure at the recipe's block{sampled}")

@@ -3,15 +3,17 @@
 A suite that names a built-in (`dflashx.config.eval_suites`) takes the built-in's definition, and
 the keys the recipe wrote override it; a suite that gives a `path` drops the built-in's hub id
 (`{name: gsm8k, path: gsm8k_test.parquet}` reads a local copy of GSM8K with its template and
-sampling). `count` defaults to `stages.eval.num_prompts`. `decodes` is how many prompts the stage
-decodes at most: each suite's count, once per drafter (the trained one and each baseline).
+sampling). `count` defaults to `stages.eval.num_prompts`. `sampled_runs` is how many seeded decodes
+at the serving temperature join the greedy one (`stages.eval.sampling_seeds` when `deploy.temperature`
+> 0, else none), and `decodes` how many prompts the stage decodes at most: each suite's count, once
+per drafter (the trained one and each baseline) and run (the greedy one and the sampled ones).
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
 from dflashx.config.eval_suites import BENCHMARKS
-from dflashx.config.schema import EvalStage, EvalSuite
+from dflashx.config.schema import DeploySpec, EvalStage, EvalSuite
 from dflashx.resolve.model import ResolvedEvalStage, ResolvedSuite
 
 _LOCATION = ("path", "hf_id", "hf_config", "split")
@@ -27,8 +29,9 @@ def resolve_suite(suite: EvalSuite, num_prompts: int) -> ResolvedSuite:
     return ResolvedSuite(**{**merged, "count": merged["count"] or num_prompts})
 
 
-def resolve_eval(stage: EvalStage) -> ResolvedEvalStage:
-    """The eval stage with every suite resolved and the number of decodes it runs at most."""
+def resolve_eval(stage: EvalStage, deploy: DeploySpec) -> ResolvedEvalStage:
+    """The eval stage with every suite resolved, its sampled runs and the number of decodes it runs at most."""
     suites = [resolve_suite(s, stage.num_prompts) for s in stage.suites]
-    decodes = sum(s.count for s in suites) * (1 + len(stage.baselines))
-    return ResolvedEvalStage(**{**dict(stage), "suites": suites, "decodes": decodes})
+    sampled = stage.sampling_seeds if deploy.temperature > 0 else 0
+    decodes = sum(s.count for s in suites) * (1 + len(stage.baselines)) * (1 + sampled)
+    return ResolvedEvalStage(**{**dict(stage), "suites": suites, "sampled_runs": sampled, "decodes": decodes})

@@ -4,17 +4,21 @@ Reads `train.checkpoint` and, for the `heldout` suite, the held-out prompts (`st
 when set, else `ingest.eval_prompts`). Every suite of `stages.eval.suites` (resolved:
 `dflashx.resolve.suites`; read: `dflashx.data.suites`) is decoded with the target and each drafter
 (`dflashx.stages.eval_drafters`: the trained one, then `stages.eval.baselines`, e.g. `untrained`
-or a published drafter's folder), greedy at temperature 0, rejection sampling above
-(`dflashx.dflash.spec_decode`). Writes `report`: eval.json and acceptance.png.
+or a published drafter's folder) greedily and, when the drafter will be served sampled
+(`deploy.temperature` > 0), `sampled_runs` more times at the serving settings (temperature, top_p,
+top_k; rejection sampling, generator seeded 0..N-1), `dflashx.dflash.spec_decode`. Writes `report`:
+eval.json, acceptance.png and speedup.png (the predicted serving speed-up, at the served tau).
 
-eval.json: `suites: {suite: {drafter: summary}}` (tau, accepted_plus_one, acceptance per draft
-position, accepted-length histogram, tokens/s, cycles, prompts, per prompt tau, and the same per
-prompt `source` and per prompt-length bucket), `suite_prompts: {suite: {prompts, prompt_ids,
+eval.json: `suites: {suite: {drafter: summary}}` (greedy: tau, accepted_plus_one, acceptance per
+draft position, accepted-length histogram, tokens/s, cycles, prompts, per prompt tau, and the same per
+prompt `source` and per prompt-length bucket; when sampled, `sampled`: tau per seed, their mean, its
+standard error and 95% interval, acceptance pooled over the seeds), `sampling` (the serving settings
+and seeds, null when greedy), `suite_prompts: {suite: {prompts, prompt_ids,
 prompt_sources, prompt_tokens, greedy_agreement}}`, `drafters: {drafter: {kind, path, layout,
 block_size, target_layer_ids}}`; and, as before suites existed, the first suite's figures at the
-top level (`trained`, `untrained`, `prompts`, `prompt_ids`, ...). In greedy mode every drafter
-must produce the target's own greedy output, so `greedy_agreement` (share of prompts whose outputs
-agree across all drafters) should be 1.0.
+top level (`trained`, `untrained`, `prompts`, `prompt_ids`, ...). Greedily every drafter must
+produce the target's own greedy output, so `greedy_agreement` (share of prompts whose outputs agree
+across all drafters) should be 1.0.
 """
 
 from __future__ import annotations
@@ -90,25 +94,46 @@ def _suite_inputs(ctx: StageContext, tokenizer: Any) -> dict[str, dict[str, Any]
     return out
 
 
+def _served(ctx: StageContext) -> dict[str, Any]:
+    """The serving settings (`deploy`) as `SpecDecoder.generate` takes them."""
+    deploy = ctx.recipe.deploy
+    return {"temperature": deploy.temperature, "top_p": deploy.top_p, "top_k": deploy.top_k}
+
+
+def _sampling(ctx: StageContext) -> dict[str, Any] | None:
+    """eval.json's `sampling`: the serving settings the sampled runs decode at and their seeds, None when greedy."""
+    return (_served(ctx) | {"seeds": ctx.config.sampled_runs}) if ctx.config.sampled_runs else None
+
+
+Decoded = dict[str, dict[str, list[list[Any]]]]  # {suite: {drafter: [[DecodeResult per prompt] per run]}}
+
+
 def _decode(ctx: StageContext, target: Any, drafters: list[EvalDrafter], suites: dict[str, dict[str, Any]],
-            stops: list[int]) -> dict[str, dict[str, list[Any]]]:
-    """{suite: {drafter: [DecodeResult per prompt]}}; one drafter in memory at a time."""
+            stops: list[int]) -> Decoded:
+    """Run 0 greedy, runs 1..sampled_runs at the serving settings (seed = run - 1); one drafter in
+    memory at a time."""
     import torch
 
     from dflashx.dflash.spec_decode import SpecDecoder
 
     cfg, device = ctx.config, next(target.parameters()).device
-    total, done = sum(len(s["encoded"]) for s in suites.values()) * len(drafters), 0
-    results: dict[str, dict[str, list[Any]]] = {name: {} for name in suites}
+    settings = [{"temperature": 0.0}] + [_served(ctx)] * cfg.sampled_runs
+    total, done = sum(len(s["encoded"]) for s in suites.values()) * len(drafters) * len(settings), 0
+    results: Decoded = {name: {} for name in suites}
     for drafter in drafters:
         decoder = SpecDecoder(target, load(drafter, device))
         for name, suite in suites.items():
-            gen = torch.Generator(device=decoder.device).manual_seed(0)
-            runs = results[name][drafter.name] = []
-            for ids in suite["encoded"]:
-                runs.append(decoder.generate(ids, cfg.max_new_tokens, cfg.temperature, stops, generator=gen))
-                done += 1
-                ctx.log({f"eval/{drafter.name}_tau": runs[-1].tau, "eval/decoded": done, "eval/decodes": total})
+            results[name][drafter.name] = []
+            for run, setting in enumerate(settings):
+                gen = torch.Generator(device=decoder.device).manual_seed(max(0, run - 1))
+                runs: list[Any] = []
+                results[name][drafter.name].append(runs)
+                live = f"eval/{drafter.name}_tau" + ("_sampled" if run else "")  # the greedy figure stays apart
+                for ids in suite["encoded"]:
+                    runs.append(decoder.generate(ids, cfg.max_new_tokens, stop_token_ids=stops, generator=gen,
+                                                 **setting))
+                    done += 1
+                    ctx.log({live: runs[-1].tau, "eval/decoded": done, "eval/decodes": total})
         del decoder
     return results
 
@@ -118,25 +143,31 @@ def _agreeing(runs: dict[str, list[Any]]) -> list[bool]:
     return [len({tuple(r.output_ids) for r in row}) == 1 for row in zip(*runs.values())]
 
 
+def _summary(runs: list[list[Any]], block_size: int, suite: dict[str, Any]) -> dict[str, Any]:
+    """One drafter's entry on one suite: the greedy run's figures and, when sampled, `sampled`."""
+    from dflashx.dflash.acceptance import drafter_summary, sampled_summary
+
+    greedy, *sampled = runs
+    summary = drafter_summary(greedy, block_size, suite["sources"], suite["buckets"])
+    return (summary | {"sampled": sampled_summary(sampled, block_size)}) if sampled else summary
+
+
 def evaluate(ctx: StageContext, target: Any, tokenizer: Any, drafters: list[EvalDrafter]) -> dict[str, Any]:
     """Decode every suite with every drafter; the eval.json content (see the module docstring)."""
-    from dflashx.dflash.acceptance import drafter_summary
-
     suites = _suite_inputs(ctx, tokenizer)
     results = _decode(ctx, target, drafters, suites, stop_ids(tokenizer, getattr(target, "generation_config", None)))
-    greedy = ctx.config.temperature == 0
-    agree = {suite: _agreeing(runs) for suite, runs in results.items()}
+    agree = {suite: _agreeing({d: runs[0] for d, runs in by_drafter.items()}) for suite, by_drafter in results.items()}
     blocks = {d.name: d.config.block_size for d in drafters}
-    table = {suite: {name: drafter_summary(runs, blocks[name], suites[suite]["sources"], suites[suite]["buckets"])
-                     for name, runs in by_drafter.items()} for suite, by_drafter in results.items()}
+    table = {suite: {name: _summary(runs, blocks[name], suites[suite]) for name, runs in by_drafter.items()}
+             for suite, by_drafter in results.items()}
     info = {suite: {"prompts": len(s["encoded"]), "prompt_ids": s["ids"], "prompt_sources": s["sources"],
                     "prompt_tokens": [len(e) for e in s["encoded"]],
-                    "greedy_agreement": sum(agree[suite]) / len(agree[suite]) if greedy else None}
+                    "greedy_agreement": sum(agree[suite]) / len(agree[suite])}
             for suite, s in suites.items()}
     first, every = next(iter(table)), [a for flags in agree.values() for a in flags]
     return {
         "block_size": blocks[TRAINED],
-        "temperature": ctx.config.temperature,
+        "sampling": _sampling(ctx),
         "max_new_tokens": ctx.config.max_new_tokens,
         "drafters": {d.name: d.describe() for d in drafters},
         "suites": table,
@@ -144,12 +175,19 @@ def evaluate(ctx: StageContext, target: Any, tokenizer: Any, drafters: list[Eval
         # the first suite's figures where they were before suites existed
         **{k: v for k, v in info[first].items() if k != "greedy_agreement"},
         **{name: table[first][name] for name in (TRAINED, UNTRAINED) if name in table[first]},
-        "greedy_agreement": sum(every) / len(every) if greedy else None,  # over every suite's prompts
+        "greedy_agreement": sum(every) / len(every),  # over every suite's prompts
     }
 
 
+def sampled_text(sampled: dict[str, Any], sampling: dict[str, Any]) -> str:
+    """`τ 3.71 ± 0.06 at temperature 0.6 (mean ± 1.96 SE, 5 seeds)`: the served tau of the run summary."""
+    return (f"τ {sampled['tau']:.2f} ± {1.96 * sampled['tau_se']:.2f} at temperature {sampling['temperature']:g} "
+            f"(mean ± 1.96 SE, {sampled['seeds']} seeds)")
+
+
 def metrics_of(result: dict[str, Any]) -> dict[str, Any]:
-    """The stage record's figures: the trained drafter's on the first suite, and tau per suite and drafter."""
+    """The stage record's figures: the trained drafter's on the first suite, and tau per suite and drafter
+    (greedy; and at the serving temperature when sampled)."""
     t, u = result[TRAINED], result.get(UNTRAINED)
     metrics = {
         "tau": t["tau"],
@@ -159,11 +197,15 @@ def metrics_of(result: dict[str, Any]) -> dict[str, Any]:
         "tau_by_context": {k: v["tau"] for k, v in t["by_context"].items()},
         "tau_by_suite": {suite: {d: s["tau"] for d, s in by_drafter.items()}
                          for suite, by_drafter in result["suites"].items()},
+        "greedy_agreement": result["greedy_agreement"],
     }
     if u is not None:
         metrics |= {"tau_untrained": u["tau"], "tokens_per_s_untrained": u["tokens_per_s"]}
-    if result["greedy_agreement"] is not None:
-        metrics["greedy_agreement"] = result["greedy_agreement"]
+    if "sampled" in t:
+        metrics |= {"tau_sampled": t["sampled"]["tau"], "tau_sampled_se": t["sampled"]["tau_se"],
+                    "tau_sampled_text": sampled_text(t["sampled"], result["sampling"]),
+                    "tau_sampled_by_suite": {suite: {d: s["sampled"]["tau"] for d, s in by_drafter.items()}
+                                             for suite, by_drafter in result["suites"].items()}}
     return metrics
 
 

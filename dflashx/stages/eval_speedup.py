@@ -1,5 +1,7 @@
-"""The eval stage's serving prediction: the trained drafter's measured acceptance, served on the
-recipe's hardware profile (`dflashx.plan.estimates.deployment.predict_speedup`, pure).
+"""The eval stage's serving prediction: the trained drafter's measured acceptance at the temperature it
+will be served at (`deploy.temperature`: the sampled runs' acceptance pooled over seeds, the greedy
+run's at 0), served on the recipe's hardware profile (`dflashx.plan.estimates.deployment.predict_speedup`,
+pure).
 
 `section(recipe, result, report_dir)` returns eval.json's `predicted_speedup` (tokens/s with and without
 the drafter per concurrency, the speed-up, the formula and its inputs) and draws speedup.png;
@@ -19,11 +21,15 @@ KEY = "predicted_speedup"
 
 
 def section(recipe: ResolvedRecipe, result: dict[str, Any], report_dir: Path | None = None) -> dict[str, Any]:
-    """{KEY: the prediction} from the trained drafter's `acceptance_by_position` (plot in `report_dir`)."""
-    trained = result["trained"]
-    source = (f"measured: the eval's acceptance by position (tau {trained['tau']:.2f}, {trained['cycles']} cycles, "
-              f"{result['prompts']} prompts)")
-    prediction = predict_speedup(recipe, trained["acceptance_by_position"], recipe.drafter.dims,
+    """{KEY: the prediction} from the trained drafter's `acceptance_by_position` at the serving temperature
+    (plot in `report_dir`)."""
+    sampling = result.get("sampling")  # absent from an eval.json written before sampled runs
+    served = result["trained"]["sampled"] if sampling else result["trained"]
+    how = (f"temperature {sampling['temperature']:g}, top_p {sampling['top_p']:g}, top_k {sampling['top_k']}, "
+           f"{sampling['seeds']} seeds" if sampling else "greedy")
+    source = (f"measured: the eval's acceptance by position ({how}; tau {served['tau']:.2f}, {served['cycles']} "
+              f"cycles, {result['prompts']} prompts)")
+    prediction = predict_speedup(recipe, served["acceptance_by_position"], recipe.drafter.dims,
                                  result["block_size"], drafter_window(recipe), source=source).to_json()
     if report_dir is not None:
         plot(prediction, Path(report_dir) / "speedup.png")

@@ -38,7 +38,7 @@ GRAPH: dict[str, StageSpec] = {
                        sections=(_TARGET, "drafter", "stages.train")),
     "eval": StageSpec("`train.checkpoint`, `ingest.eval_prompts`", inputs=("train.checkpoint",),
                       optional_inputs=("ingest.eval_prompts",), outputs=("report",),
-                      sections=(_TARGET, "drafter", "stages.eval")),
+                      sections=(_TARGET, "drafter", "stages.eval", "deploy")),
     "export": StageSpec("`train.checkpoint`", inputs=("train.checkpoint",), outputs=("drafter", "drafter_vllm"),
                         sections=("drafter", "stages.export")),
     "backup": StageSpec("the whole run (manifest)", outputs=("receipt",), sections=("stages.backup", "storage.s3"),

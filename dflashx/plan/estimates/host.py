@@ -59,7 +59,8 @@ def in_process_tokens_per_s(recipe: ResolvedRecipe, acceptance: list[float | Non
 
 def eval_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
     """Batch-1 target decode of every eval token (an upper bound: speculation only shortens it):
-    each suite's prompts, once per drafter (`ResolvedEvalStage.decodes`). On the CPU the stage's decoder
+    each suite's prompts, once per drafter and run (greedy, and the sampled runs at deploy.temperature:
+    `ResolvedEvalStage.decodes`). On the CPU the stage's decoder
     is the measured in-process engine: `eval_in_process_seconds`."""
     if recipe.hardware.gpu is None:
         return eval_in_process_seconds(recipe)
@@ -67,14 +68,15 @@ def eval_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
     tokens = ev.decodes * ev.max_new_tokens
     per_token = batch1_seconds_per_token(recipe, s.weight_bytes, s.tp)
     return term("eval.seconds", tokens * per_token, "s",
-                "prompt decodes (suites x drafters) x max_new_tokens x weights / (bandwidth x tp x batch-1 "
+                "prompt decodes (suites x drafters x runs) x max_new_tokens x weights / (bandwidth x tp x batch-1 "
                 "efficiency)", tokens=tokens, seconds_per_token=per_token, efficiency=EVAL_BANDWIDTH_EFFICIENCY)
 
 
 def eval_in_process_seconds(recipe: ResolvedRecipe) -> Term:
     """The eval stage on the CPU: its speculative decoder is the in-process engine whose fixed time per
     layer call was measured (engine.IN_PROCESS), decoding one prompt at a time, as `deploy.speedup` at
-    concurrency 1 predicts it. Each suite's prompts run once per drafter: the trained one at the recipe's
+    concurrency 1 predicts it. Each suite's prompts run once per drafter and run (the greedy one and the
+    sampled ones at deploy.temperature, `ResolvedEvalStage.decodes`): the trained one at the recipe's
     expected acceptance, each baseline at none (tau 1: the untrained drafter's; an upper bound for a
     public one). A decode stops at the end of turn: the output-length distribution's mean, capped at
     max_new_tokens (the suites' prompts taken as like the training prompts)."""
@@ -85,7 +87,8 @@ def eval_in_process_seconds(recipe: ResolvedRecipe) -> Term:
     baseline = in_process_tokens_per_s(recipe, [0.0] * (block - 1))
     seconds = prompts * output * (1 / trained + len(ev.baselines) / baseline)
     return term("eval.seconds", seconds, "s",
-                "prompts per drafter x output tokens x (1 / trained tokens/s + baselines / tau-1 tokens/s), "
+                "prompt decodes per drafter (greedy + sampled runs) x output tokens x (1 / trained tokens/s + "
+                "baselines / tau-1 tokens/s), "
                 "in-process decoder at batch 1 (deploy.speedup's model at concurrency 1)",
                 prompts_per_drafter=prompts, output_tokens=output, baselines=len(ev.baselines),
                 tokens_per_s_trained=trained, tokens_per_s_baseline=baseline,
