@@ -84,8 +84,9 @@ class EvalStage(StageBase):
         256, ge=1, description="Tokens generated per prompt while measuring acceptance.", json_schema_extra=OUTPUT
     )
     sampling_seeds: int = Field(
-        5, ge=2, description="When deploy.temperature > 0: how often every suite is decoded with every drafter at "
-        "the serving sampling settings (rejection sampling, seeds 0..N-1) beside the greedy decode; tau there is "
+        5, ge=2, description="When deploy.temperature > 0: how often every suite is decoded with the trained drafter "
+        "(the one whose tau predicts the served speed-up; the baselines are compared greedily) at the serving sampling "
+        "settings (rejection sampling, seeds 0..N-1) beside the greedy decode; tau there is "
         "reported as the mean over the seeds +- 1.96 standard errors (at least 2 seeds). Each seed costs about one "
         "greedy decode's time. Keyed through the resolved `sampled_runs` (0 when greedy).",
         json_schema_extra=OPERATIONAL)

@@ -155,11 +155,14 @@ class ResolvedEvalStage(EvalStage):
     # list attribute (list is invariant), though this model is frozen.
     suites: list[ResolvedSuite] = Field(  # type: ignore[assignment]
         description="Each suite's full definition (built-ins filled in).", json_schema_extra=OUTPUT)
-    sampled_runs: int = Field(ge=0, description="Seeded decodes of every prompt and drafter at deploy.temperature "
-                              "(rejection sampling) beside the greedy one: stages.eval.sampling_seeds when "
-                              "deploy.temperature > 0, else 0.", json_schema_extra=OUTPUT)
+    sampled_runs: int = Field(ge=0, description="Seeded decodes of every prompt with the trained drafter at "
+                              "deploy.temperature (rejection sampling) beside the greedy one: "
+                              "stages.eval.sampling_seeds when deploy.temperature > 0, else 0 (the baselines are "
+                              "compared greedily).",
+                              json_schema_extra=OUTPUT)
     decodes: int = Field(ge=1, description="Prompt decodes in all, at most: each suite's count x (the trained "
-                         "drafter + the baselines) x (1 greedy + sampled_runs); the planner's eval time.",
+                         "drafter + the baselines, greedy, + sampled_runs of the trained drafter); the planner's eval "
+                         "time.",
                          json_schema_extra=OPERATIONAL)
 
 

@@ -33,5 +33,6 @@ def resolve_eval(stage: EvalStage, deploy: DeploySpec) -> ResolvedEvalStage:
     """The eval stage with every suite resolved, its sampled runs and the number of decodes it runs at most."""
     suites = [resolve_suite(s, stage.num_prompts) for s in stage.suites]
     sampled = stage.sampling_seeds if deploy.temperature > 0 else 0
-    decodes = sum(s.count for s in suites) * (1 + len(stage.baselines)) * (1 + sampled)
+    # every drafter greedily; the trained drafter (whose τ predicts the served speed-up) also sampled
+    decodes = sum(s.count for s in suites) * (1 + len(stage.baselines) + sampled)
     return ResolvedEvalStage(**{**dict(stage), "suites": suites, "sampled_runs": sampled, "decodes": decodes})

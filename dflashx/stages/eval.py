@@ -110,21 +110,21 @@ Decoded = dict[str, dict[str, list[list[Any]]]]  # {suite: {drafter: [[DecodeRes
 
 def _decode(ctx: StageContext, target: Any, drafters: list[EvalDrafter], suites: dict[str, dict[str, Any]],
             stops: list[int]) -> Decoded:
-    """Run 0 greedy, runs 1..sampled_runs at the serving settings (seed = run - 1); one drafter in
-    memory at a time."""
+    """Run 0 greedy, and for the trained drafter runs 1..sampled_runs at the serving settings (seed = run - 1;
+    the baselines are compared greedily); one drafter in memory at a time."""
     import torch
 
     from dflashx.dflash.spec_decode import SpecDecoder
 
     cfg, device = ctx.config, next(target.parameters()).device
-    settings = [{"temperature": 0.0}] + [_served(ctx)] * cfg.sampled_runs
-    total, done = sum(len(s["encoded"]) for s in suites.values()) * len(drafters) * len(settings), 0
+    greedy, served = [{"temperature": 0.0}], [{"temperature": 0.0}] + [_served(ctx)] * cfg.sampled_runs
+    total, done = sum(len(s["encoded"]) for s in suites.values()) * (len(drafters) + cfg.sampled_runs), 0
     results: Decoded = {name: {} for name in suites}
     for drafter in drafters:
         decoder = SpecDecoder(target, load(drafter, device))
         for name, suite in suites.items():
             results[name][drafter.name] = []
-            for run, setting in enumerate(settings):
+            for run, setting in enumerate(served if drafter.name == TRAINED else greedy):
                 gen = torch.Generator(device=decoder.device).manual_seed(max(0, run - 1))
                 runs: list[Any] = []
                 results[name][drafter.name].append(runs)
@@ -204,7 +204,7 @@ def metrics_of(result: dict[str, Any]) -> dict[str, Any]:
     if "sampled" in t:
         metrics |= {"tau_sampled": t["sampled"]["tau"], "tau_sampled_se": t["sampled"]["tau_se"],
                     "tau_sampled_text": sampled_text(t["sampled"], result["sampling"]),
-                    "tau_sampled_by_suite": {suite: {d: s["sampled"]["tau"] for d, s in by_drafter.items()}
+                    "tau_sampled_by_suite": {suite: by_drafter[TRAINED]["sampled"]["tau"]
                                              for suite, by_drafter in result["suites"].items()}}
     return metrics
 

@@ -75,22 +75,22 @@ def eval_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
 def eval_in_process_seconds(recipe: ResolvedRecipe) -> Term:
     """The eval stage on the CPU: its speculative decoder is the in-process engine whose fixed time per
     layer call was measured (engine.IN_PROCESS), decoding one prompt at a time, as `deploy.speedup` at
-    concurrency 1 predicts it. Each suite's prompts run once per drafter and run (the greedy one and the
-    sampled ones at deploy.temperature, `ResolvedEvalStage.decodes`): the trained one at the recipe's
-    expected acceptance, each baseline at none (tau 1: the untrained drafter's; an upper bound for a
-    public one). A decode stops at the end of turn: the output-length distribution's mean, capped at
+    concurrency 1 predicts it. Each suite's prompts run greedily once per drafter, and with the trained
+    drafter once more per sampled run at deploy.temperature (`ResolvedEvalStage.decodes`): the trained one
+    at the recipe's expected acceptance, each baseline at none (tau 1: the untrained drafter's; an upper
+    bound for a public one). A decode stops at the end of turn: the output-length distribution's mean, capped at
     max_new_tokens (the suites' prompts taken as like the training prompts)."""
     ev, block = recipe.stages.eval, recipe.drafter.block_size
-    prompts = ev.decodes / (1 + len(ev.baselines))
+    prompts = ev.decodes / (1 + len(ev.baselines) + ev.sampled_runs)
     output = OutputLengths.of(recipe.dataset.stats).clipped_moment(1, ev.max_new_tokens)
     trained = in_process_tokens_per_s(recipe, list(recipe.deploy.acceptance))
     baseline = in_process_tokens_per_s(recipe, [0.0] * (block - 1))
-    seconds = prompts * output * (1 / trained + len(ev.baselines) / baseline)
+    seconds = prompts * output * ((1 + ev.sampled_runs) / trained + len(ev.baselines) / baseline)
     return term("eval.seconds", seconds, "s",
-                "prompt decodes per drafter (greedy + sampled runs) x output tokens x (1 / trained tokens/s + "
-                "baselines / tau-1 tokens/s), "
-                "in-process decoder at batch 1 (deploy.speedup's model at concurrency 1)",
+                "prompts x output tokens x ((1 greedy + sampled runs) / trained tokens/s + baselines / tau-1 "
+                "tokens/s), in-process decoder at batch 1 (deploy.speedup's model at concurrency 1)",
                 prompts_per_drafter=prompts, output_tokens=output, baselines=len(ev.baselines),
+                sampled_runs=ev.sampled_runs,
                 tokens_per_s_trained=trained, tokens_per_s_baseline=baseline,
                 expected_tau=recipe.deploy.expected_tau,
                 source="engine.IN_PROCESS (benchmarks/results/cpu_decode.json)")
