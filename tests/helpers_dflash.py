@@ -100,6 +100,11 @@ def tiny_dataset(out_dir: str | Path, n: int = 16, **kw: Any) -> Path:
     return Path(out_dir)
 
 
+def target_and_data(root: Path, n: int = 16) -> tuple[Path, Path]:
+    """A tiny target and a tiny dataset for it under `root` (the training tests' module fixture)."""
+    return tiny_target(root / "target"), tiny_dataset(root / "data", n=n)
+
+
 REFERENCE = Path("/tmp/dflash_ref")  # the z-lab `dflash` 0.1.0 wheel, unpacked (never installed)
 
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 import torch
-from helpers_dflash import pattern_rows, tiny_dataset, tiny_target, train_job
+from helpers_dflash import Killed, pattern_rows, target_and_data, train_job
 from helpers_models import make_recipe, stage_context
 
 from dflashx.dflash.checkpoint import BEST_TAU, best_tau, load_drafter
@@ -22,14 +22,9 @@ from dflashx.dflash.trainer import run_training
 pytestmark = pytest.mark.slow
 
 
-class Killed(Exception):
-    """Stands in for the process dying at a log step (after the last checkpoint)."""
-
-
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tau")
-    return tiny_target(root / "target"), tiny_dataset(root / "data", n=16)
+    return target_and_data(tmp_path_factory.mktemp("tau"))
 
 
 def _job(paths, stage_dir, **kw):
