@@ -85,7 +85,7 @@ def test_pilot_in_process_calibrates_the_next_plan_and_its_completions_are_reuse
     result = invoke("pilot", str(recipe))
     assert result.exit_code == 0, result.output
     for text in ("Estimate vs measured", "output tokens, mean", "training MFU", "generation tokens/s",
-                 "with the pilot's figures", "dflashx plan` of this recipe now uses it"):
+                 "with the pilot's figures", "dflashx plan` of this recipe now uses it", "held-out τ"):
         assert text in result.output, text
     assert len(seen) == PILOT
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from dflashx.dflash.tau_record import TauPoint
+from dflashx.dflash.tau_record import TauPoint, curve_text
 from dflashx.plan.context import PlanContext
 from dflashx.plan.findings import Finding, error, warning
 from dflashx.resolve.formulas import steps_per_epoch
@@ -90,8 +90,8 @@ def _rising_past_the_run(ctx: PlanContext) -> str | None:
     curve, steps = ctx.pilot_tau, ctx.training.steps
     if not still_rising(curve) or steps > curve[-1].step:
         return None
-    points = ", ".join(f"step {p.step}: {p.tau:.2f}" for p in curve[-SHOWN_POINTS:])
-    return (f"the pilot's held-out τ was still rising at its last step ({points}: more than {RISING_MARGIN:.0%} "
+    last = curve_text(curve[-SHOWN_POINTS:])
+    return (f"the pilot's held-out τ was still rising at its last step ({last}: more than {RISING_MARGIN:.0%} "
             f"above its best before), and the run plans {steps} optimizer steps against the pilot's "
             f"{curve[-1].step}")
 
