@@ -42,7 +42,7 @@ from typing import IO, Any
 
 from dflashx.config.schema import Recipe
 from dflashx.data.jsonl import iter_jsonl, iter_shards, write_jsonl_atomic
-from dflashx.dflash.tau_record import TauPoint, curve_of
+from dflashx.dflash.tau_record import TauPoint, curve_of, is_tau_row
 from dflashx.plan.calibration import (
     PilotCalibration, conditions, predicted, predicted_tokens_per_s, with_mtp_accept_length,
 )
@@ -213,7 +213,7 @@ class Pilot:
         rows = list(iter_jsonl(metrics)) if metrics.is_file() else []
         for state in ("checkpoints", "checkpoint", BEST_TAU):  # training states, drafters: gigabytes on a real one
             shutil.rmtree(self.dir / "train" / state, ignore_errors=True)
-        trained = training_stats(rows, train.world_size)
+        trained = training_stats([r for r in rows if not is_tau_row(r)], train.world_size)  # the windows
         return trained and trained | self._predicted_training(train.max_steps or 1, stats), curve_of(metrics)
 
     def _register(self, stage: str, name: str, path: Path, description: str) -> None:
