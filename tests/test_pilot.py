@@ -85,7 +85,7 @@ def test_pilot_in_process_calibrates_the_next_plan_and_its_completions_are_reuse
     result = invoke("pilot", str(recipe))
     assert result.exit_code == 0, result.output
     for text in ("Estimate vs measured", "output tokens, mean", "training MFU", "generation tokens/s",
-                 "with the pilot's figures", "dflashx plan` of this recipe now uses it"):
+                 "with the pilot's figures", "dflashx plan` of this recipe now uses it", "held-out τ"):
         assert text in result.output, text
     assert len(seen) == PILOT
 
@@ -95,6 +95,19 @@ def test_pilot_in_process_calibrates_the_next_plan_and_its_completions_are_reuse
     assert 0 < cal.training_mfu <= 1 and cal.measured["training"]["windows"] >= 3
     assert cal.serving_ratio and cal.serving_ratio > 0
     assert not (run_dir / "pilot" / "train" / "checkpoints").exists()  # full training states deleted
+    # held-out τ in the pilot's training: the run's eval prompts registered in pilot/ as the train stage's input,
+    # every ceil(6 / 4) = 2 steps, the curve in calibration.json; the drafters deleted with the states
+    pilot = Manifest.load(run_dir / "pilot")
+    heldout = pilot.get("ingest.eval_prompts")
+    assert heldout is not None and (run_dir / "pilot" / heldout.path).read_bytes() == (
+        run_dir / "ingest" / "eval_prompts.jsonl").read_bytes()
+    train = next(r for r in map(json.loads, (run_dir / "pilot" / "records.jsonl").read_text().splitlines())
+                 if r["event"] == "stage_end" and r["stage"] == "train")
+    assert [step for step, _ in train["metrics"]["heldout_tau_curve"]] == [2, 4, 6]
+    assert [p.step for p in cal.tau_curve] == [2, 4, 6] and all(p.tau >= 1 for p in cal.tau_curve)
+    assert [[p.step, p.tau] for p in cal.tau_curve] == train["metrics"]["heldout_tau_curve"]
+    assert not (run_dir / "pilot" / "train" / "checkpoint").exists()
+    assert not (run_dir / "pilot" / "train" / "best-tau").exists()
     entry = Manifest.load(run_dir).get("pilot.calibration")  # inventory and backup see it
     assert entry is not None and entry.path == "pilot/calibration.json" and entry.tier == "replaceable"
 
@@ -102,6 +115,7 @@ def test_pilot_in_process_calibrates_the_next_plan_and_its_completions_are_reuse
     assert before["calibration"] is None and after["calibration"]["run_id"] == cal.run_id
     applied = after["calibration"]["applied"]
     assert applied["dataset.stats.samples"] == PROMPTS
+    assert after["calibration"]["tau_curve"] == [p.model_dump() for p in cal.tau_curve]  # for the rules
     assert applied[f"hardware.calibrated.{CALIBRATED_MFU}"] == pytest.approx(cal.training_mfu)
     assert f"hardware.calibrated.{CALIBRATED_SERVING}" in applied
     assert after["ranges"]["output_tokens_mean"]["p50"] == pytest.approx(cal.stats["output_tokens_mean"], rel=0.02)

@@ -199,7 +199,8 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
                     if log is not None:
                         log(last, step)
             if probe is not None and probe.due(step, total):  # before the checkpoint, which then covers it
-                probe.measure(step)
+                with window.paused():  # the next window's MFU is the training's
+                    probe.measure(step)
             if step % train.checkpoint_every == 0 or step == total:  # after the log: its loss ranks the state
                 ckpt.save_training_state(engine, stage / "checkpoints", step, {"micro": g, "step": step},
                                          _rank_state(g),

@@ -8,12 +8,15 @@ times the ranks.
 DFlash2 adds the selector's figures (`selector_loss`, `selector_accuracy`, `selector_acceptance_length`,
 `selector_gold_in_top_k`, `selector_weight`; `Window._selector`).
 
-Public API: `Window(block_size, peak_flops, world, micro_per_step)` with `.add(...)` and `.read(lr)`.
+Public API: `Window(block_size, peak_flops, world, micro_per_step)` with `.add(...)`, `.read(lr)` and
+`.paused()` (time spent in it, a held-out τ measurement, is not the window's).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -48,6 +51,16 @@ class Window:
         vec = torch.cat(parts)
         self.device_sums = vec if self.device_sums is None else self.device_sums + vec
         self.host = [self.host[0] + 1, self.host[1] + tokens, self.host[2] + flops]
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent inside is left out of the window's elapsed time: tokens/s, TFLOP/s and MFU stay the
+        training's (the pilot's MFU calibration reads them) when a held-out τ measurement runs between steps."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.start += time.perf_counter() - start
 
     def read(self, lr: float) -> dict[str, Any]:
         import torch.distributed as dist

@@ -14,6 +14,11 @@ values differ from the recipe being planned is not applied, and the plan says wh
             profile with that tau): the node, the target, the generation settings;
   training  `hardware.calibrated[CALIBRATED_MFU]`, the MFU the trainer measured (gradient sync
             included): the node, the target, the drafter, the batch and lengths of training.
+
+The pilot's held-out τ curve (`tau_curve`) is a measurement, not a figure that replaces a recipe value:
+under the training group's conditions it is handed on in the report (`CalibrationReport.tau_curve`), which
+`make_plan` passes to the rules (`train_too_short`); under other values it is listed as not applied. A
+calibration.json without it (written before the pilot measured τ) has none.
 """
 
 # No `from __future__ import annotations` here: pydantic would evaluate every field's string
@@ -28,6 +33,7 @@ from pydantic.fields import FieldInfo
 from dflashx.config.fields import BY_FIELD, CALIBRATES, CALIBRATION_GROUPS, marker
 from dflashx.config.schema import DatasetStats, Recipe
 from dflashx.config.tree import flatten
+from dflashx.dflash.tau_record import TauPoint
 from dflashx.plan.context import PlanContext, build_context
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
 from dflashx.resolve import resolve
@@ -55,6 +61,8 @@ class PilotCalibration(BaseModel):
                                             "servers reported while the pilot generated with the MTP head.")
     training_mfu: float | None = Field(None, gt=0, le=1, description="MFU the trainer measured.")
     training_mfu_rse: float | None = Field(None, ge=0, description="Relative standard error of the MFU.")
+    tau_curve: list[TauPoint] = Field(default_factory=list, description="Held-out τ the pilot's training measured, "
+                                      "by optimizer step (the last at its last step); empty: none measured.")
     measured: dict[str, Any] = Field(default_factory=dict, description="The pilot's raw figures, for reports.")
 
 
@@ -74,7 +82,8 @@ class NotApplied:
 @dataclass(frozen=True)
 class CalibrationReport:
     """What a plan took from a pilot (plan.json's `calibration`): the figures `applied` (dotted recipe key ->
-    value), those `not_applied`, the run and when, and the relative standard errors of the applied groups."""
+    value), those `not_applied`, the run and when, the relative standard errors of the applied groups, and the
+    pilot's held-out τ curve when the training group applies (a measurement for reports and rules)."""
 
     run_id: str
     run_dir: str
@@ -82,17 +91,20 @@ class CalibrationReport:
     applied: dict[str, Any] = field(default_factory=dict)
     not_applied: tuple[NotApplied, ...] = ()
     rse: dict[str, float] = field(default_factory=dict)
+    tau_curve: tuple[TauPoint, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self) | {"not_applied": [asdict(n) | {"figures": list(n.figures), "changed": list(n.changed)}
-                                               for n in self.not_applied]}
+                                               for n in self.not_applied],
+                               "tau_curve": [p.model_dump() for p in self.tau_curve]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "CalibrationReport":
         return cls(str(data["run_id"]), str(data["run_dir"]), str(data["measured_at"]), dict(data["applied"]),
                    tuple(NotApplied(str(n["group"]), tuple(n["figures"]), tuple(n["changed"]))
                          for n in data["not_applied"]),
-                   {str(g): float(v) for g, v in data["rse"].items()})
+                   {str(g): float(v) for g, v in data["rse"].items()},
+                   tuple(TauPoint.model_validate(p) for p in data.get("tau_curve", ())))
 
 
 def calibration_marker(info: FieldInfo) -> list[str] | str | None:
@@ -140,6 +152,7 @@ def _shown(key: str, value: Any) -> Any:
 
 
 MTP_KEY = "stages.generate.serving.speculative.acceptance"
+TAU_CURVE = "pilot held-out τ curve"  # how a not-applied group lists the curve (no recipe key)
 
 
 def mtp_profile(recipe: Recipe, tau: float | None) -> list[float] | None:
@@ -164,7 +177,8 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, Ca
         "data": {f"dataset.stats.{k}": _shown(k, v) for k, v in cal.stats.items()},
         "serving": {f"hardware.calibrated.{CALIBRATED_SERVING}": cal.serving_ratio,
                     MTP_KEY: mtp_profile(recipe, cal.mtp_accept_length)},
-        "training": {f"hardware.calibrated.{CALIBRATED_MFU}": cal.training_mfu},
+        "training": {f"hardware.calibrated.{CALIBRATED_MFU}": cal.training_mfu,
+                     TAU_CURVE: cal.tau_curve or None},
     }
     applied: dict[str, Any] = {}
     not_applied: list[NotApplied] = []
@@ -174,6 +188,7 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, Ca
         if diff:
             not_applied.append(NotApplied(group, tuple(sorted(values)), tuple(diff)))
             continue
+        values.pop(TAU_CURVE, None)  # a measurement, not a recipe value: handed on in the report
         applied |= values
         if group == "data" and values:
             stats = DatasetStats.model_validate({**stats.model_dump(), **cal.stats})
@@ -191,7 +206,8 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, Ca
     rse = {"serving": cal.serving_ratio_rse, "training": cal.training_mfu_rse}
     skipped = {n.group for n in not_applied}
     return updated, CalibrationReport(cal.run_id, cal.run_dir, cal.measured_at, applied, tuple(not_applied),
-                                      {g: v for g, v in rse.items() if v is not None and g not in skipped})
+                                      {g: v for g, v in rse.items() if v is not None and g not in skipped},
+                                      () if "training" in skipped else tuple(cal.tau_curve))
 
 
 def uncalibrated(recipe: Recipe, stats: dict[str, Any], **sections: dict[str, Any]) -> Recipe:

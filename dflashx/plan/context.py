@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Self
 
+from dflashx.dflash.tau_record import TauPoint
 from dflashx.plan.estimates.cost import gpu_hours, usd
 from dflashx.plan.estimates.fixed import fixed_costs
 from dflashx.plan.estimates.generation import Generation, estimate_generation
@@ -36,6 +37,7 @@ class PlanContext:
     memory: dict[str, StageMemory]  # stage -> peak per-GPU memory
     seconds: dict[str, float]  # stage -> wall time (its work + its fixed costs)
     time_terms: tuple[Term, ...]  # how the host-bound and eval times and the fixed costs were derived
+    pilot_tau: tuple[TauPoint, ...] = ()  # held-out τ a pilot measured under these training values (none: empty)
 
     @property
     def facts(self) -> TargetFacts:
@@ -50,7 +52,9 @@ class PlanContext:
         ]
 
 
-def build_context(recipe: ResolvedRecipe) -> PlanContext:
+def build_context(recipe: ResolvedRecipe, pilot_tau: tuple[TauPoint, ...] = ()) -> PlanContext:
+    """The estimates of `recipe`; `pilot_tau`: the held-out τ curve a pilot measured (`CalibrationReport.tau_curve`),
+    for the rules only."""
     facts = recipe.target.facts
     lengths = OutputLengths.of(recipe.dataset.stats)
     tokens = count_tokens(recipe, recipe.stages.train.max_length, lengths)
@@ -73,7 +77,7 @@ def build_context(recipe: ResolvedRecipe) -> PlanContext:
     for stage, s in fixed.seconds.items():
         seconds[stage] = seconds.get(stage, 0.0) + s
     return PlanContext(recipe, lengths, tokens, gen, train, storage, memory, seconds,
-                       (*time_terms.values(), *fixed.terms.values()))
+                       (*time_terms.values(), *fixed.terms.values()), pilot_tau)
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,7 @@ def make_plan(recipe: Recipe, facts: TargetFacts | None = None,
         resolved = resolve(recipe, facts)
     except ResolveError as e:
         return _unresolved(recipe, error(e.code, e.key, e.message, e.fix))
-    ctx = build_context(resolved)
+    ctx = build_context(resolved, report.tau_curve if report else ())
     stages = _stage_plans(ctx)
     ranges = plan_ranges(ctx, report.rse if report else None)
     deploy = expected_speedup(resolved)

@@ -1,10 +1,12 @@
 """Rules about how the drafter is trained: the objective against the loss kernel, the label source
-against the training mode, and a run too short to learn anything."""
+against the training mode, and a run too short to learn anything (against the tiny run's measured
+needs, and against the held-out τ curve a pilot measured: `ctx.pilot_tau`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from dflashx.dflash.tau_record import TauPoint, curve_text
 from dflashx.plan.context import PlanContext
 from dflashx.plan.findings import Finding, error, warning
 from dflashx.resolve.formulas import steps_per_epoch
@@ -23,6 +25,14 @@ Rule = Callable[[PlanContext], Iterable[Finding]]
 MEASURED_STEPS_TO_90 = 260
 MEASURED_SLOTS_PER_PARAM_TO_90 = 1.5
 FAR_BELOW = 0.25
+# A pilot's held-out τ curve (`PilotCalibration.tau_curve`, at most four points over its steps) is still
+# rising at its end when its last point beats the best of the earlier ones by more than RISING_MARGIN of
+# that best. A comparison with the best, not a fitted slope: four points of a curve that climbs early and
+# then levels off still fit a positive slope, while "the newest drafter is better than every earlier one"
+# is what says the plateau has not been reached; the points decode the same held-out prompts greedily, so
+# they differ by the drafter, and 2% asks for more than a few prompts' worth of changed acceptances.
+RISING_MARGIN = 0.02
+SHOWN_POINTS = 3  # the curve's last points a finding quotes
 
 
 def loss_kernel_fits_objective(ctx: PlanContext) -> Iterable[Finding]:
@@ -66,6 +76,26 @@ def supervised_slots(ctx: PlanContext) -> float:
     return ctx.training.sequences * ctx.training.drafter_tokens_per_sample / block * (block - 1)
 
 
+def still_rising(curve: tuple[TauPoint, ...]) -> bool:
+    """Whether a held-out τ curve's last point beats the best earlier one by more than RISING_MARGIN of it."""
+    if len(curve) < 2:
+        return False
+    best = max(p.tau for p in curve[:-1])
+    return curve[-1].tau > best * (1 + RISING_MARGIN)
+
+
+def _rising_past_the_run(ctx: PlanContext) -> str | None:
+    """What the pilot measured when its τ still rose at its last step and the planned run is no longer than
+    the pilot (at its step τ was still improving, so the run stops before the curve levels off); else None."""
+    curve, steps = ctx.pilot_tau, ctx.training.steps
+    if not still_rising(curve) or steps > curve[-1].step:
+        return None
+    last = curve_text(curve[-SHOWN_POINTS:])
+    return (f"the pilot's held-out τ was still rising at its last step ({last}: more than {RISING_MARGIN:.0%} "
+            f"above its best before), and the run plans {steps} optimizer steps against the pilot's "
+            f"{curve[-1].step}")
+
+
 def long_enough_to_learn(ctx: PlanContext) -> Iterable[Finding]:
     if not ctx.recipe.stages.train.enabled:
         return
@@ -77,12 +107,16 @@ def long_enough_to_learn(ctx: PlanContext) -> Iterable[Finding]:
     if per_param < FAR_BELOW * MEASURED_SLOTS_PER_PARAM_TO_90:
         short.append(f"{per_param:.3g} supervised slots per trainable parameter (the tiny run needed "
                      f"{MEASURED_SLOTS_PER_PARAM_TO_90:g})")
-    if short:
-        yield warning("train_too_short", "stages.train.epochs",
-                      f"the run is far too short to learn: {' and '.join(short)} to reach 90% of its final "
-                      "acceptance length (benchmarks/results/drafter_quality.json)",
+    rising = _rising_past_the_run(ctx)
+    found = [f"far too short to learn: {' and '.join(short)} to reach 90% of its final acceptance length "
+             "(benchmarks/results/drafter_quality.json)"] if short else []
+    if rising:
+        found.append(f"too short for what the pilot measured: {rising}")
+    if found:
+        past = f", so that it trains well past the pilot's {ctx.pilot_tau[-1].step} steps" if rising else ""
+        yield warning("train_too_short", "stages.train.epochs", "the run is " + "; and ".join(found),
                       "raise stages.train.epochs or stages.train.anchors_per_seq, lower stages.train.global_batch, "
-                      "or add data")
+                      f"or add data{past}")
 
 
 def rows_fill_a_batch(ctx: PlanContext) -> Iterable[Finding]:

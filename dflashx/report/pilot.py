@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from dflashx.dflash.tau_record import curve_text
 from dflashx.plan.context import build_context
 from dflashx.plan.plan import Plan
 from dflashx.plan.ranges import Band
+from dflashx.plan.rules_training import still_rising
 from dflashx.report.fmt import Section, human_seconds
 from dflashx.run.pilot import PilotOutcome
 
@@ -66,6 +68,10 @@ def comparison(outcome: PilotOutcome) -> Section:
                  ["training step", human_seconds(train["step_s_planned"]), human_seconds(train["step_s"]),
                   "per optimizer step, the pilot's data"],
                  ["training tokens/s per GPU", "", _num(train["tokens_per_s_per_gpu"]), ""]]
+    curve = tuple(outcome.calibration.tau_curve)
+    if curve:
+        trend = "still rising at the pilot's end" if still_rising(curve) else "not rising at the pilot's end"
+        rows.append(["held-out τ", "", _num(curve[-1].tau, 3), f"{curve_text(curve)} ({trend})"])
     return Section("Estimate vs measured", ["figure", "plan", "pilot", "note"], rows)
 
 

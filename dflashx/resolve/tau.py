@@ -7,10 +7,13 @@ with) greedily, up to `tau_max_new_tokens` each, with the drafter as it stands
 estimate and its estimate of one measurement (`dflashx.plan.estimates.training`): the smallest
 interval whose measurements cost at most `TAU_SHARE` of the stage. Without held-out prompts
 (`dataset.eval_holdout: 0`) or with the target sharded over the ranks (ZeRO-3) nothing is measured.
+The pilot's short training measures a curve of at most `PILOT_TAU_POINTS` points instead
+(`pilot_tau_every`), whatever the full run's interval.
 
 Public API: `TAU_SHARE`, `TAU_PROMPTS`, `TAU_MAX_NEW_TOKENS`, `tau_slice(recipe) -> (prompts,
 max_new_tokens)`, `measurable(train)`, `measurements(steps, every)`, `tau_every(given, can_measure, steps,
-train_seconds, probe_seconds)`, `with_tau_every(recipe, every)`.
+train_seconds, probe_seconds)`, `PILOT_TAU_POINTS`, `pilot_tau_every(given, can_measure, steps)`,
+`with_tau_every(recipe, every)`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dflashx.resolve.model import ResolvedRecipe, ResolvedTrainStage
 TAU_SHARE = 0.05  # most of the train stage's time the measurements may take when tau_every is derived
 TAU_PROMPTS = 8  # held-out prompts per measurement: a trend, not the eval stage's figure
 TAU_MAX_NEW_TOKENS = 256  # at most this many new tokens per prompt (the eval stage's max_new_tokens when lower)
+PILOT_TAU_POINTS = 4  # measurements in the pilot's training: enough to see whether τ still rises at its end
 
 
 def tau_slice(recipe: Recipe) -> tuple[int, int]:
@@ -52,6 +56,16 @@ def tau_every(given: int | None, can_measure: bool, steps: int, train_seconds: f
         return 0
     allowed = math.floor(TAU_SHARE * train_seconds / probe_seconds) if probe_seconds > 0 else steps
     return math.ceil(steps / min(allowed, steps)) if allowed >= 1 else 0
+
+
+def pilot_tau_every(given: int | None, can_measure: bool, steps: int) -> int:
+    """The pilot's interval over its `steps` (`pilot.train_steps`): ceil(steps / PILOT_TAU_POINTS), so that
+    `measurements` is at most PILOT_TAU_POINTS, the last at the last step (200 steps: 50, 100, 150, 200);
+    0 when the recipe turns τ off (`tau_every: 0`) or nothing can be measured (`measurable`). The full run's
+    interval (set or derived) is not used: it is sized for the full run's steps."""
+    if given == 0 or not can_measure or steps == 0:
+        return 0
+    return math.ceil(steps / PILOT_TAU_POINTS)
 
 
 def with_tau_every(recipe: ResolvedRecipe, every: int) -> ResolvedRecipe:

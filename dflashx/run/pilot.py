@@ -3,20 +3,24 @@
 The pilot is the run's own pipeline on a smaller recipe: `scratch_recipe` overrides the run's recipe
 (`stages.generate.max_prompts` = `pilot.prompts`, `stages.generate.max_minutes` = `pilot.max_minutes`,
 `stages.train.max_steps` = `pilot.train_steps` with one checkpoint at the end, tracking disabled) and
-resolves it as any recipe is resolved. Every step runs through `run_pipeline` (the orchestrator's stage
-keys, `_STARTED` / `_SUCCESS` markers, set-aside folders, records and manifest) under the run lock the
-session holds for the pilot and the stages after it (`held`):
+resolves it as any recipe is resolved, with the held-out τ interval `dflashx.resolve.tau.pilot_tau_every`
+(at most four measurements over the pilot's steps, the last at its last step). Every step runs through
+`run_pipeline` (the orchestrator's stage keys, `_STARTED` / `_SUCCESS` markers, set-aside folders, records
+and manifest) under the run lock the session holds for the pilot and the stages after it (`held`):
   1. ingest   the run's ingest stage: the real prompt count;
   2. generate the run's generate stage under the run's key (the limits are operational): it stops once
               `generate/completions` holds `pilot.prompts` completions (or after `pilot.max_minutes`),
               unfinished, so the full generation resumes after them and never asks for a prompt twice;
   3. tokenize and train  the real stages in the pilot's own run folder `pilot/` (its manifest, keys and
               markers, not artifacts of the run) on the first `pilot.prompts` completions, which the pilot
-              registers there as `generate.completions`; the DeepSpeed states are deleted after;
+              registers there as `generate.completions`, with the run's held-out prompts registered there as
+              `ingest.eval_prompts` (the τ slice, as the run's train stage reads it); the DeepSpeed states
+              and drafters are deleted after;
   4. measure  lengths of every completion present (a histogram, truncation, the standard error of
               the mean by source), generation tokens/s against the planner's prediction for the
               pilot's own conditions (`serving_ratio`; with the MTP head, predicted at the accepted length
-              the servers reported, which is itself calibrated), the trainer's MFU, tokens/s and step time;
+              the servers reported, which is itself calibrated), the trainer's MFU, tokens/s and step time,
+              and the held-out τ curve (`PilotCalibration.tau_curve`: a measurement the rules read);
   5. write    `pilot/calibration.json` (`PilotCalibration`), which `dflashx plan` of the same
               recipe applies, and re-plan with it (the one plan after the session's).
 A killed pilot resumes: the generation after the completions written, the scratch stages by their keys.
@@ -38,12 +42,14 @@ from typing import IO, Any
 
 from dflashx.config.schema import Recipe
 from dflashx.data.jsonl import iter_jsonl, iter_shards, write_jsonl_atomic
+from dflashx.dflash.tau_record import TauPoint, curve_of, is_tau_row
 from dflashx.plan.calibration import (
     PilotCalibration, conditions, predicted, predicted_tokens_per_s, with_mtp_accept_length,
 )
 from dflashx.plan.plan import Plan, make_plan
 from dflashx.resolve import resolve
 from dflashx.resolve.model import ResolvedRecipe
+from dflashx.resolve.tau import measurable, pilot_tau_every, with_tau_every
 from dflashx.run.graph import Selection, select
 from dflashx.run.layout import PILOT_DIR, calibration_path
 from dflashx.run.observer import RunObserver, StageOutcome
@@ -51,7 +57,9 @@ from dflashx.run.orchestrator import run_pipeline
 from dflashx.run.pilot_measure import length_stats, slim, source_weights, training_stats
 from dflashx.run.roundtrip import ROUNDTRIP_DIR, run_gate
 from dflashx.run.rundir import RunDir
+from dflashx.stages.train import HELDOUT
 from dflashx.store.manifest import Manifest, atomic_write_json, utc_now
+from dflashx.targets.registry import TargetFacts
 
 SCRATCH = Selection(stages=["tokenize", "train"])  # the pilot's own stages, in pilot/
 
@@ -82,6 +90,13 @@ def scratch_recipe(recipe: Recipe) -> Recipe:
     return Recipe.model_validate(data)
 
 
+def scratch_resolved(recipe: Recipe, facts: TargetFacts) -> ResolvedRecipe:
+    """`scratch_recipe` resolved, with the pilot's held-out τ interval (`pilot_tau_every`) decided."""
+    scratch = resolve(scratch_recipe(recipe), facts)
+    every = pilot_tau_every(recipe.stages.train.tau_every, measurable(scratch.stages.train), recipe.pilot.train_steps)
+    return with_tau_every(scratch, every)
+
+
 class Pilot:
     """One pilot of the session's plan in one run directory, under the run lock `held`."""
 
@@ -93,7 +108,7 @@ class Pilot:
             raise PilotFailed(f"the plan has {len(plan.errors)} error(s): fix them first (`dflashx plan`)")
         self.recipe, self.before, self.observer, self.held, self.argv = recipe, plan, observer, held, list(argv)
         self.resolved: ResolvedRecipe = plan.resolved
-        self.scratch = resolve(scratch_recipe(recipe), self.resolved.target.facts)
+        self.scratch = scratch_resolved(recipe, self.resolved.target.facts)
         self.rundir = RunDir(Path(run_dir).resolve())
         self.dir = self.rundir.path / PILOT_DIR
         self.seconds: dict[str, float] = {}
@@ -150,9 +165,10 @@ class Pilot:
         train = self.resolved.stages.train
         stats, lengths = length_stats(records, weights, self.resolved.stages.generate.max_tokens, train.max_length)
         stats |= {"samples": samples, "prompt_bytes_mean": prompt_bytes}
-        trained = None
+        trained: dict[str, Any] | None = None
+        curve: list[TauPoint] = []
         if self.recipe.stages.tokenize.enabled and train.enabled:
-            trained = self._train(completions, [r["id"] for r in records[: self.recipe.pilot.prompts]], stats)
+            trained, curve = self._train(completions, [r["id"] for r in records[: self.recipe.pilot.prompts]], stats)
         serving = self._serving_ratio(generated, stats, records)
         measured = {"lengths": lengths, "generation": serving, "training": trained, "samples": samples,
                     "seconds": self.seconds}
@@ -162,7 +178,7 @@ class Pilot:
             serving_ratio=serving.get("ratio"), serving_ratio_rse=serving.get("ratio_rse"),
             mtp_accept_length=serving.get("mtp_accept_length"),
             training_mfu=min(trained["mfu"], 1.0) if trained else None,
-            training_mfu_rse=trained.get("mfu_rse") if trained else None, measured=measured)
+            training_mfu_rse=trained.get("mfu_rse") if trained else None, tau_curve=curve, measured=measured)
 
     def _generate(self) -> dict[str, Any] | None:
         """The run's generate stage with the pilot's limits (module doc): what this attempt generated, or
@@ -178,24 +194,45 @@ class Pilot:
             return None
         return outcome.metrics | {"ids": new}
 
-    def _train(self, completions: Path, ids: list[str], stats: dict[str, Any]) -> dict[str, Any] | None:
-        """Tokenize and train on `ids` with the real stages in pilot/ (its own run folder); the trainer's windows."""
+    def _train(self, completions: Path, ids: list[str],
+               stats: dict[str, Any]) -> tuple[dict[str, Any] | None, list[TauPoint]]:
+        """Tokenize and train on `ids` with the real stages in pilot/ (its own run folder): the trainer's windows
+        and the held-out τ curve (empty when none was measured)."""
+        from dflashx.dflash.checkpoint import BEST_TAU
+
         wanted = set(ids)
         shard = self.dir / "completions" / "shard-00000.jsonl"
         write_jsonl_atomic(shard, (r for r in iter_shards(completions) if r["id"] in wanted))
-        manifest = Manifest.load(self.dir)  # the scratch stages' input, by content: an unchanged one keeps their keys
-        manifest.register("generate", "completions", shard.parent, "replaceable",
-                          description=f"the pilot's first {len(ids)} completions (a copy)")
-        manifest.save()
-        self._pipeline(self.scratch, self.dir, SCRATCH, f"{len(ids)} completions into {PILOT_DIR}/, "
-                       f"{self.scratch.stages.train.max_steps} steps to measure MFU and tokens/s")
-        metrics = self.dir / "train" / "logs" / "metrics.jsonl"
-        windows = list(iter_jsonl(metrics)) if metrics.is_file() else []
-        for state in ("checkpoints", "checkpoint"):  # full training states: gigabytes on a real drafter
-            shutil.rmtree(self.dir / "train" / state, ignore_errors=True)
+        self._register("generate", "completions", shard.parent, f"the pilot's first {len(ids)} completions (a copy)")
+        self._heldout()
         train = self.scratch.stages.train
-        trained = training_stats(windows, train.world_size)
-        return trained and trained | self._predicted_training(train.max_steps or 1, stats)
+        every = f", held-out τ every {train.tau_every}" if train.tau_every else ""
+        self._pipeline(self.scratch, self.dir, SCRATCH, f"{len(ids)} completions into {PILOT_DIR}/, "
+                       f"{train.max_steps} steps to measure MFU and tokens/s{every}")
+        metrics = self.dir / "train" / "logs" / "metrics.jsonl"
+        rows = list(iter_jsonl(metrics)) if metrics.is_file() else []
+        for state in ("checkpoints", "checkpoint", BEST_TAU):  # training states, drafters: gigabytes on a real one
+            shutil.rmtree(self.dir / "train" / state, ignore_errors=True)
+        trained = training_stats([r for r in rows if not is_tau_row(r)], train.world_size)  # the windows
+        return trained and trained | self._predicted_training(train.max_steps or 1, stats), curve_of(metrics)
+
+    def _register(self, stage: str, name: str, path: Path, description: str) -> None:
+        """A scratch stage's input in pilot/'s manifest, by content: an unchanged one keeps their keys."""
+        manifest = Manifest.load(self.dir)
+        manifest.register(stage, name, path, "replaceable", description=description)
+        manifest.save()
+
+    def _heldout(self) -> None:
+        """The run's held-out prompts (`ingest.eval_prompts`) copied into pilot/ and registered there under that
+        name, so the pilot's train stage measures held-out τ on them as the run's train stage does; none when the
+        ingest held none out or the pilot measures no τ."""
+        entry = Manifest.load(self.rundir.path).get(HELDOUT)
+        if entry is None or not self.scratch.stages.train.tau_every:
+            return
+        stage, name = HELDOUT.split(".")
+        copy = self.dir / Path(entry.path).name
+        shutil.copyfile(self.rundir.path / entry.path, copy)
+        self._register(stage, name, copy, "the run's held-out prompts (a copy): the held-out τ slice")
 
     # ------------------------------------------------------------------ the planner's predictions
 
@@ -227,8 +264,9 @@ class Pilot:
                 "startup_s": generated.get("startup_s")}
 
     def _predicted_training(self, steps: int, stats: dict[str, Any]) -> dict[str, Any]:
-        """The table's MFU and the planner's step time for the pilot's training (measured lengths)."""
-        ctx = predicted(self.recipe, self.resolved.target.facts, stats, train={"max_steps": steps})
+        """The table's MFU and the planner's step time for the pilot's training (measured lengths; no held-out τ
+        measurement: the trainer's windows leave them out)."""
+        ctx = predicted(self.recipe, self.resolved.target.facts, stats, train={"max_steps": steps, "tau_every": 0})
         t = next(t for t in ctx.training.terms if t.key == "train.seconds").inputs
         return {"mfu_planned": t["mfu"], "mfu_source": t["mfu_source"], "step_s_planned": ctx.training.seconds / steps}
 
