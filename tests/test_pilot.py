@@ -168,11 +168,11 @@ def test_pilot_over_http_stops_on_the_budget_and_the_run_reuses_its_completions(
 
 
 def test_run_pilots_first_on_a_gpu_profile_only_until_measured(tmp_path):
-    gpu, cpu = seeds_recipe(), seeds_recipe("h200_x1", hardware__gpu=None, hardware__gpus_per_node=0)
+    no_gpu = {"hardware__gpu": None, "hardware__gpus_per_node": 0, "hardware__cpu_tflops": 0.1}
+    gpu, cpu = seeds_recipe(), seeds_recipe("h200_x1", **no_gpu)
     assert pilot_due(gpu, tmp_path, None) and not pilot_due(cpu, tmp_path, None)
     assert not pilot_due(seeds_recipe(pilot__enabled=False), tmp_path, None)
-    assert pilot_due(seeds_recipe("h200_x1", hardware__gpu=None, hardware__gpus_per_node=0, pilot__enabled=True),
-                     tmp_path, None)
+    assert pilot_due(seeds_recipe("h200_x1", **no_gpu, pilot__enabled=True), tmp_path, None)
     measured = PilotCalibration(run_id="r", run_dir=str(tmp_path), measured_at="now", conditions=conditions(gpu),
                                 stats={})
     assert not pilot_due(gpu, tmp_path, measured)  # measured under these values: not again

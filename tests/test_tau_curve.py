@@ -132,7 +132,7 @@ def test_two_gloo_ranks_measure_on_rank_0_without_a_deadlock(paths, tmp_path):
     run_training(_job(paths, tmp_path / "one", **kw), log=_log(one))
     two = tmp_path / "two"
     two.mkdir()
-    _job(paths, two, hardware={"name": "cpu-2-processes", "gpus_per_node": 2}, **kw).save()
+    _job(paths, two, hardware={"name": "cpu-2-processes", "gpus_per_node": 2, "cpu_tflops": 0.1}, **kw).save()
     env = os.environ | {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "dflashx.dflash.trainer", "--stage-dir", str(two)]
