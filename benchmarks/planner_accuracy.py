@@ -53,12 +53,16 @@ def _profile(name: str) -> dict[str, Any]:
     return yaml.safe_load((REPO / "dflashx" / "hardware_profiles" / f"{name}.yaml").read_text())
 
 
-def _recipe(hardware: str, **generate: Any) -> Any:
+def _recipe(hardware: str, as_measured: dict[str, dict[str, Any]] | None = None, **generate: Any) -> Any:
+    """The seeds' recipe on `hardware` with `generate` overrides; `as_measured`: section -> keys that a
+    measurement ran with where the recipe has moved on since (e.g. {"drafter": {"architecture": "dflash"}})."""
     from dflashx.config.schema import Recipe
 
     data = yaml.safe_load((REPO / "recipes" / "qwen36_27b.yaml").read_text())
     data["hardware"] = _profile(hardware)
     data["stages"]["generate"].update(generate)
+    for section, keys in (as_measured or {}).items():
+        (data["stages"]["train"] if section == "train" else data[section]).update(keys)
     return Recipe.model_validate(data)
 
 
@@ -313,7 +317,9 @@ def full_depth_rows() -> list[Row]:
     from dflashx.resolve import resolve
     from dflashx.targets.registry import lookup
 
-    recipe = _recipe("h200_x1")
+    # measured 2026-12-04 with a DFlash drafter on data labels (the recipe has since moved to DFlash2 and
+    # the target's labels): planned as measured
+    recipe = _recipe("h200_x1", {"drafter": {"architecture": "dflash"}, "train": {"labels": "data"}})
     plan, _ = _terms(recipe)
     train = next(s for s in plan["stages"] if s["name"] == "train")["estimates"]
     resolved = resolve(recipe, lookup(recipe.target.model))
@@ -321,8 +327,8 @@ def full_depth_rows() -> list[Row]:
     target_f, drafter_f, _ = flops_per_sample(resolved, prompt, [FULL_DEPTH_SEQ - prompt])
     mfu = mfu_row(resolved.hardware, resolved.target.load_precision, hybrid=True).mfu
     step_s = (target_f + drafter_f) / (resolved.stages.train.peak_flops * mfu)
-    conditions = (f"seeds' recipe on h200_x1: seq {FULL_DEPTH_SEQ}, 512 anchors x 16, 5 drafter layers, ZeRO 0, "
-                  f"{resolved.stages.train.optimizer}, micro batch 1")
+    conditions = (f"seeds' recipe on h200_x1 as measured (DFlash, labels data): seq {FULL_DEPTH_SEQ}, 512 anchors "
+                  f"x 16, 5 drafter layers, ZeRO 0, {resolved.stages.train.optimizer}, micro batch 1")
     return [Row("DFlash training peak memory, full-depth Qwen3.6-27B", conditions, FULL_DEPTH, "validation", "GB",
                 FULL_DEPTH_PEAK_GB, train["peak_gpu_memory_bytes"] / 1e9),
             Row("DFlash training micro step, full-depth Qwen3.6-27B", conditions + f", MFU {mfu:.3f}", FULL_DEPTH,

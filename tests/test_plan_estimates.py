@@ -61,8 +61,9 @@ def test_calibrated_mfu_replaces_the_table_row_and_includes_the_gradient_sync():
 
 
 def test_training_flops_follow_the_last_target_layer_and_epochs():
-    early = ctx(drafter__target_layer_ids=[1, 2, 3, 4, 5])
-    late = ctx()
+    data = {"stages__train__labels": "data"}  # `target` labels run the target to its head whatever the taps
+    early = ctx(drafter__target_layer_ids=[1, 2, 3, 4, 5], **data)
+    late = ctx(**data)
     # the target forward stops at the last captured layer: 5 of 64 layers vs 62
     target_early = term(early.training.terms, "train.flops_per_sample").inputs["target"]
     target_late = term(late.training.terms, "train.flops_per_sample").inputs["target"]
@@ -72,7 +73,7 @@ def test_training_flops_follow_the_last_target_layer_and_epochs():
     assert target_early == pytest.approx(target_forward_flops(QWEN36, 5, lengths) / len(lengths))
     assert target_late == pytest.approx(target_forward_flops(QWEN36, 61, lengths) / len(lengths))
     assert target_early < target_late * QWEN36.params_through_layer(5) / QWEN36.params_through_layer(61) * 1.2
-    double = ctx(stages__train__epochs=12)
+    double = ctx(stages__train__epochs=12, **data)
     assert double.training.flops == pytest.approx(2 * late.training.flops)
     assert double.training.steps == 2 * late.training.steps
 

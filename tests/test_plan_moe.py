@@ -53,7 +53,8 @@ def test_moe_targets_plan_on_h200_x8(model):
 
 
 def test_gather_traffic_is_priced_per_micro_step_and_added_to_the_train_time():
-    recipe = seeds_recipe("h200_x8", target__model="openai/gpt-oss-120b", drafter__mask_token_id=None)
+    recipe = seeds_recipe("h200_x8", target__model="openai/gpt-oss-120b", drafter__mask_token_id=None,
+                          stages__train__labels="data")  # data labels: the gather stops at the deepest tap
     plan = make_plan(recipe)
     r, facts = plan.resolved, lookup("openai/gpt-oss-120b")
     train = r.stages.train

@@ -99,7 +99,8 @@ def test_rule_fails_with_key_and_fix(overrides, code, key, severity):
     {"drafter__block_size": 2},
     {"drafter__layer_types": ["sliding_attention"] * 4 + ["full_attention"], "drafter__sliding_window": 2048},
     {"drafter__mask_token_id": None},  # filled from the target facts
-    {"stages__train__mode": "offline", "budget__max_storage_bytes": "100TiB", "budget__max_days": None},
+    {"stages__train__mode": "offline", "stages__train__labels": "data", "budget__max_storage_bytes": "100TiB",
+     "budget__max_days": None},
     {"stages__generate__backend": "transformers", "target__model": "Qwen/Qwen3-8B",
      "drafter__mask_token_id": None, "budget__max_days": None, "budget__max_usd": None},
     {"stages__train__global_batch": 48},
