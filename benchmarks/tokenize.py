@@ -42,16 +42,15 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "tokenize.json"
 SEED_SAMPLES, SEED_TOKENS = 902_087, 1.87e9
 VOCAB = 32_000
-WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this",
-         "are", "or", "from", "at", "an", "which", "have", "not", "had", "but", "what", "all", "were", "when", "we",
-         "there", "can", "more", "if", "has", "will", "one", "about", "so", "some", "them", "would", "other", "into",
-         "than", "then", "its", "only", "two", "time", "these", "may", "first", "new", "like", "very", "also", "any",
-         "after", "could", "see", "out", "way", "each", "over", "most", "know", "think", "step", "answer", "therefore",
-         "compute", "value", "number", "check", "wait", "let", "second", "sum", "total", "carry", "digit", "result",
-         "because", "function", "return", "variable", "array", "index", "loop", "condition", "matrix", "vector",
-         "integral", "derivative", "equation", "solve", "prove", "assume", "suppose", "hence", "thus", "case",
-         "consider", "note", "given", "list", "string", "python", "code", "output", "input", "error", "test", "example",
-         "problem", "approach", "method", "algorithm", "complexity"]
+WORDS = (  # noqa: SIM905 (a word list reads best as one string)
+    "the of and to in is that for it as with was on be by this are or from at an which have not had "
+    "but what all were when we there can more if has will one about so some them would other into than "
+    "then its only two time these may first new like very also any after could see out way each over "
+    "most know think step answer therefore compute value number check wait let second sum total carry "
+    "digit result because function return variable array index loop condition matrix vector integral "
+    "derivative equation solve prove assume suppose hence thus case consider note given list string "
+    "python code output input error test example problem approach method algorithm complexity"
+).split()
 PUNCT = [".", ",", "?", ":", "\n", "\n\n", " (", ")", " =", " +", " *", "`"]
 
 

@@ -7,13 +7,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this",
-         "are", "or", "from", "at", "an", "which", "have", "not", "had", "but", "what", "all", "were", "when", "we",
-         "there", "can", "more", "if", "has", "will", "one", "about", "so", "some", "them", "would", "other", "into",
-         "than", "then", "its", "only", "two", "time", "these", "may", "first", "new", "like", "very", "also", "any",
-         "after", "could", "see", "out", "way", "each", "over", "most", "know", "think", "step", "answer", "therefore",
-         "compute", "value", "number", "check", "wait", "let", "first", "second", "sum", "total", "carry", "digit",
-         "so", "result", "because"]
+WORDS = (  # noqa: SIM905 (a word list reads best as one string)
+    "the of and to in is that for it as with was on be by this are or from at an which have not "
+    "had but what all were when we there can more if has will one about so some them would other "
+    "into than then its only two time these may first new like very also any after could see out "
+    "way each over most know think step answer therefore compute value number check wait let "
+    "first second sum total carry digit so result because"
+).split()
 PUNCT = [".", ",", "?", "!", ":", "\n", "\n\n", " (", ")"]
 
 
