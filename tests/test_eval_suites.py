@@ -21,6 +21,7 @@ from dflashx.config.eval_suites import BENCHMARKS
 from dflashx.config.errors import RecipeError
 from dflashx.config.load import load_recipe
 from dflashx.data.suites import suite_prompts
+from dflashx.config.speculative import DeploySpec
 from dflashx.resolve.suites import resolve_eval
 
 # ours -> the z-lab script's DATASETS key (Alpaca is in the paper, not in the script)
@@ -75,8 +76,8 @@ def test_a_suite_naming_a_builtin_overrides_only_what_it_writes(tmp_path):
     assert gsm8k.template == BENCHMARKS["gsm8k"]["template"] and gsm8k.sample_seed == 42 and gsm8k.count == 8
     assert (mt.hf_id, mt.count) == ("HuggingFaceH4/mt_bench_prompts", 5)
     assert stage.decodes == (3 + 8 + 5) * 3
-    # resolving is done once: a resolved stage resolves to itself
-    assert resolve_eval(stage) == stage
+    # resolving is done once: a resolved stage resolves to itself (greedy deployment: make_recipe's)
+    assert resolve_eval(stage, DeploySpec()) == stage
 
 
 @pytest.mark.parametrize("ours", [*ZLAB_NAMES, "alpaca"])

@@ -14,7 +14,7 @@ from _plan_recipes import tiny_recipe
 
 from dflashx.config.schema import Recipe
 from dflashx.dflash import window as window_module
-from dflashx.dflash.tau_record import TauPoint
+from dflashx.resolve.tau import TauPoint
 from dflashx.dflash.window import Window
 from dflashx.plan.calibration import CalibrationReport, PilotCalibration, conditions
 from dflashx.plan.plan import Plan, make_plan

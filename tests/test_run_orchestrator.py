@@ -39,7 +39,8 @@ def test_full_run_registers_everything(tmp_path, source):
                                      "export.drafter"}
     ckpt = manifest.entries["train.checkpoint"]
     assert ckpt.path == "train/checkpoint" and ckpt.kind == "dir" and ckpt.tier == "irreplaceable"
-    assert ckpt.inputs == ["tokenize.dataset"] and ckpt.regen_cost_usd is None
+    # the held-out prompts: held-out τ measured while training (stages.train.tau_every)
+    assert ckpt.inputs == ["tokenize.dataset", "ingest.eval_prompts"] and ckpt.regen_cost_usd is None
     assert manifest.entries["train.logs"].regen_cost_usd == 0.25  # replaceable: the plan's stage cost
     assert set(manifest.entries["eval.report"].inputs) == {"train.checkpoint", "ingest.eval_prompts"}
     for stage in DONE_STAGES:

@@ -42,7 +42,8 @@ from safetensors.torch import load_file, save_file
 
 from dflashx.dflash.config import DFlashConfig
 from dflashx.dflash.model import DFlashDrafter
-from dflashx.dflash.tau_record import TAU_FILE, TauPoint
+from dflashx.dflash.tau_record import TAU_FILE
+from dflashx.resolve.tau import TauPoint
 from dflashx.store.atomic import atomic_dir, atomic_write_text, replace_dir
 from dflashx.store.diskspace import stop_when_full, used_bytes
 

@@ -38,7 +38,8 @@ from torch import nn
 from dflashx.dflash.checkpoint import BEST_TAU, CONFIG_FILE, WEIGHTS_FILE, best_tau, save_best_tau
 from dflashx.dflash.job import HeldOutSlice, TrainJob, torch_dtype
 from dflashx.dflash.model import DFlashDrafter
-from dflashx.dflash.tau_record import BEST_DIR, HeldOutTau, TauPoint, curve_of, tau_row
+from dflashx.dflash.tau_record import BEST_DIR, HeldOutTau, curve_of, tau_row
+from dflashx.resolve.tau import TauPoint
 from dflashx.store.atomic import atomic_dir
 
 if TYPE_CHECKING:

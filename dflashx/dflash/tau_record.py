@@ -9,32 +9,24 @@ too.
 
 Public API: `TAU_FILE`, `BEST_DIR`, `TauPoint`, `HeldOutTau` (`.read(folder)`, `.drafter_dir(folder)`,
 `.write(folder)`, `.summary()`), `tau_row(point, **figures)`, `is_tau_row(row)`, `curve_of(metrics_file)`
-(its lines in logs/metrics.jsonl) and `curve_text(points)` (as findings and reports quote a curve).
+(its lines in logs/metrics.jsonl); `TauPoint` and `curve_text(points)` (as findings and reports quote a
+curve) come from `dflashx.resolve.tau`, where the planner reads them too.
 """
 
 # No `from __future__ import annotations`: pydantic evaluates the annotations when the class is created.
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dflashx.resolve.tau import TauPoint
 from dflashx.store.atomic import atomic_write_text
 
 TAU_FILE = "tau.json"
 BEST_DIR = "best"
 TAU_KEY = "heldout_tau"  # the metric name in logs/metrics.jsonl, the stage's records and W&B
-
-
-class TauPoint(BaseModel):
-    """One measurement: the optimizer step and the held-out τ of the drafter at that step."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    step: int = Field(ge=0)
-    tau: float
 
 
 class HeldOutTau(BaseModel):
@@ -89,8 +81,3 @@ def curve_of(metrics_file: Path) -> list[TauPoint]:
     """The τ measurements logged in a metrics.jsonl, by step."""
     rows = [json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.is_file() else []
     return [TauPoint(step=r["step"], tau=r[TAU_KEY]) for r in rows if is_tau_row(r)]
-
-
-def curve_text(points: Iterable[TauPoint]) -> str:
-    """Points as findings and reports quote them: `step 50: 2.00, step 100: 2.50`."""
-    return ", ".join(f"step {p.step}: {p.tau:.2f}" for p in points)

@@ -33,7 +33,7 @@ from pydantic.fields import FieldInfo
 from dflashx.config.fields import BY_FIELD, CALIBRATES, CALIBRATION_GROUPS, marker
 from dflashx.config.schema import DatasetStats, Recipe
 from dflashx.config.tree import flatten
-from dflashx.dflash.tau_record import TauPoint
+from dflashx.resolve.tau import TauPoint
 from dflashx.plan.context import PlanContext, build_context
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
 from dflashx.resolve import resolve

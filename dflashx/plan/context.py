@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Self
 
-from dflashx.dflash.tau_record import TauPoint
+from dflashx.resolve.tau import TauPoint
 from dflashx.plan.estimates.cost import gpu_hours, usd
 from dflashx.plan.estimates.fixed import fixed_costs
 from dflashx.plan.estimates.generation import Generation, estimate_generation

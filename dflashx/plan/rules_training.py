@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from dflashx.dflash.tau_record import TauPoint, curve_text
+from dflashx.resolve.tau import TauPoint, curve_text
 from dflashx.plan.context import PlanContext
 from dflashx.plan.findings import Finding, error, warning
 from dflashx.resolve.formulas import steps_per_epoch

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dflashx.dflash.tau_record import curve_text
+from dflashx.resolve.tau import curve_text
 from dflashx.plan.context import build_context
 from dflashx.plan.plan import Plan
 from dflashx.plan.ranges import Band

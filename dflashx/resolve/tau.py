@@ -13,12 +13,16 @@ The pilot's short training measures a curve of at most `PILOT_TAU_POINTS` points
 Public API: `TAU_SHARE`, `TAU_PROMPTS`, `TAU_MAX_NEW_TOKENS`, `tau_slice(recipe) -> (prompts,
 max_new_tokens)`, `measurable(train)`, `measurements(steps, every)`, `tau_every(given, can_measure, steps,
 train_seconds, probe_seconds)`, `PILOT_TAU_POINTS`, `pilot_tau_every(given, can_measure, steps)`,
-`with_tau_every(recipe, every)`.
+`with_tau_every(recipe, every)`; `TauPoint` (one measurement) and `curve_text(points)` (a curve as findings and
+reports quote it), shared by the trainer's record (`dflashx.dflash.tau_record`) and the planner's rules.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from dflashx.config.schema import Recipe
 from dflashx.resolve.model import ResolvedRecipe, ResolvedTrainStage
@@ -27,6 +31,20 @@ TAU_SHARE = 0.05  # most of the train stage's time the measurements may take whe
 TAU_PROMPTS = 8  # held-out prompts per measurement: a trend, not the eval stage's figure
 TAU_MAX_NEW_TOKENS = 256  # at most this many new tokens per prompt (the eval stage's max_new_tokens when lower)
 PILOT_TAU_POINTS = 4  # measurements in the pilot's training: enough to see whether τ still rises at its end
+
+
+class TauPoint(BaseModel):
+    """One measurement: the optimizer step and the held-out τ of the drafter at that step."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    step: int = Field(ge=0)
+    tau: float
+
+
+def curve_text(points: Iterable[TauPoint]) -> str:
+    """Points as findings and reports quote them: `step 50: 2.00, step 100: 2.50`."""
+    return ", ".join(f"step {p.step}: {p.tau:.2f}" for p in points)
 
 
 def tau_slice(recipe: Recipe) -> tuple[int, int]:

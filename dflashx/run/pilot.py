@@ -42,7 +42,8 @@ from typing import IO, Any
 
 from dflashx.config.schema import Recipe
 from dflashx.data.jsonl import iter_jsonl, iter_shards, write_jsonl_atomic
-from dflashx.dflash.tau_record import TauPoint, curve_of, is_tau_row
+from dflashx.dflash.tau_record import curve_of, is_tau_row
+from dflashx.resolve.tau import TauPoint
 from dflashx.plan.calibration import (
     PilotCalibration, conditions, predicted, predicted_tokens_per_s, with_mtp_accept_length,
 )
