@@ -101,21 +101,19 @@ def _evaluate(recipe: Any, checkpoint: Path, prompts_file: Path, sampled_at: flo
     """The eval stage's measurement on the trained drafter alone: greedy speculative decoding, and with
     `sampled_at` > 0 also τ at that temperature (rejection sampling), the mean over SAMPLE_SEEDS seeds."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dflashx.data.chat_mask import render_prompt
+    from dflashx.data.suites import load_prompts
     from dflashx.dflash.acceptance import summarize
     from dflashx.dflash.checkpoint import load_drafter
     from dflashx.dflash.spec_decode import SpecDecoder
-    from dflashx.data.suites import load_prompts
-    from dflashx.stages.eval import stop_ids
-    from dflashx.targets.locate import locate_target, locate_tokenizer
+    from dflashx.targets.load import load_model, load_tokenizer, stop_ids
 
     ev = recipe.stages.eval
-    target = AutoModelForCausalLM.from_pretrained(str(locate_target(recipe.target)), dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(locate_tokenizer(recipe.target)))
+    target = load_model(recipe.target, recipe.target.load_precision)  # as the eval stage loads it
+    tokenizer = load_tokenizer(recipe.target)
     drafter = load_drafter(checkpoint, device="cpu")
-    stops = stop_ids(tokenizer, target.generation_config)
+    stops = stop_ids(recipe.target, tokenizer)
     decoder = SpecDecoder(target, drafter)
     prompts = [tokenizer(render_prompt(tokenizer, p, recipe.target.chat_template), add_special_tokens=False)
                ["input_ids"] for p in load_prompts(prompts_file, ev.num_prompts)]

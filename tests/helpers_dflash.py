@@ -105,39 +105,6 @@ def target_and_data(root: Path, n: int = 16) -> tuple[Path, Path]:
     return tiny_target(root / "target"), tiny_dataset(root / "data", n=n)
 
 
-REFERENCE = Path("/tmp/dflash_ref")  # the z-lab `dflash` 0.1.0 wheel, unpacked (never installed)
-
-
-def zlab_reference(module: str = "dflash.model"):
-    """A module of the z-lab reference (`dflash.model`, `dflash.benchmark`), read from the unpacked wheel.
-
-    The wheel is fetched from PyPI and unpacked on first use (it is not installed: it must not
-    touch this environment); the test is skipped only when that is impossible (no registry)."""
-    import importlib
-    import subprocess
-    import sys
-    import zipfile
-
-    import pytest
-
-    if not (REFERENCE / "dflash" / "model.py").exists():
-        wheels = REFERENCE.parent / "dflash_pkg"
-        fetched = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "dflash==0.1.0",
-                                  "-d", str(wheels)], capture_output=True, text=True)
-        found = sorted(wheels.glob("dflash-0.1.0-*.whl"))
-        if fetched.returncode != 0 or not found:
-            pytest.skip(f"z-lab dflash reference not available: {fetched.stderr.strip()[-200:]}")
-        with zipfile.ZipFile(found[0]) as wheel:
-            wheel.extractall(REFERENCE)
-    sys.path.insert(0, str(REFERENCE))
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        pytest.skip(f"z-lab dflash reference not importable: {exc}")
-    finally:
-        sys.path.remove(str(REFERENCE))
-
-
 def repeating_drafter(target, tok, token: int, **drafter: Any):
     """A DFlashDrafter (fp32) that drafts `token` at every position, set by hand: its layers add
     nothing (o_proj and down_proj zero), so a masked position leaves it as the mask token's
@@ -177,31 +144,3 @@ def logged_training(stage_dir: str | Path, dataset: str | Path, target_dir: str 
 
     run_training(train_job(stage_dir, dataset, target_dir, **train), log=log)
     return logs
-
-
-def sampled_taus(ref, theirs, ours, prompts: list[list[int]], new_tokens: int, sampling: dict[str, Any],
-                 seeds: int = 5) -> tuple[list[float], list[float]]:
-    """tau at the serving settings `sampling` ({temperature, top_p, top_k}) per seed, pooled over
-    `prompts`: ours (`SpecDecoder` `ours`, a generator seeded as the eval stage seeds it) and the
-    reference's `dflash_generate` with drafter `theirs` (it draws from torch's global generator,
-    seeded alike). Two independent samples of the same figure: they agree when the decoders do."""
-    from dflashx.dflash.acceptance import summarize
-
-    mine, reference = [], []
-    for seed in range(seeds):
-        torch.manual_seed(seed)
-        lengths = [ref.dflash_generate(theirs, ours.target, torch.tensor([p]), new_tokens, None, return_stats=True,
-                                       **sampling).acceptance_lengths for p in prompts]
-        reference.append(sum(map(sum, lengths)) / sum(map(len, lengths)))
-        generator = torch.Generator().manual_seed(seed)
-        mine.append(summarize([ours.generate(p, new_tokens, generator=generator, **sampling) for p in prompts],
-                              ours.cfg.block_size)["tau"])
-    return mine, reference
-
-
-def assert_means_agree(mine: list[float], reference: list[float]) -> None:
-    """The two means lie within two standard errors of their difference (each SE over its seeds)."""
-    import statistics
-
-    se = (statistics.variance(mine) / len(mine) + statistics.variance(reference) / len(reference)) ** 0.5
-    assert abs(statistics.mean(mine) - statistics.mean(reference)) <= 2 * se, (mine, reference)

@@ -91,7 +91,7 @@ def test_untrained_dflash2_drafts_what_the_dflash_backbone_drafts():
     for length in (4, 9, 15):
         feats = torch.randn(1, length, 2 * H, generator=g)
         anchor = int(torch.randint(0, 90, (1,), generator=g))
-        drafts = [propose(d, d.extend_context(None, feats), anchor, B - 1, B, embed, head)[0]
+        drafts = [propose(d, d.extend_context(None, feats), anchor, B - 1, embed, head)[0]
                   for d in (dflash, dflash2)]
         assert torch.equal(*drafts)
     runs = [SpecDecoder(target, d).generate(PROMPT, 20) for d in (dflash, dflash2)]

@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 from dflashx.dflash.checkpoint import load_drafter, load_weights_into, save_drafter
 from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.model import DFlashDrafter
-from helpers_dflash import drafter_config, load_target, tiny_target, zlab_reference
+from helpers_dflash import drafter_config, load_target, tiny_target
+from helpers_reference import zlab_reference
 
 
 

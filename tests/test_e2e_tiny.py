@@ -1,6 +1,7 @@
 """The embedded default end to end: `dflashx run recipes/tiny.yaml` through the real CLI, every stage
 real (built-in tiny target, transformers generation, QC gate, tokenizer, DeepSpeed training on the
-CPU, speculative-decoding evaluation, export) and the backup stage against the real S3 server.
+CPU, speculative-decoding evaluation, export) and the backup stage against the real S3 server; the
+export, sampled at the recipe's serving settings, decodes as the z-lab reference's `dflash_generate`.
 
 The first use builds the full tiny target (about 10 minutes on 2 idle cores; cached afterwards in
 ~/.cache/dflashx/tiny), so this test is marked slow.
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers_reference import assert_sampled_agree, export_decoders, sampled_taus
 from s3_fixtures import S3Server
 
 from dflashx.config.schema import S3Spec
@@ -69,6 +71,13 @@ def test_tiny_recipe_runs_every_stage_and_backs_up(tmp_path: Path, s3_spec: S3Sp
     trained_for = json.loads((run_dir / "export" / "drafter" / "chat_contract.json").read_text())
     assert trained_for["enable_thinking"] is True  # the export says what the drafter was trained for
     assert trained_for == json.loads((run_dir / "tokenize" / "dataset" / "chat_contract.json").read_text())
+    # at the serving settings (deploy: 0.6 / 0.95 / 20) the export decodes as the reference's dflash_generate:
+    # 5 seeds each, the means within two combined SE, each seed the reference's tokens (issue 31)
+    ref, theirs, info, ours, prompts = export_decoders(run_dir, 6)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    serving = {k: resolved["deploy"][k] for k in ("temperature", "top_p", "top_k")}
+    assert serving["temperature"] > 0
+    assert_sampled_agree(sampled_taus(ref, theirs, ours, prompts, 64, serving))
     job = json.loads((run_dir / "train" / "train_job.json").read_text())
     assert job["train"]["loss_gamma"] == resolved["stages"]["train"]["loss_gamma"] == 4.0
 

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers_dflash import zlab_reference
+from helpers_reference import zlab_reference
 from helpers_models import make_recipe, resolved
 
 from dflashx.config.eval_suites import BENCHMARKS

@@ -3,7 +3,7 @@ speculators folder for vLLM; both checked against the engines' contracts on ever
 
 Real files throughout: a tiny random Qwen3 target, a drafter checkpoint written by the checkpoint
 module, the stage's output read back by our loader, by both contract checkers and by the z-lab
-reference (its PyPI wheel unpacked, not installed: `helpers_dflash.zlab_reference`)."""
+reference (its PyPI wheel unpacked, not installed: `helpers_reference.zlab_reference`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_dflash import drafter_config, load_target, tiny_target, zlab_reference
+from helpers_dflash import drafter_config, load_target, tiny_target
+from helpers_reference import zlab_reference
 from helpers_models import make_recipe, stage_context
 from safetensors import safe_open
 

@@ -121,9 +121,17 @@ DRY_RUN_NEVER = ("torch", "transformers", "datasets", "deepspeed", "accelerate",
 def test_dry_run_plan_imports_nothing_heavy():
     """The console command as a user runs it (argv, not CliRunner: `cli.main` registers the named
     sub-command only): whatever it imports beyond the interpreter's start-up holds none of these; and
-    it starts without the cyclic GC and pydantic's plugin discovery (`dflashx.cli.main.PURE_COMMANDS`)."""
+    it starts without the cyclic GC and pydantic's plugin discovery (`dflashx.cli.main.PURE_COMMANDS`), and
+    starts no other program (which would inherit PYDANTIC_DISABLE_PLUGINS): every way Python starts one
+    records its call."""
     code = (
-        "import gc, os, runpy, sys\n"
+        "import gc, os, runpy, subprocess, sys\n"
+        "started = []\n"
+        "def spy(name, call):\n"
+        "    return lambda *a, **k: (started.append(name), call(*a, **k))[1]\n"
+        "subprocess.Popen.__init__ = spy('Popen', subprocess.Popen.__init__)\n"
+        "for name in ('system', 'fork', 'execv', 'execve', 'execvp', 'execvpe', 'posix_spawn', 'posix_spawnp'):\n"
+        "    setattr(os, name, spy(name, getattr(os, name)))\n"
         "before = set(sys.modules)\n"
         f"sys.argv = ['dflashx', 'plan', {TINY!r}, '--dry-run']\n"
         "try:\n"
@@ -132,8 +140,8 @@ def test_dry_run_plan_imports_nothing_heavy():
         "    assert exc.code in (0, 1, None), exc.code\n"
         f"loaded = [m for m in {DRY_RUN_NEVER!r} if m in sys.modules and m not in before]\n"
         "plugins, collecting = os.environ.get('PYDANTIC_DISABLE_PLUGINS'), gc.isenabled()\n"
-        "sys.stderr.write(repr((loaded, plugins, collecting)))\n"
-        "raise SystemExit(1 if loaded or plugins != '__all__' or collecting else 0)\n"
+        "sys.stderr.write(repr((loaded, plugins, collecting, started)))\n"
+        "raise SystemExit(1 if loaded or plugins != '__all__' or collecting or started else 0)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env)

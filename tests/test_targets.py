@@ -132,3 +132,28 @@ def test_params_through_layer_is_the_layer_by_layer_sum(name):
             for active in (False, True):
                 layers = range(min(last + 1, facts.num_layers))
                 assert facts.params_through_layer(last, active) == sum(facts.layer_params(i, active) for i in layers)
+
+
+def test_stop_ids_read_off_the_folder_are_the_loaded_models(tmp_path):
+    """`targets.load.stop_ids` reads the generation config off the target's folder (a process that never
+    loads the model, the train stage's τ probe slice, stops where the eval stage does): the tokenizer's
+    eos, the generation config's eos ids (a list there kept whole) and <|im_end|>; without a
+    generation_config.json, what transformers derives from config.json when it loads the model."""
+    import json
+
+    from dflashx.config.schema import TargetSpec
+    from dflashx.targets.load import load_model, load_tokenizer, stop_ids
+    from helpers_dflash import tiny_target
+
+    folder = tiny_target(tmp_path / "target", layers=1)
+    spec = TargetSpec(model=str(folder))
+    tok = load_tokenizer(spec)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    saved = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps(saved | {"eos_token_id": [tok.eos_token_id, 7]}))
+    model = load_model(spec, "fp32")
+    assert stop_ids(spec, tok) == sorted({tok.eos_token_id, 7, im_end})
+    assert 7 in model.generation_config.eos_token_id  # the loaded model reads the same file
+    (folder / "generation_config.json").unlink()
+    derived = load_model(spec, "fp32").generation_config.eos_token_id
+    assert stop_ids(spec, tok) == sorted({tok.eos_token_id, im_end, derived}) and 7 not in stop_ids(spec, tok)

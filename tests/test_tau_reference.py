@@ -1,7 +1,7 @@
 """tau as the reference DFlash loop counts it, run beside ours on the same drafter and prompts.
 
 The reference is the z-lab `dflash` 0.1.0 wheel from PyPI, unpacked and imported as it is
-(`helpers_dflash.zlab_reference`; not installed, because its pins would replace this environment's
+(`helpers_reference.zlab_reference`; not installed, because its pins would replace this environment's
 `datasets`, `tqdm` and `huggingface_hub`). Its `dflash_generate(..., return_stats=True)` returns
 `acceptance_lengths`: the tokens each draft-verify cycle added. It times itself with
 `torch.cuda.synchronize()`, which cannot run on a CPU-only torch; that clock (`_cuda_time`) is the
@@ -19,9 +19,8 @@ import time
 
 import pytest
 import torch
-from helpers_dflash import (
-    assert_means_agree, load_target, repeating_drafter, sampled_taus, tiny_target, zlab_reference,
-)
+from helpers_dflash import load_target, repeating_drafter, tiny_target
+from helpers_reference import assert_sampled_agree, sampled_taus, zlab_reference
 
 from dflashx.dflash.acceptance import summarize
 from dflashx.dflash.checkpoint import load_drafter, save_drafter
@@ -88,12 +87,13 @@ def test_the_serving_distribution_is_the_references(temperature, top_p, top_k):
 
 def test_sampled_tau_at_the_serving_settings_agrees_with_the_reference(setup, monkeypatch):
     """DFlash at temperature 0.6, top_p 0.95, top_k 20 (the seeds' serving settings): over 5 seeds each, our
-    mean tau and the reference's lie within two standard errors of their difference."""
+    mean tau and the reference's lie within two standard errors of their difference, and a seed decodes
+    the reference's tokens (both draw from the same stream in the same order)."""
     model, prompts, _, _, folder = setup
     ref = zlab_reference()
     monkeypatch.setattr(ref, "_cuda_time", time.perf_counter)
     theirs = ref.DFlashDraftModel.from_pretrained(str(folder), dtype=torch.float32).eval()
     ours = SpecDecoder(model, load_drafter(folder).eval())
-    mine, reference = sampled_taus(ref, theirs, ours, prompts, N, {"temperature": 0.6, "top_p": 0.95, "top_k": 20})
-    assert_means_agree(mine, reference)
-    assert min(mine + reference) > 1.0  # drafts are accepted when sampling
+    compared = sampled_taus(ref, theirs, ours, prompts, N, {"temperature": 0.6, "top_p": 0.95, "top_k": 20})
+    assert_sampled_agree(compared)
+    assert min(compared.mine + compared.reference) > 1.0  # drafts are accepted when sampling

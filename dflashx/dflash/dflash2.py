@@ -108,7 +108,7 @@ class PathSelector(nn.Module):
         """The drafted path [L] for block rows hidden [L, H] with unary logits [L, V], left to right from
         the anchor: the best candidate (temperature <= 0) or one sampled from softmax(S / T); when
         sampling, also q [L, V], each row's draft distribution (zero outside its candidates)."""
-        unary, candidates = torch.topk(logits.float(), self.top_k, dim=-1)
+        unary, candidates = torch.topk(logits.float(), self.top_k, dim=-1, sorted=False)  # as the reference
         predecessor = torch.tensor([anchor_id], device=logits.device)
         tokens, q_rows = [], []
         for t in range(logits.shape[0]):

@@ -8,16 +8,20 @@ distributions q (what rejection sampling compares the target's p with).
   top-k candidates (q zero outside them), as the reference's `DFlash2DraftModel.propose` (which
   applies no top-p / top-k to it: any q keeps rejection sampling exact, only p must be filtered).
 
-The block drafted has `rows` rows: the block size, or fewer at the end of generation, where the
-reference (`dflash` 0.1.0, `dflash_generate`) drafts only the rows it will verify; the decoder
-keeps the first n drafts of it.
+The block drafted has n + 1 rows (the anchor and n masks): B - 1 drafts, or fewer at the end of
+generation, where the reference (`dflash` 0.1.0, `dflash_generate`) drafts only as many as can still
+become output tokens.
+
+When sampling, the draws come from `generator` in the reference's order (the drafts row by row, one
+uniform per draft, then the bonus or residual token), so that a generator seeded as the reference's
+global one reproduces its sampled decoding (`tests/test_tau_reference.py`).
 
 The serving distribution is the reference's (`dflash` 0.1.0, `_sampling_probs`): softmax of the
 logits over T, kept to the top_k highest (0: all), then to the smallest set of the most likely
 tokens whose mass reaches top_p (the token that crosses it included), renormalized.
 
 Public API: `Sampling(temperature, top_p=1.0, top_k=0)`, `probs(logits, temperature, top_p=1.0,
-top_k=0)`, `sample(probs, generator)`, `propose(drafter, ctx, anchor, n, rows, embed, lm_head,
+top_k=0)`, `sample(probs, generator)`, `propose(drafter, ctx, anchor, n, embed, lm_head,
 temperature=0.0, generator=None, top_p=1.0, top_k=0) -> (tokens [n], q [n, V] | None)`.
 """
 
@@ -63,16 +67,16 @@ def sample(distribution: torch.Tensor, generator: torch.Generator | None) -> tor
 
 
 @torch.no_grad()
-def propose(drafter: DFlashDrafter, ctx: DraftContext, anchor: int, n: int, rows: int, embed: Head, lm_head: Head,
+def propose(drafter: DFlashDrafter, ctx: DraftContext, anchor: int, n: int, embed: Head, lm_head: Head,
             temperature: float = 0.0, generator: torch.Generator | None = None, top_p: float = 1.0,
             top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """n drafted tokens after `anchor` from a block of `rows` rows (n < rows), and their draft
-    distributions q [n, V] (None when greedy)."""
+    """n drafted tokens after `anchor` (a block of n + 1 rows) and their draft distributions q [n, V]
+    (None when greedy)."""
     if drafter.candidate_selector is None:
-        logits = drafter.draft_block(ctx, anchor, embed, lm_head, rows=rows)[:n].float()
+        logits = drafter.draft_block(ctx, anchor, embed, lm_head, rows=n + 1).float()
         if temperature <= 0:
             return logits.argmax(-1), None
         q = probs(logits, temperature, top_p, top_k)
         return sample(q, generator), q
-    hidden = drafter.block_hidden(ctx, anchor, embed, rows)[:n]
+    hidden = drafter.block_hidden(ctx, anchor, embed, n + 1)
     return drafter.candidate_selector.walk(hidden, lm_head(hidden), anchor, temperature, generator)

@@ -200,11 +200,9 @@ class SpecDecoder:
         feats = torch.cat([store[i] for i in self.layer_ids], dim=-1)
         return out.logits[0].float(), feats
 
-    def _draft(self, context: DraftContext, anchor: int, n: int, rows: int, sampling: Sampling, generator):
+    def _draft(self, context: DraftContext, anchor: int, n: int, sampling: Sampling, generator):
         """n drafted tokens after `anchor` and their proposal distributions (None when greedy)."""
-        if n == 0:
-            return torch.empty(0, dtype=torch.long, device=self.device), None
-        return propose(self.drafter, context, anchor, n, rows, self._embed, self._lm_head, sampling.temperature,
+        return propose(self.drafter, context, anchor, n, self._embed, self._lm_head, sampling.temperature,
                        generator, sampling.top_p, sampling.top_k)
 
     @staticmethod
@@ -214,8 +212,8 @@ class SpecDecoder:
             best = logits.argmax(-1)
             accepted = int((drafts == best[: drafts.shape[0]]).int().cumprod(0).sum())
             return accepted, int(best[accepted])
-        q = q.to(logits.device) if q is not None else logits.new_zeros(0, logits.shape[-1])
-        return rejection_sample(drafts, q, probs(logits, *sampling), generator)
+        assert q is not None  # a sampled proposal always has its distributions
+        return rejection_sample(drafts, q.to(logits.device), probs(logits, *sampling), generator)
 
     @torch.no_grad()
     def generate(
@@ -244,10 +242,11 @@ class SpecDecoder:
         result = DecodeResult(output_ids=[first], target_forwards=1)
         start = len(prompt_ids)  # position of the anchor (the last token, not yet in the target cache)
         while len(result.output_ids) < max_new_tokens and result.output_ids[-1] not in stops:
-            n = min(block, max_new_tokens - len(result.output_ids)) - 1
+            # every draft that can still become an output token is drafted and verified (the last of them,
+            # accepted, discards the bonus: the output is trimmed below), as the reference does
+            n = min(block - 1, max_new_tokens - len(result.output_ids))
             anchor = result.output_ids[-1]
-            # the reference drafts one row past max_new_tokens in the last cycles (and trims after)
-            drafts, q = self._draft(context, anchor, n, min(block, n + 2), sampling, generator)
+            drafts, q = self._draft(context, anchor, n, sampling, generator)
             if rollback.needs_replay:
                 rollback.snapshot()
             logits, feats = self._forward([anchor, *drafts.tolist()], start, cache)

@@ -177,14 +177,13 @@ def prepare(recipe: ResolvedRecipe) -> Overfitted:
     from dflashx.dflash.job import TrainJob
     from dflashx.dflash.overfit import decode_tau, overfit
     from dflashx.dflash.trainer import build_drafter
-    from dflashx.stages.eval import stop_ids
-    from dflashx.targets.load import load_model, load_tokenizer
+    from dflashx.targets.load import load_model, load_tokenizer, stop_ids
 
     t0 = time.perf_counter()
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     target = load_model(recipe.target, recipe.target.load_precision).to(device).requires_grad_(False)
     tokenizer = load_tokenizer(recipe.target)
-    stops = stop_ids(tokenizer, getattr(target, "generation_config", None))
+    stops = stop_ids(recipe.target, tokenizer)
     made = [_sample(recipe, target, tokenizer, p, stops) for p in _prompts(recipe, SAMPLES)]
     job = TrainJob.of(recipe, "", "", "", "")  # the drafter and train sections as training reads them
     with device:

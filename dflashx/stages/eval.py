@@ -35,6 +35,7 @@ from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.eval_drafters import CHECKPOINT, EvalDrafter, eval_drafters, load
 from dflashx.stages.graph import GRAPH
 from dflashx.store.atomic import atomic_write_json
+from dflashx.targets.load import stop_ids
 
 PROMPTS = GRAPH["eval"].optional_inputs[0]
 
@@ -43,17 +44,6 @@ def _heldout_file(ctx: StageContext) -> Path | None:
     if ctx.config.prompts:
         return Path(ctx.config.prompts)
     return ctx.inputs.get(PROMPTS)
-
-
-def stop_ids(tokenizer: Any, generation_config: Any) -> list[int]:
-    """End-of-sequence ids of the tokenizer and the generation config, and `<|im_end|>` if known."""
-    ids = {tokenizer.eos_token_id}
-    eos = getattr(generation_config, "eos_token_id", None)
-    ids.update(eos if isinstance(eos, list) else [eos])
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if im_end != tokenizer.unk_token_id:
-        ids.add(im_end)
-    return sorted(i for i in ids if isinstance(i, int))
 
 
 def _load_target(ctx: StageContext):
@@ -155,7 +145,7 @@ def _summary(runs: list[list[Any]], block_size: int, suite: dict[str, Any]) -> d
 def evaluate(ctx: StageContext, target: Any, tokenizer: Any, drafters: list[EvalDrafter]) -> dict[str, Any]:
     """Decode every suite with every drafter; the eval.json content (see the module docstring)."""
     suites = _suite_inputs(ctx, tokenizer)
-    results = _decode(ctx, target, drafters, suites, stop_ids(tokenizer, getattr(target, "generation_config", None)))
+    results = _decode(ctx, target, drafters, suites, stop_ids(ctx.recipe.target, tokenizer))
     agree = {suite: _agreeing({d: runs[0] for d, runs in by_drafter.items()}) for suite, by_drafter in results.items()}
     blocks = {d.name: d.config.block_size for d in drafters}
     table = {suite: {name: _summary(runs, blocks[name], suites[suite]) for name, runs in by_drafter.items()}

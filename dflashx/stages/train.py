@@ -61,7 +61,7 @@ def build_job(ctx: StageContext) -> "TrainJob":
         recipe = recipe.model_copy(update={"drafter": drafter})
     target = _absolute(str(locate_target(recipe.target)))
     return TrainJob.of(recipe, ctx.out_dir.resolve(), Path(ctx.inputs[INPUT]).resolve(), target,
-                       _absolute(str(locate_tokenizer(recipe.target))), heldout_slice(ctx, target))
+                       _absolute(str(locate_tokenizer(recipe.target))), heldout_slice(ctx))
 
 
 def _train_launch(ctx: StageContext) -> TrainLaunch:
@@ -75,30 +75,23 @@ def _filled(text: str, ctx: StageContext) -> str:
     return text.replace(RUN_DIR, str(ctx.run_dir))
 
 
-def heldout_slice(ctx: StageContext, target: str) -> "HeldOutSlice | None":
+def heldout_slice(ctx: StageContext) -> "HeldOutSlice | None":
     """The held-out prompts a τ measurement decodes: the first `tau_prompts` of the ingest stage's held-out
     split, read, rendered and stopped as the eval stage's `heldout` suite reads, renders and stops them
-    (`dflashx.data.suites.load_prompts`, `render_prompt`, `stages.eval.stop_ids`); None when not measured."""
+    (`dflashx.data.suites.load_prompts`, `render_prompt`, `targets.load.stop_ids`); None when not measured."""
     train = ctx.recipe.stages.train
     if not train.tau_every or HELDOUT not in ctx.inputs:
         return None
-    from transformers import AutoConfig, GenerationConfig
-
     from dflashx.data.chat_mask import render_prompt
     from dflashx.data.suites import load_prompts
     from dflashx.dflash.job import HeldOutSlice
-    from dflashx.stages.eval import stop_ids
-    from dflashx.targets.load import load_tokenizer
+    from dflashx.targets.load import load_tokenizer, stop_ids
 
     tokenizer = load_tokenizer(ctx.recipe.target)
-    try:
-        generation = GenerationConfig.from_pretrained(target)
-    except OSError:  # no generation_config.json: what transformers derives from config.json when it loads the model
-        generation = GenerationConfig.from_model_config(AutoConfig.from_pretrained(target))
     chat = ctx.recipe.target.chat_template
     prompts = [tokenizer(render_prompt(tokenizer, p, chat), add_special_tokens=False)["input_ids"]
                for p in load_prompts(Path(ctx.inputs[HELDOUT]), train.tau_prompts)]
-    return HeldOutSlice(prompts=prompts, stop_ids=stop_ids(tokenizer, generation))
+    return HeldOutSlice(prompts=prompts, stop_ids=stop_ids(ctx.recipe.target, tokenizer))
 
 
 def launch_command(ctx: StageContext) -> tuple[list[str], int]:

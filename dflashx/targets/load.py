@@ -7,7 +7,12 @@
   (`ResolvedTarget.load_precision`; `fp8` loads bf16 weights, each stage converts the layers it
   runs), on the CPU, in eval mode;
 - `tokenizer_from(path)` / `model_from(path, precision)`: the same from an already located folder
-  or hub id (a launched training process is handed the folder; the transformers backend its paths).
+  or hub id (a launched training process is handed the folder; the transformers backend its paths);
+- `stop_ids(target, tokenizer)`: the ids that end a completion, for every decoding (eval, the τ
+  probe's held-out slice, the round-trip gate): the tokenizer's end-of-sequence id, the target's
+  generation config's (`generation_config.json`, else what transformers derives from `config.json`
+  when it loads the model, so a process that never loads the model reads the same) and `<|im_end|>`
+  when the tokenizer knows it.
 
 An MoE model runs its experts with transformers' `grouped_mm` (`EXPERTS_IMPLEMENTATION`), set explicitly:
 the fastest measured for the trainer's target forward (benchmarks/results/moe_layer.json `forward`, a
@@ -64,3 +69,21 @@ def load_tokenizer(target: TargetSpec, **kwargs: Any) -> Any:
 def load_model(target: TargetSpec, precision: str) -> Any:
     """The recipe's target model in `precision` (the resolved `target.load_precision`), on the CPU."""
     return model_from(locate_target(target), precision)
+
+
+def stop_ids(target: TargetSpec, tokenizer: Any) -> list[int]:
+    """The ids that end a completion of the recipe's target (module doc), sorted."""
+    from transformers import AutoConfig, GenerationConfig
+
+    folder = str(locate_target(target))
+    try:
+        generation = GenerationConfig.from_pretrained(folder)
+    except OSError:  # no generation_config.json: what transformers derives from config.json on load
+        generation = GenerationConfig.from_model_config(AutoConfig.from_pretrained(folder))
+    ids = {tokenizer.eos_token_id}
+    eos = generation.eos_token_id
+    ids.update(eos if isinstance(eos, list) else [eos])
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    return sorted(i for i in ids if isinstance(i, int))
