@@ -106,6 +106,11 @@ def test_export_picks_the_best_tau_drafter_when_it_is_not_the_last(paths, tmp_pa
     assert result.metrics["exported_heldout_tau"] == record.best.tau
     out = _weights(ctx.out_dir / result.artifacts["drafter"].path)
     assert all(torch.equal(out[k], v) for k, v in best.items())
+    # the eval stage measures the drafter the export stage exports
+    from dflashx.stages.eval_drafters import eval_drafters
+
+    evaluated = eval_drafters(stage_context("eval", recipe, tmp_path / "run", inputs={"train.checkpoint": checkpoint}))
+    assert evaluated[0].kind == "trained" and evaluated[0].path == checkpoint / BEST_DIR
 
 
 def test_the_last_is_exported_when_only_the_last_step_is_measured(paths, tmp_path):

@@ -44,7 +44,7 @@ from dflashx.dflash.config import DFlashConfig
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.dflash.tau_record import TAU_FILE
 from dflashx.resolve.tau import TauPoint
-from dflashx.store.atomic import atomic_dir, atomic_write_text, replace_dir
+from dflashx.store.atomic import atomic_dir, atomic_write_text, replace_dir, settled_dir
 from dflashx.store.diskspace import stop_when_full, used_bytes
 
 CONFIG_FILE = "config.json"
@@ -84,9 +84,20 @@ def save_best_tau(drafter: DFlashDrafter, stage_dir: str | Path, point: TauPoint
     return save_drafter(drafter, Path(stage_dir) / BEST_TAU, dtype, extra={TAU_FILE: point.model_dump_json()})
 
 
+def copy_drafter(src: str | Path, out_dir: str | Path) -> Path:
+    """The drafter folder `src` (config.json + model.safetensors) copied to `out_dir`, replaced atomically."""
+    src, out_dir = Path(src), Path(out_dir)
+    needed = sum((src / name).stat().st_size for name in (CONFIG_FILE, WEIGHTS_FILE))
+    with stop_when_full(out_dir.parent, f"the drafter {out_dir.name}/", needed, "its files"), atomic_dir(out_dir) as tmp:
+        for name in (CONFIG_FILE, WEIGHTS_FILE):
+            shutil.copyfile(src / name, tmp / name)
+    return out_dir
+
+
 def best_tau(stage_dir: str | Path) -> TauPoint | None:
-    """The measurement of the best-τ drafter kept in the stage folder (None: none yet)."""
-    file = Path(stage_dir) / BEST_TAU / TAU_FILE
+    """The measurement of the best-τ drafter kept in the stage folder (None: none yet; a folder a kill left
+    aside mid-replacement is put back first)."""
+    file = settled_dir(Path(stage_dir) / BEST_TAU) / TAU_FILE
     return TauPoint.model_validate_json(file.read_text()) if file.is_file() else None
 
 

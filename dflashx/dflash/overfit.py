@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from dflashx.dflash.acceptance import summarize
 from dflashx.dflash.anchors import build_block_batch, valid_anchor_positions
 from dflashx.dflash.capture import FeatureCapture
 from dflashx.dflash.masks import DraftMask
@@ -93,5 +94,4 @@ def decode_tau(target: PreTrainedModel, drafter: DFlashDrafter, samples: Sequenc
     """Mean τ of greedy speculative decoding of each sample's prompt for its `new_tokens` tokens."""
     decoder = SpecDecoder(target, drafter.to(_device(target)).eval())
     runs = [decoder.generate(s.prompt_ids, s.new_tokens, 0.0, stop_ids) for s in samples]
-    cycles = sum(len(r.accepted) for r in runs)
-    return sum(r.decoded_after_first for r in runs) / cycles if cycles else 0.0
+    return summarize(runs, drafter.config.block_size)["tau"]

@@ -2,12 +2,14 @@
 decodes the held-out slice greedily with the drafter as it stands.
 
 The slice (`TrainJob.heldout`) is the first `tau_prompts` prompts of the ingest stage's held-out split
-(the ones the eval stage's `heldout` suite starts with), chat template applied, each decoded up to
+(the ones the eval stage's `heldout` suite starts with, unless `stages.eval.prompts` names another file),
+chat template applied, each decoded up to
 `tau_max_new_tokens` new tokens with the eval stage's decoder (`dflashx.dflash.spec_decode.SpecDecoder`,
 temperature 0, the same stop tokens); τ is pooled over the prompts as the eval stage counts it
 (`dflashx.dflash.acceptance.summarize`). The measurement is one line of `logs/metrics.jsonl`
 (`heldout_tau`, ...; `dflashx.dflash.tau_record.tau_row`), logged like the windows (records, W&B).
-A measurement at least as high as the best so far replaces `best-tau/`
+A measurement at least as high as the best so far, or one at or before the best's step (a resumed run
+measuring again what a killed one had measured), replaces `best-tau/`
 (`dflashx.dflash.checkpoint.save_best_tau`); `finish` writes the curve, the best and the last into the
 exported checkpoint (`checkpoint/tau.json`) and the best drafter into `checkpoint/best/` when it is not
 the last.
@@ -18,7 +20,10 @@ sharded with ZeRO-3 is refused by the plan: `tau_sharded`). The RNG states are f
 so a run measures the same losses as one that does not measure.
 
 Resume: lines after the resumed checkpoint's step are trimmed with the windows and measured again;
-`best-tau/` is kept (a measurement after that step was taken on the weights the resumed run repeats).
+`best-tau/` is kept until the resumed run measures its step again, which replaces it whatever τ it finds
+(bit-for-bit repeatable on the CPU; on GPUs the repeated steps need not be, so the kept best is always one
+the finished run's curve holds). A kill between the two renames of its replacement leaves the old folder
+aside, which `best_tau` puts back.
 
 Public API: `TauProbe.of(job, target, drafter, rank, log) -> TauProbe | None` (None: not measured), `.due(step,
 total)`, `.measure(step)`, `.finish(checkpoint_dir) -> HeldOutTau | None`.
@@ -27,7 +32,6 @@ total)`, `.measure(step)`, `.finish(checkpoint_dir) -> HeldOutTau | None`.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
@@ -35,12 +39,11 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 import torch
 from torch import nn
 
-from dflashx.dflash.checkpoint import BEST_TAU, CONFIG_FILE, WEIGHTS_FILE, best_tau, save_best_tau
+from dflashx.dflash.checkpoint import BEST_TAU, best_tau, copy_drafter, save_best_tau
 from dflashx.dflash.job import HeldOutSlice, TrainJob, torch_dtype
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.dflash.tau_record import BEST_DIR, HeldOutTau, curve_of, tau_row
 from dflashx.resolve.tau import TauPoint
-from dflashx.store.atomic import atomic_dir
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -97,7 +100,7 @@ class TauProbe:
             if self.log is not None:
                 self.log(row, step)
             best = best_tau(self.stage)
-            if best is None or point.tau >= best.tau:
+            if best is None or point.tau >= best.tau or point.step <= best.step:
                 save_best_tau(self.drafter, self.stage, point, torch_dtype(self.job.train.precision))
         if dist.is_initialized():
             dist.barrier()
@@ -110,8 +113,6 @@ class TauProbe:
             return None
         record = HeldOutTau.of(curve, best, len(self.heldout.prompts), self.job.train.tau_max_new_tokens)
         if record.exported == "best":
-            with atomic_dir(checkpoint / BEST_DIR) as tmp:
-                for name in (CONFIG_FILE, WEIGHTS_FILE):
-                    shutil.copyfile(self.stage / BEST_TAU / name, tmp / name)
+            copy_drafter(self.stage / BEST_TAU, checkpoint / BEST_DIR)
         record.write(checkpoint)
         return record

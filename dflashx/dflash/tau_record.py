@@ -61,6 +61,13 @@ class HeldOutTau(BaseModel):
         """The folder of the drafter to export: best/ when the best is not the last, else the checkpoint."""
         return Path(checkpoint) / BEST_DIR if self.exported == "best" else Path(checkpoint)
 
+    @classmethod
+    def handed_on(cls, checkpoint: Path) -> Path:
+        """The folder of the drafter the train stage hands on, which the eval stage measures and the export
+        stage exports: `drafter_dir` when τ was measured, else the checkpoint."""
+        record = cls.read(checkpoint)
+        return record.drafter_dir(checkpoint) if record is not None else Path(checkpoint)
+
     def summary(self) -> dict[str, Any]:
         """The train stage's metrics about it: the curve as [step, τ] pairs, the best and what is handed on."""
         return {"heldout_tau_curve": [[p.step, p.tau] for p in self.curve], "heldout_tau_best": self.best.tau,

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from dflashx.config.eval_suites import TRAINED, UNTRAINED
+from dflashx.dflash.tau_record import HeldOutTau
 from dflashx.export import check_sglang, check_speculators, from_speculators, report
 from dflashx.stages.base import StageContext
 from dflashx.stages.graph import GRAPH
@@ -126,7 +127,8 @@ def eval_drafters(ctx: StageContext) -> list[EvalDrafter]:
     if CHECKPOINT not in ctx.inputs:
         raise ValueError(f"eval stage needs input `{CHECKPOINT}` (the train stage's drafter); enable stages.train")
     facts = ctx.recipe.target.facts
-    trained = _folder(TRAINED, TRAINED, CHECKPOINT, Path(ctx.inputs[CHECKPOINT]), facts, checked=False)
+    handed_on = HeldOutTau.handed_on(Path(ctx.inputs[CHECKPOINT]))  # the drafter the export stage exports
+    trained = _folder(TRAINED, TRAINED, CHECKPOINT, handed_on, facts, checked=False)
     out = [trained]
     for baseline in ctx.config.baselines:
         key = f"stages.eval.baselines[{baseline.name}]"

@@ -125,7 +125,7 @@ def run(ctx: StageContext) -> StageResult:
     dtype = getattr(torch, TORCH_DTYPE[ctx.config.dtype])
     trained = Path(ctx.inputs[CHECKPOINT])
     tau = HeldOutTau.read(trained)  # held-out τ measured while training: the best drafter when it beat the last
-    drafter = load_drafter(tau.drafter_dir(trained) if tau is not None else trained)
+    drafter = load_drafter(HeldOutTau.handed_on(trained))
     out, target = ctx.out_dir / OUT, served_target(ctx)
     vllm = write_folders(drafter, out, ctx.out_dir / VLLM_DIR, dtype, target)
     speculators, vllm_out = vllm is not None, ctx.out_dir / VLLM_DIR

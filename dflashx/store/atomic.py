@@ -110,6 +110,15 @@ def replace_dir(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> No
         shutil.rmtree(old, ignore_errors=True)
 
 
+def settled_dir(path: str | os.PathLike[str]) -> Path:
+    """`path`, put back from `.<name>.old.tmp` when a kill between `replace_dir`'s two renames left only that."""
+    path = Path(path)
+    old = path.with_name(f".{path.name}.old.tmp")
+    if not path.exists() and old.is_dir():
+        os.replace(old, path)
+    return path
+
+
 @contextmanager
 def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A new empty folder `.<name>.new.tmp` next to `path` to fill; put in place of `path`
