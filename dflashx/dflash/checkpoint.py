@@ -88,7 +88,8 @@ def copy_drafter(src: str | Path, out_dir: str | Path) -> Path:
     """The drafter folder `src` (config.json + model.safetensors) copied to `out_dir`, replaced atomically."""
     src, out_dir = Path(src), Path(out_dir)
     needed = sum((src / name).stat().st_size for name in (CONFIG_FILE, WEIGHTS_FILE))
-    with stop_when_full(out_dir.parent, f"the drafter {out_dir.name}/", needed, "its files"), atomic_dir(out_dir) as tmp:
+    with (stop_when_full(out_dir.parent, f"the drafter {out_dir.name}/", needed, "its files"),
+          atomic_dir(out_dir) as tmp):
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             shutil.copyfile(src / name, tmp / name)
     return out_dir
