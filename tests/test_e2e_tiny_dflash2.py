@@ -85,7 +85,7 @@ def test_at_the_serving_temperature_our_tau_agrees_with_the_references(run_dir: 
     """Issue 31's acceptance: the tiny recipe serves at temperature 0.6 (top_p 0.95, top_k 20); on the run's
     export both decoders sample SEEDS seeds over the same prompts, their mean τ agree within two
     standard errors of the difference and each seed decodes the reference's tokens. The eval stage
-    measured that τ too (5 seeds, mean ± 1.96 SE) and the predicted speed-up reads its acceptance."""
+    measured that τ too (5 seeds, mean and 95% interval) and the predicted speed-up reads its acceptance."""
     ref, theirs, ours, prompts = decoders
     deploy = json.loads((run_dir / "plan.json").read_text())["resolved"]["deploy"]
     sampling = {k: deploy[k] for k in ("temperature", "top_p", "top_k")}

@@ -74,12 +74,6 @@ class DecodeResult:
         draft-verify cycle."""
         return self.decoded_after_first / len(self.accepted) if self.accepted else 0.0
 
-    @property
-    def accepted_plus_one(self) -> float:
-        """The older figure: mean of (accepted drafts + 1) per cycle, counting a cycle's bonus token
-        even where a stop token or max_new_tokens cut the cycle short (a little above `tau`)."""
-        return sum(a + 1 for a in self.accepted) / len(self.accepted) if self.accepted else 0.0
-
 
 @contextmanager
 def _tapped(model: nn.Module, layer_ids: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:
