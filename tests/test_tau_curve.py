@@ -16,7 +16,7 @@ from helpers_models import make_recipe, stage_context
 
 from dflashx.dflash.checkpoint import BEST_TAU, best_tau, load_drafter
 from dflashx.dflash.job import HeldOutSlice
-from dflashx.dflash.tau_record import BEST_DIR, HeldOutTau, is_tau_row
+from dflashx.dflash.tau_record import BEST_DIR, TAU_FILE, HeldOutTau, is_tau_row
 from dflashx.dflash.trainer import run_training
 
 pytestmark = pytest.mark.slow
@@ -78,6 +78,13 @@ def test_tau_curve_best_kept_across_a_kill_and_training_unchanged(paths, tmp_pat
         run_training(_job(paths, tmp_path / "killed"), log=_log([], kill_at=12))
     kept = best_tau(tmp_path / "killed")
     assert kept is not None and kept.step <= 8
+    # GPU kernels need not repeat a step bit for bit: a best the killed run measured after the checkpoint (at 12,
+    # higher than the resumed run will) is replaced when the resumed run measures that step again
+    stored = tmp_path / "killed" / BEST_TAU / TAU_FILE
+    stored.write_text(kept.model_copy(update={"step": 12, "tau": 99.0}).model_dump_json())
+    # and a kill between the two renames of its replacement left it aside: it is put back when read
+    stored.parent.rename(stored.parent.with_name(f".{BEST_TAU}.old.tmp"))
+    assert best_tau(tmp_path / "killed").tau == 99.0 and stored.is_file()
     run_training(_job(paths, tmp_path / "killed"), log=_log([]))
     assert [(r["step"], is_tau_row(r)) for r in _rows(tmp_path / "killed")] == \
         [(4, False), (4, True), (8, False), (8, True), (12, False), (12, True)]
