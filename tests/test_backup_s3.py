@@ -77,3 +77,19 @@ def test_backup_stage_writes_receipt(s3_spec: S3Spec, tmp_path: Path) -> None:
 def test_backup_stage_needs_s3(tmp_path: Path) -> None:
     with pytest.raises(StageFailed, match=r"needs storage\.s3"):
         backup_stage(_ctx(make_run(tmp_path), None))
+
+
+def test_backup_of_a_run_whose_plan_predates_the_schema_warns_and_sends_the_run_files(
+        s3_spec: S3Spec, s3_env: S3Server, tmp_path: Path) -> None:
+    """An old plan.json (stages.eval.temperature, since moved) cannot be read, so PROGRESS.md cannot be
+    rewritten: a warning names the file, and the run's own files are still sent and verified."""
+    run = make_run(tmp_path, s3_spec)
+    plan = json.loads((run / "plan.json").read_text())
+    plan["resolved"]["stages"]["eval"]["temperature"] = 0.0
+    (run / "plan.json").write_text(json.dumps(plan))
+    result = runner.invoke(app, ["backup", str(run)], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert f"warning: {run}/PROGRESS.md not refreshed: {run}/plan.json: " in result.output
+    assert "safe to shut down" in result.output and not (run / "PROGRESS.md").exists()
+    keys = {o["Key"] for o in s3_env.client().list_objects_v2(Bucket=s3_spec.bucket)["Contents"]}
+    assert {f"runs/tinyrun/{name}" for name in ("plan.json", "recipe.yaml", "records.jsonl", "manifest.json")} <= keys

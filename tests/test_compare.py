@@ -61,6 +61,15 @@ def test_flatten_indexes_lists_of_mappings() -> None:
     assert flatten({"a": {"b": 1}, "s": [{"x": 2}], "ids": [1, 2]}) == {"a.b": 1, "s[0].x": 2, "ids": [1, 2]}
 
 
+def test_a_run_without_recipe_adds_no_empty_key_to_the_differences(tmp_path: Path) -> None:
+    assert flatten({}) == {} and flatten({}, "r") == {"r": {}}  # an empty section below the top stays a value
+    a, b = _two_runs(tmp_path)
+    (b / "recipe.yaml").unlink()
+    diff = _table(compare([RunInfo.load(a), RunInfo.load(b)]), "Recipe differences")
+    assert "" not in diff and diff["name"] == ["lr-low", "-"]
+    assert all(b_value == "-" for _, b_value in diff.values())
+
+
 def _eval_report(run: Path, report: dict) -> None:
     (run / "eval" / "report").mkdir(parents=True)
     (run / "eval" / "report" / "eval.json").write_text(json.dumps(report))

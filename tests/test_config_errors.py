@@ -68,6 +68,15 @@ CASES: list[tuple[str, list[str], list[str]]] = [
      ["override 'storage.s3.aws_access_key_id=<hidden>'", "credentials do not belong in a recipe"]),
     ("base.yaml", ["train.epochs=-1"], ["override 'train.epochs=-1'", "stages.train.epochs", "got -1",
                                         "greater than 0"]),
+    # a section's check that blames one key: the key's own line, or the override that set it
+    ("eval_temperature.yaml", [], [f"{REL}/eval_temperature.yaml:5: stages.eval.temperature: moved to "
+                                   "deploy.temperature", "hint: remove stages.eval.temperature and set "
+                                   "deploy.temperature"]),
+    ("eval_temperature.yaml", ["eval.temperature=0.5"], ["override 'eval.temperature=0.5': stages.eval.temperature: "
+                                                         "moved to deploy.temperature", "deploy.temperature=VALUE"]),
+    # a key missing from a named profile: the profile file, not the recipe's `hardware:` line
+    ("no_cpu_peak.yaml", [], [f"{REL}/profiles/no_cpu_peak.yaml: hardware.cpu_tflops: a profile without a GPU "
+                              "(gpu: null) needs cpu_tflops", "hint: add `cpu_tflops:` to the profile"]),
 ]
 
 

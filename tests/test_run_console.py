@@ -235,3 +235,19 @@ def test_make_console_off_a_terminal_keeps_whole_cells():
     make_console(file=buf).print(table)
     assert "16.0 KiB" in buf.getvalue() and "very-long-folder/" * 12 in buf.getvalue()
     assert not CONTROL.search(buf.getvalue())
+
+
+def test_the_summary_shows_an_unfinished_stage_with_its_time_and_where_it_stopped(tmp_path, monkeypatch):
+    def stops_at_its_limit(ctx):
+        fakes.generate(ctx)
+        return StageResult({"completions": Artifact("completions")}, {"completions_total": 6},
+                           unfinished="6 of 10 prompts completed (stages.generate.max_prompts / max_minutes)")
+
+    monkeypatch.setattr(orchestrator, "load_stage", {**fakes.FAKES, "generate": stops_at_its_limit}.__getitem__)
+    result = fakes.run(fakes.make_recipe(fakes.write_prompts(tmp_path / "p.jsonl")), tmp_path / "run")
+    buf = io.StringIO()
+    view = RunConsole(Console(file=buf, width=300))
+    view.console.print(view.table(result))
+    row = _row(buf.getvalue(), "generate")
+    assert re.search(r"│ unfinished\s+│ \d", row) and "earlier" not in row
+    assert "6 of 10 prompts completed" in row

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from dflashx.cli import status as status_cli
 from dflashx.run import orchestrator
 from dflashx.run.status import NotARunDir, run_status
+from dflashx.stages.base import Artifact, StageResult
 
 
 @pytest.fixture(autouse=True)
@@ -58,3 +59,30 @@ def test_not_a_run_dir(tmp_path):
         run_status(tmp_path)
     code, out = _cli(tmp_path)
     assert code == 2 and "is this a dflashx run directory" in out
+
+
+def _generate_stops_at_its_limit(ctx):
+    fakes.generate(ctx)
+    return StageResult({"completions": Artifact("completions")}, {"completions_total": 6},
+                       unfinished="6 of 10 prompts completed (stages.generate.max_prompts / max_minutes); "
+                                  "the next attempt resumes after them")
+
+
+def test_a_stage_stopped_at_its_limit_is_unfinished_in_status_and_progress(tmp_path, source, monkeypatch):
+    """The orchestrator's `stage_unfinished` record (the pilot's generate at pilot.prompts): status,
+    PROGRESS.md (written at run_end while the lock is held) and `dflashx status` say unfinished and why."""
+    monkeypatch.setattr(orchestrator, "load_stage", {**fakes.FAKES, "generate": _generate_stops_at_its_limit}.get)
+    run_dir = tmp_path / "run"
+    result = fakes.run(fakes.make_recipe(source), run_dir)
+    assert [o.state for o in result.outcomes] == ["done", "unfinished"]
+    rows = {row.name: row for row in run_status(run_dir)}
+    generate = rows["generate"]
+    assert generate.state == "unfinished" and generate.message.startswith("6 of 10 prompts completed")
+    assert generate.duration_s is not None and generate.metrics == {"completions_total": 6}
+    assert rows["qc"].state == "pending"
+    progress = (run_dir / "PROGRESS.md").read_text()
+    assert "| generate | unfinished | " in progress and "| 6 of 10 prompts completed" in progress
+    assert "running" not in progress
+    code, out = _cli(run_dir)
+    line = next(line for line in out.splitlines() if "generate" in line)
+    assert code == 0 and "unfinished" in line and "6 of 10 prompts completed" in line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -24,11 +25,21 @@ def command(
 
     from dflashx.report.fmt import human_bytes
     from dflashx.report.progress import write_progress
+    from dflashx.run.status import NotARunDir
     from dflashx.store.backup import SAFE, backup_run
     from dflashx.store.base import StoreError
     from dflashx.store.inventory import run_remote
 
     console = make_console()
+
+    def refresh_progress(path: Path) -> None:
+        """PROGRESS.md before the run's own files are sent; a plan.json this dflashx cannot read (a run
+        made before a schema change) only warns: the backup goes on and sends the run's files."""
+        try:
+            write_progress(path)
+        except NotARunDir as exc:
+            console.print(f"warning: {path}/PROGRESS.md not refreshed: {exc}; the run's own files "
+                          "(plan.json, recipe.yaml, records) are still backed up", style="yellow", markup=False)
     try:
         store = run_remote(run_dir, to)
         if store is None:
@@ -41,7 +52,7 @@ def command(
             report = backup_run(run_dir, store, include_replaceable=not only_irreplaceable,
                                 verify_only=verify_only, repair=repair,
                                 progress=lambda n: bar.advance(task, n),
-                                before_run_files=write_progress)
+                                before_run_files=refresh_progress)
     except StoreError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None

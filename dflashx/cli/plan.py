@@ -30,6 +30,7 @@ from dflashx.cli._common import (
 from dflashx.config.errors import RecipeProblem, RecipeError
 from dflashx.config.load import LoadedRecipe, load_recipe
 from dflashx.plan.explain import human_bytes, human_count, human_seconds
+from dflashx.report.fmt import band_text
 
 if TYPE_CHECKING:
     from dflashx.plan.calibration import CalibrationReport
@@ -62,12 +63,10 @@ def _inputs(inputs: dict[str, Any]) -> str:
 
 
 def span(band: Band | None, fmt: Callable[[float], str]) -> str:
-    """`P10 – P90` of a range; `-` without one, empty when the stage's estimate has no spread."""
-    if band is None:
-        return "-"
-    if band.p90 - band.p10 <= 0.005 * band.p50:
+    """`P10 – P90` of a range (`band_text`); `-` without one, empty when the stage's estimate has no spread."""
+    if band is not None and band.p90 - band.p10 <= 0.005 * band.p50:
         return ""
-    return f"{fmt(band.p10)} – {fmt(band.p90)}"
+    return band_text(band, fmt)
 
 
 def _usd(value: float) -> str:

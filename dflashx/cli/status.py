@@ -1,5 +1,5 @@
 """`dflashx status RUN_DIR`: each stage's state, key, duration, outputs and headline metrics (a failed
-stage's error; what a running stage waits on, when it says)."""
+stage's error; what a running stage waits on, when it says; where an unfinished one stopped)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 HEADLINE_METRICS = 4
-STATE_STYLE = {"done": "green", "failed": "red", "running": "cyan", "interrupted": "yellow",
+STATE_STYLE = {"done": "green", "failed": "red", "running": "cyan", "interrupted": "yellow", "unfinished": "yellow",
                "stale": "yellow", "pending": "white", "skipped-disabled": "dim"}
 
 
@@ -37,7 +37,8 @@ def command(run_dir: Annotated[Path, typer.Argument(help="A run directory made b
         table.add_column(column)
     for row in rows:
         outputs = "\n".join(f"{e.artifact} ({human_bytes(e.size)})" for e in row.outputs)
-        headline = row.message if row.state in ("failed", "running") and row.message else _headline(row.metrics)
+        said = row.state in ("failed", "running", "unfinished") and row.message
+        headline = row.message if said else _headline(row.metrics)
         style = STATE_STYLE.get(row.state, "white")
         table.add_row(row.name, f"[{style}]{row.state}[/]", (row.stage_key or "")[:12],
                       human_seconds(row.duration_s), outputs or "-", headline or "-")

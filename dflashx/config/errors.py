@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from dflashx.config import suggest
+from dflashx.config.fields import KEY_PROBLEM
 from dflashx.config.schema import Recipe
 
 Loc = tuple[str | int, ...]
@@ -113,6 +114,7 @@ class SourceMap:
 
     def __init__(self) -> None:
         self._where: dict[Loc, Origin] = {}
+        self._sections: dict[Loc, Origin] = {}  # a section whose keys one file writes (a hardware profile)
         self.files: list[Path] = []  # every file recorded, in the order it was merged
 
     def _drop_below(self, loc: Loc) -> None:
@@ -131,6 +133,11 @@ class SourceMap:
             self._where[loc + (key,)] = Origin(file, key_node.start_mark.line + 1)
             self._walk(file, value_node, loc + (key,))
 
+    def add_section(self, loc: Loc, file: Path) -> None:
+        """The keys of section `loc` are written in `file` (`hardware: NAME`'s profile): a key missing
+        there is located in that file, not at the line that named it."""
+        self._sections[loc] = Origin(str(file))
+
     def add_override(self, loc: Loc, origin: Origin) -> None:
         self._drop_below(loc)
         for n in range(1, len(loc)):  # a new key's parents are new too when the override created them
@@ -138,12 +145,15 @@ class SourceMap:
         self._where[loc] = origin
 
     def locate(self, loc: Sequence[str | int]) -> Origin | None:
-        """Where `loc` or, failing that, its nearest written parent was written."""
+        """Where `loc` was written; failing that, the file that writes its section (`add_section`) or
+        where its nearest written parent was written."""
         loc = tuple(loc)
         while loc:
             if loc in self._where:
                 return self._where[loc]
             loc = loc[:-1]
+            if loc in self._sections:
+                return self._sections[loc]
         return None
 
 
@@ -187,16 +197,21 @@ def validation_problems(
     problems = []
     for err in exc.errors():
         loc: Loc = tuple(p for p in err["loc"] if isinstance(p, (str, int)))
+        kind, ctx = err["type"], err.get("ctx") or {}
+        if kind == KEY_PROBLEM:  # a section's check that blames one of its keys (`fields.key_problem`)
+            loc += (ctx["key"],)
         if loc in skipped:
             continue
         origin = sources.locate(loc) or fallback
-        kind, value = err["type"], err.get("input")
+        value = err.get("input")
         secret = bool(loc) and suggest.looks_secret(str(loc[-1]), value)
         shown = not secret and kind not in ("missing", "extra_forbidden") and not isinstance(value, (dict, list))
         got = f" (got {_shown(value)})" if shown else ""
         expected: str | None = err["msg"].removeprefix("Value error, ")
         hint = None
-        if kind == "extra_forbidden":
+        if kind == KEY_PROBLEM:
+            message, expected, hint = err["msg"], None, ctx["fix"]
+        elif kind == "extra_forbidden":
             message, expected, hint = "unknown key", None, suggest.unknown_key_hint(loc, root)
         elif kind == "missing":
             message, expected = "required key is missing", None

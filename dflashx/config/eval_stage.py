@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from dflashx.config.eval_suites import (
     BUILTIN_BASELINES, BUILTIN_SUITES, HELDOUT, TRAINED, UNTRAINED, known_names, template_fields, unique_names,
 )
-from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, StageBase, Strict
+from dflashx.config.fields import OPERATIONAL, OUTPUT, PATH, StageBase, Strict, key_problem
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 def _named(value: object) -> object:
@@ -107,9 +107,10 @@ class EvalStage(StageBase):
     @classmethod
     def _moved(cls, data: object) -> object:
         if isinstance(data, dict) and "temperature" in data:
-            raise ValueError("stages.eval.temperature moved to deploy.temperature (with deploy.top_p, deploy.top_k): "
-                             "the eval measures tau greedily and at the temperature the drafter will be served at; "
-                             "remove stages.eval.temperature and set deploy.temperature")
+            raise key_problem("temperature", "moved to deploy.temperature (with deploy.top_p, deploy.top_k): the eval "
+                              "measures tau greedily and at the temperature the drafter will be served at",
+                              "remove stages.eval.temperature and set deploy.temperature (on the command line: "
+                              "deploy.temperature=VALUE)")
         return data
 
     @field_validator("suites", "baselines", mode="before")

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.config import JsonDict
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -31,6 +32,15 @@ ByteSize = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 # Every float of a recipe: `.inf`, `1e309` (which YAML reads as infinity) and `.nan` are errors.
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
+
+
+KEY_PROBLEM = "key_problem"
+
+
+def key_problem(key: str, message: str, fix: str) -> PydanticCustomError:
+    """A section's validator's error about one of its keys, written or missing: `config.errors` reports it
+    at that key (its file and line, or the override that set it) with `fix` as the hint."""
+    return PydanticCustomError(KEY_PROBLEM, message, {"key": key, "fix": fix})
 
 
 class Strict(BaseModel):

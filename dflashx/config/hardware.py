@@ -6,7 +6,7 @@ about the node, never settings."""
 
 from pydantic import Field, model_validator
 
-from dflashx.config.fields import UNCALIBRATED, FiniteFloat, Strict, calibrates
+from dflashx.config.fields import UNCALIBRATED, FiniteFloat, Strict, calibrates, key_problem
 
 # A fact of the node: a pilot's serving and training figures were measured on it (dflashx.plan.calibration).
 NODE_FACT = calibrates("serving", "training")
@@ -61,8 +61,8 @@ class HardwareProfile(Strict):
     @model_validator(mode="after")
     def _cpu_peak_given(self) -> "HardwareProfile":
         if self.gpu is None and self.cpu_tflops is None:
-            raise ValueError("a profile without a GPU (gpu: null) needs cpu_tflops, the host's FP32 TFLOP/s "
-                             "(the cpu profile says 0.1)")
+            raise key_problem("cpu_tflops", "a profile without a GPU (gpu: null) needs cpu_tflops, the host's FP32 "
+                              "TFLOP/s", "add `cpu_tflops:` to the profile (the cpu profile says 0.1)")
         return self
 
     @property

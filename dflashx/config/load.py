@@ -276,6 +276,7 @@ class _Loader:
                                                "hardware", fix=hint))
             return None
         cfg = self.read(known[name], prefix)
+        self.sources.add_section(prefix, known[name])
         cfg.setdefault("name", name)
         calibration = known[name].with_name(name + CALIBRATION_SUFFIX)
         if calibration.is_file():

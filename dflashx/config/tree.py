@@ -72,7 +72,10 @@ def flatten(data: Any, prefix: str = "", leaf: Callable[[Any], bool] = _never) -
     """The one dotted-key flattener: {"a": {"b": 1}, "l": [{"x": 2}]} -> {"a.b": 1, "l[0].x": 2}.
 
     Mappings and lists of mappings are walked; anything else is a value: scalars, lists of scalars, an
-    empty mapping or list, and a node `leaf` accepts (a caller's own unit, e.g. a PATH field's identity)."""
+    empty mapping or list, and a node `leaf` accepts (a caller's own unit, e.g. a PATH field's identity).
+    An empty mapping at the top (no `prefix`: e.g. a run without recipe.yaml) has no keys."""
+    if isinstance(data, dict) and not data and not prefix:
+        return {}
     if isinstance(data, dict) and data and not leaf(data):
         items = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in data.items()]
     elif isinstance(data, list) and data and all(isinstance(v, dict) for v in data) and not leaf(data):

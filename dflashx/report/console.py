@@ -42,7 +42,8 @@ from dflashx.track.redact import RedactingFilter
 PLAIN_EVERY_S = 10.0
 HEARTBEAT_S = 60.0  # off a terminal, a stage that says nothing still gets a line this often
 _STEP_OF = re.compile(r"\bstep (\d+)/(\d+)\b")
-STYLE = {"done": "green", "skipped": "dim", "disabled": "dim", "failed": "red", "interrupted": "yellow"}
+STYLE = {"done": "green", "skipped": "dim", "disabled": "dim", "failed": "red", "interrupted": "yellow",
+         "unfinished": "yellow"}
 # Headline figures per stage: (metric, format); other stages show their first scalar metrics.
 Spec = str | Callable[[Any], str]  # a format string, or a function of the value
 HEADLINES: dict[str, tuple[tuple[str, Spec], ...]] = {
@@ -327,11 +328,11 @@ class RunConsole:
                              overflow="fold", max_width=80 if column == "figures" else None)
         for name in STAGE_ORDER:
             o = outcomes.get(name) or StageOutcome(name, "not run")
-            ran = o.state in ("done", "failed")
+            ran = o.state in ("done", "failed", "unfinished")
             seconds = o.duration_s if ran else earlier.get(name, {}).get("duration_s")
             spent = "-" if seconds is None else human_seconds(seconds) + ("" if ran else " earlier")
             metrics = o.metrics if ran else earlier.get(name, {}).get("metrics") or {}
-            shown = (o.message or "").splitlines()[0] if o.state == "failed" else figures(
+            shown = (o.message or "").splitlines()[0] if o.state in ("failed", "unfinished") else figures(
                 metrics, HEADLINES.get(name, ()), fallback=3)
             table.add_row(name, Text({"skipped": "unchanged"}.get(o.state, o.state), style=STYLE.get(o.state, "")),
                           spent, shown or "-", "\n".join(output_paths(result.run_dir, manifest.by_stage(name))) or "-")

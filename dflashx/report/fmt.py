@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
@@ -9,6 +10,8 @@ from dflashx.plan import explain
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from dflashx.plan.ranges import Band
 
 OFF_TTY_WIDTH = 1000  # off a terminal rich tables take their natural width, up to this
 
@@ -32,6 +35,11 @@ def human_bytes(n: float | None) -> str:
 def human_seconds(s: float | None) -> str:
     """4000 -> '1.1 h' (the planner's units); None -> '-'."""
     return "-" if s is None else explain.human_seconds(s)
+
+
+def band_text(band: Band | None, fmt: Callable[[float], str]) -> str:
+    """`P10 – P90` of a plan range in `fmt`'s units (`dflashx plan`, pilot and review); `-` without one."""
+    return "-" if band is None else f"{fmt(band.p10)} – {fmt(band.p90)}"
 
 
 def human_value(v: Any) -> str:

@@ -13,7 +13,7 @@ from dflashx.plan.context import build_context
 from dflashx.plan.plan import Plan
 from dflashx.plan.ranges import Band
 from dflashx.plan.rules_training import still_rising
-from dflashx.report.fmt import Section, human_seconds
+from dflashx.report.fmt import Section, band_text, human_seconds
 from dflashx.run.pilot import PilotOutcome
 
 
@@ -30,7 +30,7 @@ def _num(v: float | None, digits: int = 4) -> str:
 
 
 def _range(band: Band, fmt: Any) -> str:
-    return f" ({fmt(band.p10)} – {fmt(band.p90)})"
+    return f" ({band_text(band, fmt)})"
 
 
 def comparison(outcome: PilotOutcome) -> Section:

@@ -42,8 +42,9 @@ def _headline(metrics: dict[str, Any], limit: int = 3) -> str:
 
 
 def _row_headline(row: StageRow) -> str:
-    """A running stage's wait (what it waits on, when it says), else its headline metrics."""
-    return row.message if row.state == "running" and row.message else _headline(row.metrics)
+    """A running stage's wait (what it waits on, when it says) or where an unfinished one stopped, else
+    its headline metrics."""
+    return row.message if row.state in ("running", "unfinished") and row.message else _headline(row.metrics)
 
 
 def _stage_table(plan: Plan | None, rows: Sequence[StageRow]) -> list[str]:

@@ -22,11 +22,11 @@ from typing import Any
 from dflashx.config.errors import RecipeError
 from dflashx.config.load import load_recipe
 from dflashx.config.schema import Recipe
+from dflashx.config.tree import flatten
 from dflashx.plan.context import Estimates
 from dflashx.plan.findings import Finding
 from dflashx.plan.plan import Plan, make_plan
-from dflashx.report.compare import flatten
-from dflashx.report.fmt import Section, human_bytes, human_seconds, human_value
+from dflashx.report.fmt import Section, band_text, human_bytes, human_seconds, human_value
 
 FactsFor = Callable[[Recipe], Any]
 
@@ -157,10 +157,9 @@ def changed_keys(base: Side, head: Side) -> Section:
 
 def _range(plan: Plan | None, key: str, fmt: Callable[[float | None], str]) -> tuple[str, float | None]:
     """`P10 – P90` of a total, `seconds` or `usd` (and its P90, for the change column); `-` without ranges."""
-    if plan is None or plan.ranges is None:
-        return "-", None
-    band = plan.ranges.total if key == "seconds" else plan.ranges.usd["total"]
-    return f"{fmt(band.p10)} – {fmt(band.p90)}", band.p90
+    ranges = plan.ranges if plan is not None else None
+    band = None if ranges is None else ranges.total if key == "seconds" else ranges.usd["total"]
+    return band_text(band, fmt), None if band is None else band.p90
 
 
 def _value(estimates: Estimates | None, key: str) -> float | None:

@@ -3,7 +3,9 @@
 States: done (its `_SUCCESS` key is the current key), stale (finished with another key: it re-runs
 next time), running (started, and a `dflashx run` holds the run lock; `message` says what it waits
 on, when it says: `waits`), interrupted (started, no run holds the lock: the process died; re-run
-to resume), failed, pending, skipped-disabled.
+to resume), unfinished (the last attempt stopped at a limit of the recipe, e.g. the pilot's
+generate at pilot.prompts / max_minutes: `message` says how far it got; the next run resumes it),
+failed, pending, skipped-disabled.
 `dflashx.report.progress.write_progress(run_dir)` renders them into PROGRESS.md.
 """
 
@@ -23,7 +25,9 @@ from dflashx.run.watchdog import read_stall
 from dflashx.track.records import read_records
 from dflashx.track.waiting import describe, read_waiting
 
-_STAGE_EVENTS = {"stage_start", "stage_end", "stage_failed", "stage_interrupted", "stage_skipped"}
+_STAGE_EVENTS = {"stage_start", "stage_end", "stage_failed", "stage_interrupted", "stage_skipped",
+                 "stage_unfinished"}
+_ENDED = {"stage_failed": "failed", "stage_interrupted": "interrupted", "stage_unfinished": "unfinished"}
 
 
 @dataclass
@@ -96,8 +100,8 @@ def run_status(run_dir: str | Path) -> list[StageStatus]:
             row.stage_key = event.get("stage_key")
             row.duration_s = _seconds_since(event["ts"]) if locked else None
             row.message = waits(rundir.stage_dir(name)) if locked else None
-        elif event.get("event") in ("stage_failed", "stage_interrupted"):
-            row.state = "failed" if event["event"] == "stage_failed" else "interrupted"
+        elif event.get("event") in _ENDED:
+            row.state = _ENDED[event["event"]]
             row.stage_key, row.duration_s = event.get("stage_key"), event.get("duration_s")
             row.message, row.metrics = event.get("message"), event.get("metrics") or {}
         if row.stage_key is None and row.state == "pending":
