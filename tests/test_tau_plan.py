@@ -53,6 +53,14 @@ def test_a_given_interval_is_kept_and_zero_measures_nothing():
     assert _plan("dataset.eval_holdout=0").resolved.stages.train.tau_every == 0
 
 
+def test_a_given_interval_without_held_out_prompts_is_a_warning():
+    plan = _plan("stages.train.tau_every=10", "dataset.eval_holdout=0")
+    found = [f for f in plan.warnings if f.code == "tau_no_prompts"]
+    assert [f.key for f in found] == ["stages.train.tau_every"] and "dataset.eval_holdout" in found[0].fix
+    assert not any(f.code == "tau_no_prompts" for f in _plan("stages.train.tau_every=10").findings)
+    assert not any(f.code == "tau_no_prompts" for f in _plan("dataset.eval_holdout=0").findings)
+
+
 @pytest.mark.parametrize(("steps", "train_s", "probe_s", "every"), [
     (320, 100.0, 1.0, 64),  # 5 measurements of 1 s within 5 s
     (320, 100.0, 6.0, 0),  # not even the last step's
