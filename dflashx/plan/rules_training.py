@@ -144,4 +144,5 @@ def rows_fill_a_batch(ctx: PlanContext) -> Iterable[Finding]:
 
 
 TRAINING_RULES: tuple[Rule, ...] = (loss_kernel_fits_objective, target_labels_need_online, sharded_target_not_fp8,
-                                     tau_needs_whole_target, tau_needs_held_out_prompts, long_enough_to_learn, rows_fill_a_batch)
+                                     tau_needs_whole_target, tau_needs_held_out_prompts, long_enough_to_learn,
+                                     rows_fill_a_batch)

@@ -14,8 +14,9 @@ routed experts leave the MFU term and are timed by `moe.trainer_moe` (transforme
 the micro step's tokens), unless a calibrated MFU (which measured them) replaces the model.
 + the held-out τ measurements (`tau_probe`: `dflashx.resolve.tau.measurements` of them, each a batch-1
 greedy decode of the held-out slice on rank 0, bounded as the eval stage's estimate bounds a decode:
-at τ 1, each token a draft-verify cycle whose target forward verifies block_size tokens). Unset, `stages.train.tau_every` is derived here from the rest of the time
-(`dflashx.resolve.tau.tau_every`) and handed on in `Training.tau_every`.
+at τ 1, each token a draft-verify cycle whose target forward verifies block_size tokens). Unset,
+`stages.train.tau_every` is derived here from the rest of the time (`dflashx.resolve.tau.tau_every`) and
+handed on in `Training.tau_every`.
 MFU: `hardware.calibrated.training_mfu` (measured on this node, all-reduce and gathers included:
 they are then not added again), else the cited table row (`mfu.py`).
 """
