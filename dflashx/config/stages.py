@@ -241,8 +241,8 @@ class TrainStage(StageBase):
         description="Optimizer steps between held-out acceptance-length measurements during training (rank 0 "
                     "decodes the first held-out prompts greedily with the drafter as it stands; the last step is "
                     "always measured, and the best-τ drafter is kept and exported when it beats the last); 0 turns "
-                    "it off; default: derived by the planner so that the measurements cost at most 5% of the train "
-                    "stage (docs/training.md, \"Held-out τ while training\").",
+                    "it off; default: derived by the planner so that the measurements cost at most 5% of the rest of "
+                    "the train stage's estimated time (docs/training.md, \"Held-out τ while training\").",
         json_schema_extra=OPERATIONAL | UNCALIBRATED,
     )
     seed: int = Field(0, description="Random seed.", json_schema_extra=OUTPUT | UNCALIBRATED)

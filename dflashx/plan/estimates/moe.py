@@ -26,8 +26,10 @@ cost and floors in seconds. Efficiency is against the dense bf16 GEMM measured i
 multiplies engine.py's dense GEMM ceiling of the dtype (FP8 experts: the FP8 ceiling at the same
 efficiency, not measured). Below 64 rows per expert the grouped GEMM reads at its memory-bound rate in
 every measured shape, so the efficiency there is not observable: it is held at the 64-row figure and
-the memory term binds. Without a GPU (the CPU profile) the experts are the plain roofline: bytes at the
-copy share, FLOPs at the GEMM share, no fixed cost or floor.
+the memory term binds. Where nothing here was measured, the experts are the plain roofline (`ROOFLINE`:
+bytes at the copy share, FLOPs at the GEMM share, no fixed cost or floor): without a GPU (the CPU profile),
+and for a serving engine other than SGLang even on a GPU (`serving_path`: the in-process and transformers
+rows carry their own per-call latency).
 """
 
 from __future__ import annotations

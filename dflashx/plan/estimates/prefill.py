@@ -11,7 +11,9 @@ mixers, whose time does not follow their FLOPs.
             MTP head's x moe.moe_layer(prompt) at 16 bits (as the draft's decode and its served weights: SGLang's
             eager path)
           + token mixers (SGLang on a GPU): what a Gated DeltaNet or attention layer costs beyond the FLOPs above
-            (the chunked scan and short convolution, RoPE, norms, gating, the attention kernel's shortfall):
+            (the chunked scan and short convolution, RoPE, norms, gating, and the attention kernel's shortfall
+            against the ceiling as measured at MIXER_TOKENS: the core's quadratic FLOPs are priced above, the
+            shortfall is carried per token, linear in the prompt, a stated approximation away from 8,192):
               sum over layer types of layers x rest(target, type) x prompt x MIXER_FACTOR
               x bandwidth(H200) / (bandwidth(GPU) x tp)
           + a launch-bound engine's layer calls (in-process, transformers rows).

@@ -135,9 +135,10 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
     dense_flops = total - (0.0 if calibrated else moe.routed_flops * sequences)
     compute_s = dense_flops / (train.peak_flops * dev.count * mfu) + moe_s
     probe = tau_probe(recipe, lengths)
-    every = tau_every(train.tau_every, measurable(train), steps, compute_s + sync_s + gather_s, probe.value)
+    rest_s = compute_s + sync_s + gather_s  # what TAU_SHARE is a share of
+    every = tau_every(train.tau_every, measurable(train), steps, rest_s, probe.value)
     tau_s = measurements(steps, every) * probe.value
-    seconds = compute_s + sync_s + gather_s + tau_s
+    seconds = rest_s + tau_s
     mfu_source = ("measured on this node: hardware.calibrated.training_mfu (includes the gradient sync)" if calibrated
                   else f"{row.generation}/{row.precision}/{row.kind}: {row.source}"
                   + (f" — borrowed: {row.borrowed}" if row.borrowed else ""))
@@ -181,7 +182,7 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
              "held-out τ measurements (ceil(steps / tau_every): every tau_every steps and at the last) x one "
              "measurement; tau_every unset: the smallest interval keeping them within tau_share of the rest",
              tau_every=every, given=train.tau_every, measurements=measurements(steps, every),
-             tau_share=TAU_SHARE, share=tau_s / seconds if seconds else 0.0),
+             tau_share=TAU_SHARE, share_of_rest=tau_s / rest_s if rest_s else 0.0),
         term("train.seconds", seconds, "s",
              "(FLOPs per sample - routed experts) x sequences / (peak x GPUs x MFU) + MoE layers (moe.py) "
              "+ steps x gradient sync + steps x grad_accum x target gather + held-out τ measurements",
