@@ -28,15 +28,23 @@ _DRAFTER = {"drafter." + k for k in ("architecture", "conv_kernel_size", "conv_g
 _TRAIN = {"stages.train." + k for k in ("anchors_per_seq", "global_batch", "max_length", "micro_batch", "mode",
                                         "zero_stage")} | {"stages.tokenize.max_length"}
 
+# What else decides a held-out τ curve: how the drafter learns (the optimisation and objective) and what is decoded.
+_LEARNING = {"stages.train." + k for k in (
+    "lr", "weight_decay", "warmup_ratio", "grad_clip", "loss_gamma", "loss", "dpace_alpha", "labels", "optimizer",
+    "muon_lr", "muon_momentum", "schedule", "selector_weight", "selector_warmup_ratio", "selector_gold_missing",
+    "master_weights")}
+_TAU_SLICE = {"stages.train.tau_prompts", "stages.train.tau_max_new_tokens"}
+
 
 @pytest.mark.parametrize(("path", "gpu"), [("recipes/tiny.yaml", {"hardware.gpu"}),
                                            ("recipes/qwen36_27b.yaml", _GPU)])
 def test_each_group_holds_the_keys_its_figures_were_measured_under(path: str, gpu: set[str]) -> None:
     groups = conditions(load_recipe(path).recipe)
-    assert set(groups) == {"data", "serving", "training"}
+    assert set(groups) == {"data", "serving", "training", "tau"}
     assert set(groups["data"]) == {"dataset.sources", "dataset.dedupe", "dataset.eval_holdout"} | _TARGET | _SAMPLING
     assert set(groups["serving"]) == _HARDWARE | gpu | _TARGET | _SAMPLING | _SERVING
     assert set(groups["training"]) == _HARDWARE | gpu | _TARGET | _DRAFTER | _TRAIN
+    assert set(groups["tau"]) == set(groups["data"]) | set(groups["training"]) | _LEARNING | _TAU_SLICE
 
 
 def test_a_source_enters_the_data_group_without_its_expected_count() -> None:

@@ -188,7 +188,8 @@ PLAN_DICT_READ = re.compile(r"ctx\.plan\b|\bplan\[|\bplan\.get\(|from_plan\b|\"s
 def test_no_reader_outside_the_planner_reads_a_plan_dict():
     """The run, its stages and backends, the reports and the CLI read the typed `Plan` only: `StageContext` has
     no `plan`, and no module of theirs indexes a plan (`ctx.plan`, `plan[...]`, `plan.get(...)`, `from_plan`, a
-    plan.json key such as `["totals"]` or `.get("stages")`); plan.json is read by `Plan.load` alone."""
+    plan.json key such as `["totals"]` or `.get("stages")`); plan.json is read by `dflashx.run.rundir.load_plan`
+    alone."""
     assert "plan" not in {f.name for f in dataclasses.fields(StageContext)}
     offenders = [f"{path.relative_to(REPO)}:{n}" for folder in ("run", "report", "cli", "stages", "backends")
                  for path in sorted((REPO / "dflashx" / folder).rglob("*.py"))

@@ -106,8 +106,26 @@ def test_a_curve_measured_under_other_training_values_is_not_read():
     assert "train_too_short" not in _findings(plan)
     assert plan.calibration is not None and plan.calibration.tau_curve == ()
     skipped = {n.group: n for n in plan.calibration.not_applied}
-    assert "pilot held-out τ curve" in skipped["training"].figures
-    assert "stages.train.global_batch" in skipped["training"].changed
+    assert skipped["tau"].figures == ("pilot held-out τ curve",)
+    assert "stages.train.global_batch" in skipped["tau"].changed
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("stages__train__lr", 3e-4), ("stages__train__optimizer", "adamw"), ("stages__train__labels", "target"),
+    ("stages__train__loss", "decay_ce"), ("dataset__eval_holdout", 4), ("stages__eval__max_new_tokens", 32)])
+def test_a_curve_learnt_or_decoded_otherwise_is_not_read(key, value):
+    """The MFU's training group leaves the optimisation, the objective and the held-out slice out; the curve's own
+    group holds them: a curve measured under another lr, optimizer, labels, loss or slice is not applied."""
+    measured = tiny_recipe(stages__train__max_steps=150)
+    kept = _plan(measured, _calibration(measured, RISING))
+    assert kept.calibration is not None and kept.calibration.tau_curve == tuple(_curve(RISING))
+    assert "train_too_short" in _findings(kept) and not kept.calibration.not_applied
+    other = _plan(tiny_recipe(stages__train__max_steps=150, **{key: value}), _calibration(measured, RISING))
+    assert other.calibration is not None and other.calibration.tau_curve == ()
+    assert "too short for what the pilot measured" not in _findings(other).get("train_too_short", {}).get("message", "")
+    skipped = {n.group: n for n in other.calibration.not_applied}
+    assert set(skipped) == {"tau"} and skipped["tau"].figures == ("pilot held-out τ curve",)
+    assert skipped["tau"].changed
 
 
 def test_the_curve_round_trips_and_an_older_calibration_has_none():

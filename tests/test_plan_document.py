@@ -1,4 +1,4 @@
-"""plan.json is one typed document: `Plan.load(write(plan)) == plan`, and a file that holds no plan is a clear
+"""plan.json is one typed document: `load_plan(write(plan)) == plan`, and a file that holds no plan is a clear
 error naming the file, the key and the fix."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from _plan_recipes import recipe_from, seeds_recipe, tiny_recipe
 
 from dflashx.plan.calibration import PilotCalibration, conditions
 from dflashx.plan.plan import Plan, PlanFileError, make_plan
+from dflashx.run.rundir import load_plan
 from dflashx.store.atomic import atomic_write_json
 
 
@@ -24,7 +25,7 @@ def _written(plan: Plan, tmp_path, explain: bool = False):
                                     seeds_recipe("h100_x8", hardware__nodes=2)], ids=["tiny", "qwen36_27b", "2-node"])
 def test_load_gives_back_the_plan_that_was_written(recipe, tmp_path):
     plan = make_plan(recipe)
-    loaded = Plan.load(_written(plan, tmp_path))
+    loaded = load_plan(_written(plan, tmp_path))
     assert loaded == plan
     assert loaded.to_json() == json.loads(json.dumps(plan.to_json()))  # the layout docs/planner.md documents
     assert plan.resolved is not None and plan.ranges and plan.deploy and plan.stage("train").train_launch
@@ -38,7 +39,7 @@ def test_explain_and_a_calibration_travel_too(tmp_path):
                            stats={"output_tokens_mean": 321.0}, training_mfu=0.2, training_mfu_rse=0.05)
     plan = make_plan(recipe, calibration=cal)
     assert plan.calibration is not None and plan.calibration.applied
-    loaded = Plan.load(_written(plan, tmp_path, explain=True))
+    loaded = load_plan(_written(plan, tmp_path, explain=True))
     assert loaded == plan and loaded.calibration == plan.calibration
     assert [t.key for t in loaded.terms] == [t.key for t in plan.terms] and loaded.terms
 
@@ -46,7 +47,7 @@ def test_explain_and_a_calibration_travel_too(tmp_path):
 def test_a_plan_that_stopped_at_resolution_round_trips(tmp_path):
     plan = make_plan(seeds_recipe(target__model="nobody/unknown-model"))
     assert plan.resolved is None and [f.code for f in plan.errors] == ["unknown_target"]
-    assert Plan.load(_written(plan, tmp_path)) == plan
+    assert load_plan(_written(plan, tmp_path)) == plan
 
 
 def test_a_file_that_holds_no_plan_names_the_file_the_key_and_the_fix(tmp_path):
@@ -55,7 +56,7 @@ def test_a_file_that_holds_no_plan_names_the_file_the_key_and_the_fix(tmp_path):
     del data["totals"]
     path.write_text(json.dumps(data))
     with pytest.raises(PlanFileError, match=r"plan\.json: key 'totals' is missing.*plan again"):
-        Plan.load(path)
+        load_plan(path)
     path.write_text("{not json")
     with pytest.raises(PlanFileError, match=r"plan\.json: not JSON.*plan again"):
-        Plan.load(path)
+        load_plan(path)

@@ -86,9 +86,14 @@ def test_the_mtp_heads_prompt_pass_runs_its_routed_experts_through_moe_layer():
     assert draft.gemm_flops_per_token == pytest.approx(
         2.0 * prefill.mtp_layer_params(A3B) - moe.routed_flops_per_token(A3B, 1))
     plain, mtp = sglang(A3B), sglang(A3B, draft=draft)
-    assert mtp.moe_layers == plain.moe_layers + 1 == A3B.num_moe_layers + 1
+    assert mtp.moe_layers == plain.moe_layers == A3B.num_moe_layers and mtp.draft_moe_layers == 1
     assert mtp.moe_s - plain.moe_s == pytest.approx(plain.moe.seconds)
     assert mtp.mixer_s > plain.mixer_s  # its attention layer over the prompt
+    # Served FP8, the target's experts are FP8 but the MTP head's stay 16-bit (as its decode and served weights)
+    fp8 = sglang(A3B, dtype="fp8", draft=draft)
+    assert fp8.draft_moe.weight_bytes == pytest.approx(2 * fp8.moe.weight_bytes) == pytest.approx(
+        plain.moe.weight_bytes)
+    assert fp8.moe_s - sglang(A3B, dtype="fp8").moe_s == pytest.approx(fp8.draft_moe.seconds)
     dense = prefill.mtp_prompt_pass(QWEN36)
     assert dense.moe_layers == 0 and dense.gemm_flops_per_token == 2.0 * prefill.mtp_layer_params(QWEN36)
 

@@ -9,10 +9,16 @@ import math
 
 import pytest
 
+from _plan_recipes import seeds_recipe
+
+from dflashx.config.fields import PRECISION_BYTES
 from dflashx.config.load import load_recipe
+from dflashx.plan.estimates.device import device_of
+from dflashx.plan.estimates.host import EVAL_BANDWIDTH_EFFICIENCY
 from dflashx.plan.plan import make_plan
 from dflashx.resolve.tau import TAU_SHARE, measurements, tau_every
 from dflashx.targets.facts import facts_for
+from dflashx.targets.registry import lookup
 
 
 def _plan(*overrides: str):
@@ -47,6 +53,14 @@ def test_a_given_interval_is_kept_and_zero_measures_nothing():
     assert _plan("dataset.eval_holdout=0").resolved.stages.train.tau_every == 0
 
 
+def test_a_given_interval_without_held_out_prompts_is_a_warning():
+    plan = _plan("stages.train.tau_every=10", "dataset.eval_holdout=0")
+    found = [f for f in plan.warnings if f.code == "tau_no_prompts"]
+    assert [f.key for f in found] == ["stages.train.tau_every"] and "dataset.eval_holdout" in found[0].fix
+    assert not any(f.code == "tau_no_prompts" for f in _plan("stages.train.tau_every=10").findings)
+    assert not any(f.code == "tau_no_prompts" for f in _plan("dataset.eval_holdout=0").findings)
+
+
 @pytest.mark.parametrize(("steps", "train_s", "probe_s", "every"), [
     (320, 100.0, 1.0, 64),  # 5 measurements of 1 s within 5 s
     (320, 100.0, 6.0, 0),  # not even the last step's
@@ -66,3 +80,28 @@ def test_a_sharded_target_cannot_be_measured_on_rank_0():
     assert plan.resolved.stages.train.target_sharding == "zero3"
     assert any(f.code == "tau_sharded" and f.key == "stages.train.tau_every" for f in plan.errors)
     assert _plan(*sharded).resolved.stages.train.tau_every == 0
+
+
+@pytest.mark.parametrize("model", ["Qwen/Qwen3-30B-A3B", "Qwen/Qwen3.6-35B-A3B"])
+def test_an_moe_probe_reads_the_experts_its_verified_block_touches(model):
+    """At τ 1 each output token is a draft-verify cycle whose target forward verifies block_size tokens: an MoE
+    target's probe reads the experts all of them touch (several times one token's), plus the drafter's weights."""
+    facts = lookup(model)
+
+    def probe(block: int):
+        recipe = seeds_recipe("h200_x8", target__model=model, drafter__block_size=block)
+        plan = make_plan(recipe)
+        return plan.resolved, _terms(plan)["train.tau_probe_seconds"]
+
+    resolved, big = probe(16)
+    dtype = resolved.target.load_precision
+    expert_bytes = facts.expert_params * PRECISION_BYTES[dtype]
+    assert big.inputs["routed_bytes"] == pytest.approx(
+        facts.num_moe_layers * facts.expected_experts_touched(16) * expert_bytes)
+    assert big.inputs["routed_bytes"] > 5 * facts.num_moe_layers * facts.expected_experts_touched(1) * expert_bytes
+    assert big.inputs["drafter_bytes"] > 2 * resolved.drafter.dims.trainable > 0  # 16-bit, its LM head included
+    read = big.inputs["dense_bytes"] + big.inputs["routed_bytes"] + big.inputs["drafter_bytes"]
+    bandwidth = device_of(resolved.hardware).bandwidth_bps
+    assert big.inputs["seconds_per_token"] == pytest.approx(read / (bandwidth * EVAL_BANDWIDTH_EFFICIENCY))
+    _, small = probe(8)
+    assert small.inputs["routed_bytes"] < big.inputs["routed_bytes"] and small.value < big.value

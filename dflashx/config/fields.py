@@ -64,17 +64,17 @@ PATH: JsonDict = {STAGE_KEY: "path"}
 
 # --------------------------------------------------------------------------- calibration groups
 # A second marker on the same fields: which groups of pilot-measured figures (`dflashx.plan.calibration`:
-# data, serving, training) a field's value conditions. `calibrates("serving", "training")` puts the
+# data, serving, training, tau) a field's value conditions. `calibrates("serving", "training")` puts the
 # whole value in those groups (a sub-model's every field, flattened to dotted keys); BY_FIELD walks a
 # sub-model (or each model of a list) and lets its own fields' markers say; UNCALIBRATED conditions
 # none. Merged into the stage-key marker where a field has one: `OUTPUT | calibrates("data")`.
 CALIBRATES = "calibrates"
-CALIBRATION_GROUPS = ("data", "serving", "training")
+CALIBRATION_GROUPS = ("data", "serving", "training", "tau")
 BY_FIELD: JsonDict = {CALIBRATES: "fields"}
 UNCALIBRATED: JsonDict = {CALIBRATES: []}
 
 
-def calibrates(*groups: Literal["data", "serving", "training"]) -> JsonDict:
+def calibrates(*groups: Literal["data", "serving", "training", "tau"]) -> JsonDict:
     """The marker of a field whose value conditions these calibration groups."""
     return {CALIBRATES: list(groups)}
 

@@ -198,15 +198,15 @@ class TrainStage(StageBase):
         None, ge=1, description="Stop after this many optimizer steps (before the epochs end).",
         json_schema_extra=OUTPUT | UNCALIBRATED
     )
-    lr: FiniteFloat = Field(6e-4, gt=0, description="Peak learning rate.", json_schema_extra=OUTPUT | UNCALIBRATED)
+    lr: FiniteFloat = Field(6e-4, gt=0, description="Peak learning rate.", json_schema_extra=OUTPUT | calibrates("tau"))
     weight_decay: FiniteFloat = Field(0.0, ge=0, description="Optimizer weight decay.",
-                                      json_schema_extra=OUTPUT | UNCALIBRATED)
+                                      json_schema_extra=OUTPUT | calibrates("tau"))
     warmup_ratio: FiniteFloat = Field(
         0.04, ge=0, lt=1, description="Share of the steps spent warming the learning rate up.",
-        json_schema_extra=OUTPUT | UNCALIBRATED
+        json_schema_extra=OUTPUT | calibrates("tau")
     )
     grad_clip: FiniteFloat = Field(1.0, gt=0, description="Gradient-norm clipping.",
-                                   json_schema_extra=OUTPUT | UNCALIBRATED)
+                                   json_schema_extra=OUTPUT | calibrates("tau"))
     global_batch: int = Field(64, ge=1, description="Sequences per optimizer step across all GPUs.",
                               json_schema_extra=OUTPUT | calibrates("training"))
     micro_batch: int | None = Field(None, ge=1, description="Default: the hardware profile's.",
@@ -223,7 +223,7 @@ class TrainStage(StageBase):
     anchors_per_seq: int = Field(512, ge=1, description="Anchor positions (blocks) sampled per sequence.",
                                  json_schema_extra=OUTPUT | calibrates("training"))
     loss_gamma: FiniteFloat | None = Field(None, gt=0, description="Slot decay; default 7/5/4 for B=16/10/8.",
-                                           json_schema_extra=OUTPUT | UNCALIBRATED)
+                                           json_schema_extra=OUTPUT | calibrates("tau"))
     max_length: int | None = Field(None, ge=8, description="Default: tokenize.max_length.",
                                    json_schema_extra=OUTPUT | calibrates("training"))
     checkpoint_every: int = Field(500, ge=1, description="Optimizer steps between checkpoints.",
@@ -241,8 +241,8 @@ class TrainStage(StageBase):
         description="Optimizer steps between held-out acceptance-length measurements during training (rank 0 "
                     "decodes the first held-out prompts greedily with the drafter as it stands; the last step is "
                     "always measured, and the best-τ drafter is kept and exported when it beats the last); 0 turns "
-                    "it off; default: derived by the planner so that the measurements cost at most 5% of the train "
-                    "stage (docs/training.md, \"Held-out τ while training\").",
+                    "it off; default: derived by the planner so that the measurements cost at most 5% of the rest of "
+                    "the train stage's estimated time (docs/training.md, \"Held-out τ while training\").",
         json_schema_extra=OPERATIONAL | UNCALIBRATED,
     )
     seed: int = Field(0, description="Random seed.", json_schema_extra=OUTPUT | UNCALIBRATED)
@@ -265,54 +265,54 @@ class TrainStage(StageBase):
         description="Training objective over a block's slots: `decay_ce`, cross-entropy weighted by the fixed decay "
                     "exp(-(k-1)/loss_gamma) (DFlash paper); `dpace`, D-PACE (arXiv 2605.18810): each slot weighted "
                     "by the accepted length it leads on to under the drafter's own smoothed confidence.",
-        json_schema_extra=OUTPUT | UNCALIBRATED,
+        json_schema_extra=OUTPUT | calibrates("tau"),
     )
     dpace_alpha: FiniteFloat = Field(
         0.5, gt=0, le=1, description="D-PACE confidence smoothing: q~ = (1 - alpha) q + alpha (SpecForge's and "
-        "speculators' default 0.5).", json_schema_extra=OUTPUT | UNCALIBRATED)
+        "speculators' default 0.5).", json_schema_extra=OUTPUT | calibrates("tau"))
     labels: Literal["data", "target"] = Field(
         "data",
         description="What a slot is trained to predict: `data`, the token in the training data; `target`, the "
                     "target's argmax at that position (what greedy verification accepts; differs from the data where "
                     "it was sampled at temperature > 0). `target` runs the target's forward to its last layer and "
                     "its LM head on the supervised positions.",
-        json_schema_extra=OUTPUT | UNCALIBRATED,
+        json_schema_extra=OUTPUT | calibrates("tau"),
     )
     optimizer: Literal["adamw", "muon"] = Field(
         "muon",
         description="`adamw` for every weight, or `muon`: Muon (DeepSpeed's built-in, Newton-Schulz orthogonalised "
                     "momentum) for the 2-D matrices and AdamW for the rest (norms).",
-                    json_schema_extra=OUTPUT | UNCALIBRATED)
+                    json_schema_extra=OUTPUT | calibrates("tau"))
     muon_lr: FiniteFloat | None = Field(
         None, gt=0,
         description="Peak learning rate of the Muon matrices, in AdamW-matched units (the update's RMS scaled to "
                     "AdamW's, as torch.optim.Muon's `match_rms_adamw`); default: `lr` x the resolved factor "
-                    "(docs/training.md).", json_schema_extra=OUTPUT | UNCALIBRATED)
+                    "(docs/training.md).", json_schema_extra=OUTPUT | calibrates("tau"))
     muon_momentum: FiniteFloat = Field(0.95, gt=0, lt=1, description="Muon's Nesterov momentum.",
-                                       json_schema_extra=OUTPUT | UNCALIBRATED)
+                                       json_schema_extra=OUTPUT | calibrates("tau"))
     schedule: Literal["cosine", "linear"] = Field(
         "cosine", description="Learning-rate decay after the linear warm-up, to 0 at the last step (every group).",
-        json_schema_extra=OUTPUT | UNCALIBRATED)
+        json_schema_extra=OUTPUT | calibrates("tau"))
     selector_weight: FiniteFloat = Field(
         1.0, ge=0, description="DFlash2: weight of the path selector's k-way cross-entropy beside the backbone's "
         "loss (total = backbone + weight x ramp x selector; SpecForge, speculators and NeMo use 1.0).",
-        json_schema_extra=OUTPUT | UNCALIBRATED)
+        json_schema_extra=OUTPUT | calibrates("tau"))
     selector_warmup_ratio: FiniteFloat = Field(
         0.04, ge=0, lt=1, description="DFlash2: share of the steps over which the selector loss's weight ramps "
-        "linearly from 0 to `selector_weight`.", json_schema_extra=OUTPUT | UNCALIBRATED)
+        "linearly from 0 to `selector_weight`.", json_schema_extra=OUTPUT | calibrates("tau"))
     selector_gold_missing: Literal["skip", "swap"] = Field(
         "skip",
         description="DFlash2: a position whose label is not among the top-k candidates: `skip` leaves it out of the "
                     "selector loss (NeMo; SpecForge's docs), `swap` puts the label in place of the k-th candidate "
                     "(speculators).",
-        json_schema_extra=OUTPUT | UNCALIBRATED)
+        json_schema_extra=OUTPUT | calibrates("tau"))
     master_weights: Literal["fp32", "bf16"] = Field(
         "fp32",
         description="Precision of the optimizer's master weights, gradients and Adam moments on GPUs: `bf16` keeps "
                     "all in bf16 (DeepSpeed ZeRO 1 or 2 only; per drafter parameter 10 fewer bytes under AdamW, 6 "
                     "under Muon, on one GPU about 18 / 11 GB for a 27B target's 1.8B-parameter drafter) at some "
                     "risk to convergence late in a long run.",
-        json_schema_extra=OUTPUT | UNCALIBRATED,
+        json_schema_extra=OUTPUT | calibrates("tau"),
     )
 
 

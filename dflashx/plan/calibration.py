@@ -2,7 +2,7 @@
 
 `dflashx pilot` writes a `PilotCalibration` to `<run_dir>/pilot/calibration.json`; the CLI (the
 composition root) reads it and passes it to `make_plan(..., calibration=)`, which stays pure. Each
-figure carries the recipe values it was measured under (`conditions`, three groups); a group whose
+figure carries the recipe values it was measured under (`conditions`, four groups); a group whose
 values differ from the recipe being planned is not applied, and the plan says which key changed:
 
   data      samples (the ingest's count), prompt and output lengths (a histogram of the measured
@@ -13,12 +13,16 @@ values differ from the recipe being planned is not applied, and the plan says wh
             the servers reported (`stages.generate.serving.speculative.acceptance` becomes the geometric
             profile with that tau): the node, the target, the generation settings;
   training  `hardware.calibrated[CALIBRATED_MFU]`, the MFU the trainer measured (gradient sync
-            included): the node, the target, the drafter, the batch and lengths of training.
+            included): the node, the target, the drafter, the batch and lengths of training;
+  tau       the pilot's held-out τ curve (`tau_curve`): what decides how the drafter learns and what is
+            decoded, i.e. the data and training groups' values, the optimisation and objective (the
+            `calibrates("tau")` fields: lr, optimizer, labels, loss, ...) and the held-out slice
+            (`dflashx.resolve.tau.tau_slice`: `stages.train.tau_prompts`, `tau_max_new_tokens`).
 
-The pilot's held-out τ curve (`tau_curve`) is a measurement, not a figure that replaces a recipe value:
-under the training group's conditions it is handed on in the report (`CalibrationReport.tau_curve`), which
-`make_plan` passes to the rules (`train_too_short`); under other values it is listed as not applied. A
-calibration.json without it (written before the pilot measured τ) has none.
+The τ curve is a measurement, not a figure that replaces a recipe value: under the tau group's conditions
+it is handed on in the report (`CalibrationReport.tau_curve`), which `make_plan` passes to the rules
+(`train_too_short`); under other values it is listed as not applied. A calibration.json without it (written
+before the pilot measured τ) has none.
 """
 
 # No `from __future__ import annotations` here: pydantic would evaluate every field's string
@@ -33,7 +37,7 @@ from pydantic.fields import FieldInfo
 from dflashx.config.fields import BY_FIELD, CALIBRATES, CALIBRATION_GROUPS, marker
 from dflashx.config.schema import DatasetStats, Recipe
 from dflashx.config.tree import flatten
-from dflashx.resolve.tau import TauPoint
+from dflashx.resolve.tau import TauPoint, tau_slice
 from dflashx.plan.context import PlanContext, build_context
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
 from dflashx.resolve import resolve
@@ -83,7 +87,7 @@ class NotApplied:
 class CalibrationReport:
     """What a plan took from a pilot (plan.json's `calibration`): the figures `applied` (dotted recipe key ->
     value), those `not_applied`, the run and when, the relative standard errors of the applied groups, and the
-    pilot's held-out τ curve when the training group applies (a measurement for reports and rules)."""
+    pilot's held-out τ curve when the tau group applies (a measurement for reports and rules)."""
 
     run_id: str
     run_dir: str
@@ -130,13 +134,21 @@ def _walk(model: BaseModel, dumped: dict[str, Any], group: str) -> dict[str, Any
     return kept
 
 
+TAU_ALSO = ("data", "training")  # groups whose values decide the τ curve too (module doc)
+
+
 def conditions(recipe: Recipe) -> dict[str, dict[str, Any]]:
     """The recipe values each group of figures depends on, flattened to dotted keys (JSON values): the fields
-    whose `calibrates` markers (`dflashx.config.fields`) name the group."""
+    whose `calibrates` markers (`dflashx.config.fields`) name the group; the tau group adds the TAU_ALSO groups'
+    values and the held-out slice a measurement decodes (`tau_slice`)."""
     data = recipe.model_dump(mode="json")
-    return {group: {k: v for section, value in _walk(recipe, data, group).items()
-                    for k, v in flatten(value, section, _is_list).items()}
-            for group in CALIBRATION_GROUPS}
+    groups = {group: {k: v for section, value in _walk(recipe, data, group).items()
+                      for k, v in flatten(value, section, _is_list).items()}
+              for group in CALIBRATION_GROUPS}
+    prompts, new_tokens = tau_slice(recipe)
+    groups["tau"] = {**{k: v for g in TAU_ALSO for k, v in groups[g].items()}, **groups["tau"],
+                     "stages.train.tau_prompts": prompts, "stages.train.tau_max_new_tokens": new_tokens}
+    return groups
 
 
 def changed(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
@@ -177,8 +189,8 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, Ca
         "data": {f"dataset.stats.{k}": _shown(k, v) for k, v in cal.stats.items()},
         "serving": {f"hardware.calibrated.{CALIBRATED_SERVING}": cal.serving_ratio,
                     MTP_KEY: mtp_profile(recipe, cal.mtp_accept_length)},
-        "training": {f"hardware.calibrated.{CALIBRATED_MFU}": cal.training_mfu,
-                     TAU_CURVE: cal.tau_curve or None},
+        "training": {f"hardware.calibrated.{CALIBRATED_MFU}": cal.training_mfu},
+        "tau": {TAU_CURVE: cal.tau_curve or None},
     }
     applied: dict[str, Any] = {}
     not_applied: list[NotApplied] = []
@@ -188,7 +200,8 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, Ca
         if diff:
             not_applied.append(NotApplied(group, tuple(sorted(values)), tuple(diff)))
             continue
-        values.pop(TAU_CURVE, None)  # a measurement, not a recipe value: handed on in the report
+        if group == "tau":
+            continue  # a measurement, not a recipe value: handed on in the report
         applied |= values
         if group == "data" and values:
             stats = DatasetStats.model_validate({**stats.model_dump(), **cal.stats})
@@ -197,7 +210,7 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, Ca
                 calibrated[CALIBRATED_SERVING] = float(cal.serving_ratio)
             if cal.mtp_accept_length is not None:
                 recipe = with_mtp_accept_length(recipe, cal.mtp_accept_length)
-        elif values and cal.training_mfu is not None:  # the training group: values holds training_mfu
+        elif group == "training" and cal.training_mfu is not None:
             calibrated[CALIBRATED_MFU] = float(cal.training_mfu)
     updated = recipe.model_copy(update={
         "dataset": recipe.dataset.model_copy(update={"stats": stats}),
@@ -207,7 +220,7 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, Ca
     skipped = {n.group for n in not_applied}
     return updated, CalibrationReport(cal.run_id, cal.run_dir, cal.measured_at, applied, tuple(not_applied),
                                       {g: v for g, v in rse.items() if v is not None and g not in skipped},
-                                      () if "training" in skipped else tuple(cal.tau_curve))
+                                      () if "tau" in skipped else tuple(cal.tau_curve))
 
 
 def uncalibrated(recipe: Recipe, stats: dict[str, Any], **sections: dict[str, Any]) -> Recipe:

@@ -2,10 +2,10 @@
 open) and the train stage's (`TrainLaunch`: the DeepSpeed or torchrun argv, its world size and nodes).
 
 The planner builds the generate stage's once (`plan.expand.sglang.launch_plan`); plan.json stores it in the
-generate stage's entry (`to_json`) and `Plan.load` reads it back (`from_json`, the same object), so the client
-keeps open exactly what the estimate assumed and starts exactly the servers the plan lists. The shape (an
-immutable plan of one frozen spec per service) follows SpecForge's `LaunchPlan` / `ServiceSpec`, which issue 22
-names as the model (sgl-project/SpecForge); the fields are dflashx's own.
+generate stage's entry (`to_json`) and `dflashx.run.rundir.load_plan` reads it back (`from_json`, the same
+object), so the client keeps open exactly what the estimate assumed and starts exactly the servers the plan
+lists. The shape (an immutable plan of one frozen spec per service) follows SpecForge's `LaunchPlan` /
+`ServiceSpec`, which issue 22 names as the model (sgl-project/SpecForge); the fields are dflashx's own.
 
 Modes (the resolved `stages.generate.serving.mode`, `dflashx.resolve.serving.serving_mode`):
   launch      the generate stage starts `servers` (each node only its own: `node`) and waits for all of them

@@ -1,22 +1,19 @@
-"""`make_plan(recipe, facts) -> Plan`: pure (no network I/O, no torch); `Plan.load` reads a saved plan.json.
+"""`make_plan(recipe, facts) -> Plan`: pure (no file or network I/O, no torch).
 
 The plan holds the findings of every rule, one entry per stage (its commands, typed estimates and launch:
 generate's `LaunchPlan` and train's `TrainLaunch`, `dflashx.plan.launch`), the totals, their P10/P50/P90
 (`ranges`), the recipe with every derived value filled in (`resolved`), which figures a pilot calibrated
 (`calibration`), the drafter's predicted serving speed-up at the recipe's expected tau (`deploy`) and, for
 `--explain`, the formula and inputs of every number. It is one frozen document: `to_json` writes it (the
-layout documented in docs/planner.md), `from_json` / `load` give back the same `Plan`, and every reader (the
-run, its stages, the reports, the CLI) reads its attributes.
+layout documented in docs/planner.md), `from_json` gives back the same `Plan` (`dflashx.run.rundir.load_plan`
+reads a saved plan.json with it), and every reader (the run, its stages, the reports, the CLI) reads its
+attributes.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-from pydantic import ValidationError
 
 from dflashx.config.schema import STAGE_ORDER, Recipe
 from dflashx.plan.calibration import CalibrationReport, PilotCalibration, apply_calibration
@@ -35,7 +32,7 @@ from dflashx.targets.registry import REGISTRY, TargetFacts
 
 
 class PlanFileError(ValueError):
-    """A plan.json that does not hold a plan (`Plan.load`): names the file, the key and the fix."""
+    """A plan.json that does not hold a plan (`dflashx.run.rundir.load_plan`): names the file, the key and the fix."""
 
 
 @dataclass(frozen=True)
@@ -110,20 +107,6 @@ class Plan:
                    None if ranges is None else Ranges.from_json(ranges),
                    None if cal is None else CalibrationReport.from_json(cal),
                    None if deploy is None else Deployment.from_json(deploy))
-
-    @classmethod
-    def load(cls, path: str | Path) -> Plan:
-        """The plan saved at `path` (a run's plan.json); `PlanFileError` names what is wrong with it."""
-        fix = "plan again: `dflashx run` rewrites the run's plan.json (or `dflashx plan RECIPE --json > FILE`)"
-        try:
-            return cls.from_json(json.loads(Path(path).read_text()))
-        except json.JSONDecodeError as e:
-            raise PlanFileError(f"{path}: not JSON ({e}); {fix}") from None
-        except KeyError as e:
-            raise PlanFileError(f"{path}: key {e} is missing, so this is not a dflashx plan (or one from an "
-                                f"older dflashx); {fix}") from None
-        except (TypeError, ValueError, ValidationError) as e:
-            raise PlanFileError(f"{path}: a value does not fit the plan: {e}; {fix}") from None
 
 
 def _stage_plans(ctx: PlanContext) -> tuple[StagePlan, ...]:

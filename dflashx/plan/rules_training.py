@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from dflashx.resolve.tau import TauPoint, curve_text
+from dflashx.resolve.tau import TAU_PROMPTS, TauPoint, curve_text
 from dflashx.plan.context import PlanContext
 from dflashx.plan.findings import Finding, error, warning
 from dflashx.resolve.formulas import steps_per_epoch
@@ -68,6 +68,16 @@ def tau_needs_whole_target(ctx: PlanContext) -> Iterable[Finding]:
                     "held-out τ is decoded on rank 0 with the whole target, but the target is sharded over the ranks "
                     "(ZeRO-3)", "set stages.train.tau_every to 0 (the eval stage still measures τ), or "
                     "stages.train.shard_target to never where the target fits one GPU")
+
+
+def tau_needs_held_out_prompts(ctx: PlanContext) -> Iterable[Finding]:
+    train = ctx.recipe.stages.train
+    if train.tau_every and train.tau_prompts == 0:
+        yield warning("tau_no_prompts", "stages.train.tau_every",
+                      f"stages.train.tau_every is {train.tau_every}, but dataset.eval_holdout is 0: there are no "
+                      "held-out prompts to decode, so no held-out τ is measured while training",
+                      f"set dataset.eval_holdout above 0 (the first {TAU_PROMPTS} held-out prompts are decoded), "
+                      "or stages.train.tau_every to 0")
 
 
 def supervised_slots(ctx: PlanContext) -> float:
@@ -134,4 +144,5 @@ def rows_fill_a_batch(ctx: PlanContext) -> Iterable[Finding]:
 
 
 TRAINING_RULES: tuple[Rule, ...] = (loss_kernel_fits_objective, target_labels_need_online, sharded_target_not_fp8,
-                                     tau_needs_whole_target, long_enough_to_learn, rows_fill_a_batch)
+                                     tau_needs_whole_target, tau_needs_held_out_prompts, long_enough_to_learn,
+                                     rows_fill_a_batch)

@@ -21,7 +21,7 @@ class RunInfo:
     path: Path
     run_id: str
     recipe: dict[str, Any]  # the run's saved, resolved recipe (recipe.yaml)
-    plan: Plan  # plan.json (`Plan.load`)
+    plan: Plan  # plan.json (`run.rundir.load_plan`)
     stages: dict[str, StageStatus]
     manifest: Manifest
 

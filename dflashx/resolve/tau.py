@@ -5,7 +5,9 @@ held-out prompts (the ingest stage's `eval_prompts`, the ones the eval stage's `
 with) greedily, up to `tau_max_new_tokens` each, with the drafter as it stands
 (`dflashx.dflash.tau_probe`). Unset, `tau_every` is derived once, here, from the planner's train-time
 estimate and its estimate of one measurement (`dflashx.plan.estimates.training`): the smallest
-interval whose measurements cost at most `TAU_SHARE` of the stage. Without held-out prompts
+interval whose measurements cost at most `TAU_SHARE` of the rest of the stage's estimated time
+(compute, gradient sync and the target's gathers; the plan shows the share as `train.tau_seconds`'
+`share_of_rest`). Without held-out prompts
 (`dataset.eval_holdout: 0`) or with the target sharded over the ranks (ZeRO-3) nothing is measured.
 The pilot's short training measures a curve of at most `PILOT_TAU_POINTS` points instead
 (`pilot_tau_every`), whatever the full run's interval.
@@ -27,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dflashx.config.schema import Recipe
 from dflashx.resolve.model import ResolvedRecipe, ResolvedTrainStage
 
-TAU_SHARE = 0.05  # most of the train stage's time the measurements may take when tau_every is derived
+TAU_SHARE = 0.05  # most the measurements may take, as a share of the rest of the train time, when tau_every is derived
 TAU_PROMPTS = 8  # held-out prompts per measurement: a trend, not the eval stage's figure
 TAU_MAX_NEW_TOKENS = 256  # at most this many new tokens per prompt (the eval stage's max_new_tokens when lower)
 PILOT_TAU_POINTS = 4  # measurements in the pilot's training: enough to see whether τ still rises at its end

@@ -23,12 +23,27 @@ from pathlib import Path
 from typing import IO, Any
 
 import yaml
+from pydantic import ValidationError
 
-from dflashx.plan.plan import Plan
+from dflashx.plan.plan import Plan, PlanFileError
 from dflashx.store.manifest import Manifest, atomic_write_json, atomic_write_text, utc_now
 
 RUN_FILE, RECIPE_FILE, PLAN_FILE, LOCK_FILE = "run.json", "recipe.yaml", "plan.json", ".lock"
 STARTED, SUCCESS = "_STARTED", "_SUCCESS"
+
+
+def load_plan(path: str | Path) -> Plan:
+    """The plan saved at `path` (a run's plan.json, `Plan.from_json`); `PlanFileError` names what is wrong with it."""
+    fix = "plan again: `dflashx run` rewrites the run's plan.json (or `dflashx plan RECIPE --json > FILE`)"
+    try:
+        return Plan.from_json(json.loads(Path(path).read_text()))
+    except json.JSONDecodeError as e:
+        raise PlanFileError(f"{path}: not JSON ({e}); {fix}") from None
+    except KeyError as e:
+        raise PlanFileError(f"{path}: key {e} is missing, so this is not a dflashx plan (or one from an "
+                            f"older dflashx); {fix}") from None
+    except (TypeError, ValueError, ValidationError) as e:
+        raise PlanFileError(f"{path}: a value does not fit the plan: {e}; {fix}") from None
 
 
 class RunDirBusy(RuntimeError):
@@ -66,9 +81,9 @@ class RunDir:
         return self.path / PLAN_FILE
 
     def plan(self) -> Plan | None:
-        """The saved plan (`Plan.load`: `PlanFileError` for a plan.json that holds none); None without one."""
+        """The saved plan (`load_plan`: `PlanFileError` for a plan.json that holds none); None without one."""
         path = self.path / PLAN_FILE
-        return Plan.load(path) if path.is_file() else None
+        return load_plan(path) if path.is_file() else None
 
     # ------------------------------------------------------------------ markers
 

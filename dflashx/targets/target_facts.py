@@ -243,12 +243,6 @@ class TargetFacts(BaseModel):
         e, k = self.num_experts, self.num_experts_per_tok
         return e * (1.0 - (1.0 - k / e) ** max(tokens, 0.0))
 
-    def decoder_params_read(self, tokens: float) -> float:
-        """Decoder weights a forward of `tokens` tokens reads: every non-expert weight, plus in each
-        MoE layer the routed experts those tokens touch (`expected_experts_touched`)."""
-        idle = self.num_experts - self.expected_experts_touched(tokens) if self.is_moe else 0.0
-        return self.params_through_layer(self.num_layers - 1) - self.num_moe_layers * idle * self.expert_params
-
     @property
     def routed_expert_params(self) -> int:
         """All routed experts' weights (the part `expert_weight_format` applies to)."""

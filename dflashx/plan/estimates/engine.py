@@ -124,8 +124,9 @@ def deploy_row(on_gpu: bool, hybrid: bool) -> EngineRow:
 
 
 def engine_row(mode: str, hybrid: bool) -> EngineRow:
-    """The row for the resolved serving mode (`stages.generate.serving.mode`) and target kind. MTP (NEXTN) is
-    planned as off: it only speeds decode up, so the estimate stays conservative."""
+    """The row for the resolved serving mode (`stages.generate.serving.mode`) and target kind (its decode share
+    was measured with MTP off; with `target.mtp` the generation estimate plans the MTP head on top of it as
+    draft-verify cycles, `generation.py` / `speculative.py`)."""
     if mode == "in-process":
         return TRANSFORMERS
     return SGLANG_HYBRID if hybrid else SGLANG_DENSE

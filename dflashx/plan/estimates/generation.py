@@ -162,14 +162,16 @@ def _prefill_term(rate: Rate, prompt: float, mtp: bool) -> Term:
     return term("generate.prefill_seconds", rate.prefill_seconds, "s",
                 "weight GEMMs (2 x active parameters but routed experts x prompt) at the served precision's GEMM "
                 "ceiling + a draft's own pass over the prompt and the attention core (4 x heads x head_dim x causal "
-                "pairs per attention layer) at the 16-bit ceiling + MoE layers x moe_layer(prompt tokens) (moe.py) "
+                "pairs per attention layer) at the 16-bit ceiling + MoE layers x moe_layer(prompt tokens) (moe.py; an "
+                "MoE MTP head's experts at 16 bits) "
                 "+ token mixers (SGLang on a GPU: transformers' measured rest per layer x prompt x mixer factor x "
                 "bandwidth(H200) / (bandwidth x tp)) + TP all-reduce"
                 + (" (the MTP layer's pass over the prompt included)" if mtp else ""),
                 prompt_tokens=prompt, weight_gemm_s=p.weight_gemm_s, draft_gemm_s=p.draft_gemm_s,
                 attention_s=p.attention_s, mixer_s=p.mixer_s, fixed_s=p.fixed_s, moe_s=p.moe_s,
                 moe_layers=p.moe_layers, allreduce_s=rate.prefill_allreduce_s,
-                moe_layer=p.moe.inputs() if p.moe else None,
+                moe_layer=p.moe.inputs() if p.moe else None, draft_moe_layers=p.draft_moe_layers,
+                draft_moe_layer=p.draft_moe.inputs() if p.draft_moe else None,
                 mixer=({"transformers_rest_s": p.mixer_rest_s, **mixer_factor().inputs(),
                         "gpu_rule": "scaled by the datasheet memory-bandwidth ratio to the H200 (docs/planner.md)"}
                        if p.mixer_rest_s else None))

@@ -26,8 +26,10 @@ cost and floors in seconds. Efficiency is against the dense bf16 GEMM measured i
 multiplies engine.py's dense GEMM ceiling of the dtype (FP8 experts: the FP8 ceiling at the same
 efficiency, not measured). Below 64 rows per expert the grouped GEMM reads at its memory-bound rate in
 every measured shape, so the efficiency there is not observable: it is held at the 64-row figure and
-the memory term binds. Without a GPU (the CPU profile) the experts are the plain roofline: bytes at the
-copy share, FLOPs at the GEMM share, no fixed cost or floor.
+the memory term binds. Where nothing here was measured, the experts are the plain roofline (`ROOFLINE`:
+bytes at the copy share, FLOPs at the GEMM share, no fixed cost or floor): without a GPU (the CPU profile),
+and for a serving engine other than SGLang even on a GPU (`serving_path`: the in-process and transformers
+rows carry their own per-call latency).
 """
 
 from __future__ import annotations
@@ -54,8 +56,6 @@ GROUPED_FIXED = Measured(
 # (rows per touched expert, efficiency against the dense bf16 GEMM of the same run, 745 TFLOP/s): the median over
 # the five targets and both projections of FLOPs / ((time - GROUPED_FIXED) x 745 TFLOP/s), rows within a factor
 # sqrt(2) of each bucket.
-EFFICIENCY_SOURCE = Measured(0.0, _JSON, "grouped-GEMM efficiency by rows per expert: 64: 0.281, 128: 0.406, "
-                             "256: 0.657, 512: 0.722, 1024: 0.783, 2048: 0.793", _H200)
 EFFICIENCY: tuple[tuple[float, float], ...] = (
     (64, 0.281), (128, 0.406), (256, 0.657), (512, 0.722), (1024, 0.783), (2048, 0.793))
 GRAPH_FLOOR = Measured(1.07e-6, _JSON, "1,000 trivial kernels replayed in one CUDA graph: 1.07 us each", _H200)
@@ -166,12 +166,18 @@ def routed_flops_per_token(facts: TargetFacts, moe_layers: int) -> float:
     return 2.0 * moe_layers * facts.num_experts_per_tok * facts.expert_params
 
 
+def touched_bytes(facts: TargetFacts, tokens: float, dtype: str, tp: int = 1) -> float:
+    """Weight bytes of the routed experts `tokens` tokens touch in one MoE layer, experts in `dtype`, on one GPU
+    of a TP group (uniform routing: `TargetFacts.expected_experts_touched`)."""
+    return facts.expected_experts_touched(tokens) * facts.expert_params * expert_elem_bytes(facts, dtype) / tp
+
+
 def moe_layer(facts: TargetFacts, tokens: float, dtype: str, dev: Device, path: MoePath, tp: int = 1) -> MoeLayer:
     """One MoE layer given `tokens` tokens, experts in `dtype` (module doc)."""
     n = max(tokens, 0.0)
     touched = facts.expected_experts_touched(n) if n > 0 else 0.0
     rows = n * facts.num_experts_per_tok / touched if touched else 0.0
-    weight_bytes = touched * facts.expert_params * expert_elem_bytes(facts, dtype) / tp
+    weight_bytes = touched_bytes(facts, n, dtype, tp)
     flops = n * routed_flops_per_token(facts, 1) / tp
     if not path.measured:
         return MoeLayer(path.name, n, touched, rows, 1.0, weight_bytes, flops,

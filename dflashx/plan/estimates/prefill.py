@@ -7,10 +7,13 @@ mixers, whose time does not follow their FLOPs.
             projections): its GEMMs, routed experts aside, at the 16-bit ceiling
           + attention core: attention layers (the target's and the MTP head's) x 4 x heads x head_dim x causal
             pairs (resolve.flops.attention_flops), at the 16-bit ceiling
-          + routed experts: MoE layers (the target's and an MoE MTP head's) x moe.moe_layer(prompt) (SGLang's
+          + routed experts: the target's MoE layers x moe.moe_layer(prompt) at the served precision, and an MoE
+            MTP head's x moe.moe_layer(prompt) at 16 bits (as the draft's decode and its served weights: SGLang's
             eager path)
           + token mixers (SGLang on a GPU): what a Gated DeltaNet or attention layer costs beyond the FLOPs above
-            (the chunked scan and short convolution, RoPE, norms, gating, the attention kernel's shortfall):
+            (the chunked scan and short convolution, RoPE, norms, gating, and the attention kernel's shortfall
+            against the ceiling as measured at MIXER_TOKENS: the core's quadratic FLOPs are priced above, the
+            shortfall is carried per token, linear in the prompt, a stated approximation away from 8,192):
               sum over layer types of layers x rest(target, type) x prompt x MIXER_FACTOR
               x bandwidth(H200) / (bandwidth(GPU) x tp)
           + a launch-bound engine's layer calls (in-process, transformers rows).
@@ -30,8 +33,9 @@ at the ceiling plus the engine's layer calls, as measured on the CPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from dflashx.plan.estimates.decode import sixteen_bit
 from dflashx.plan.estimates.device import Device
 from dflashx.plan.estimates.engine import EngineRow, Measured, gemm_share
 from dflashx.plan.estimates.moe import MoeLayer, moe_layer, routed_flops_per_token, serving_path
@@ -80,9 +84,12 @@ def mtp_layer_params(facts: TargetFacts, active: bool = True) -> int:
 
 
 def mtp_prompt_pass(facts: TargetFacts) -> DraftPass:
-    """SGLang's draft extend over the prompt: every MTP layer once per prompt token."""
-    routed = routed_flops_per_token(facts, facts.mtp_layers if facts.is_moe else 0)
-    return DraftPass(2.0 * mtp_layer_params(facts) - routed, facts.mtp_layers, facts.mtp_layers if facts.is_moe else 0)
+    """SGLang's draft extend over the prompt: every MTP layer once per prompt token (the routed experts of an MoE
+    one counted in `moe_layers`, not in the GEMM FLOPs). The one derivation of the MTP head's dense and MoE
+    share: `speculative.mtp_drafter` reads it too."""
+    moe_layers = facts.mtp_layers if facts.is_moe else 0
+    return DraftPass(2.0 * mtp_layer_params(facts) - routed_flops_per_token(facts, moe_layers), facts.mtp_layers,
+                     moe_layers)
 
 
 def mixer_width(facts: TargetFacts, layer_type: str) -> int:
@@ -131,10 +138,13 @@ class Prefill:
     moe: MoeLayer | None = None
     moe_layers: int = 0
     mixer_rest_s: float = 0.0  # transformers-on-H100 rest the mixer term scales (0: no mixer term)
+    draft_moe: MoeLayer | None = None  # the draft's MoE layers, experts in 16 bits (an MoE MTP head)
+    draft_moe_layers: int = 0
 
     @property
     def moe_s(self) -> float:
-        return self.moe.seconds * self.moe_layers if self.moe else 0.0
+        return ((self.moe.seconds * self.moe_layers if self.moe else 0.0)
+                + (self.draft_moe.seconds * self.draft_moe_layers if self.draft_moe else 0.0))
 
     @property
     def seconds(self) -> float:
@@ -144,17 +154,18 @@ class Prefill:
 def priced(facts: TargetFacts, dev: Device, tp: int, dtype: str, prompt: float, on_gpu: bool, engine: str,
            draft: DraftPass = DraftPass(), fixed_s: float = 0.0) -> Prefill:
     """The prefill's FLOP-priced parts, routed experts and layer calls (module doc); no mixer term."""
-    ref = "fp32" if dtype == "fp32" else "bf16"
+    ref = sixteen_bit(dtype)
     rate_ref = dev.peak_flops(ref) * tp * gemm_share(ref).value
     rate = dev.peak_flops(dtype) * tp * gemm_share(dtype if on_gpu else "bf16").value
     weights = 2.0 * facts.params_through_layer(facts.num_layers - 1, active=True) * prompt
     weights -= routed_flops_per_token(facts, facts.num_moe_layers) * prompt
     attention = attention_flops(facts, [prompt]) * mixer_layers(facts, draft)[ATTENTION]
-    moe_layers = facts.num_moe_layers + draft.moe_layers if facts.is_moe else 0
-    moe = (moe_layer(facts, prompt, dtype, dev, serving_path(engine, on_gpu, graphed=False), tp)
-           if moe_layers else None)
+    path = serving_path(engine, on_gpu, graphed=False)
+    moe = moe_layer(facts, prompt, dtype, dev, path, tp) if facts.is_moe else None
+    draft_moe = moe_layer(facts, prompt, ref, dev, path, tp) if draft.moe_layers else None
     return Prefill(weights / rate, draft.gemm_flops_per_token * prompt / rate_ref, attention / rate_ref, 0.0,
-                   fixed_s, moe, moe_layers)
+                   fixed_s, moe, facts.num_moe_layers if moe else 0, draft_moe=draft_moe,
+                   draft_moe_layers=draft.moe_layers)
 
 
 @dataclass(frozen=True)
@@ -189,8 +200,7 @@ def prefill_of(facts: TargetFacts, dev: Device, tp: int, dtype: str, prompt: flo
         return base
     rest = transformers_rest(facts, prompt, draft)
     scale = mixer_factor().value * SOURCE_DEVICE.bandwidth_bps / (dev.bandwidth_bps * tp)
-    return Prefill(base.weight_gemm_s, base.draft_gemm_s, base.attention_s, rest * scale, base.fixed_s,
-                   base.moe, base.moe_layers, rest)
+    return replace(base, mixer_s=rest * scale, mixer_rest_s=rest)
 
 
 def prefill(recipe: ResolvedRecipe, dev: Device, prompt: float, dtype: str, row: EngineRow,

@@ -34,7 +34,7 @@ from dflashx.plan.estimates.decode import (
 )
 from dflashx.plan.estimates.device import Device
 from dflashx.plan.estimates.engine import EngineRow
-from dflashx.plan.estimates.prefill import DraftPass, Prefill, mtp_layer_params, mtp_prompt_pass, prefill
+from dflashx.plan.estimates.prefill import DraftPass, Prefill, mtp_prompt_pass, prefill
 from dflashx.plan.estimates.serving import Batch, SpecMemory
 from dflashx.resolve.flops import DrafterDims, dflash2_layer_flops_per_token
 from dflashx.resolve.model import ResolvedRecipe
@@ -80,17 +80,17 @@ def mtp_drafter(recipe: ResolvedRecipe) -> Drafter:
     [embedding, hidden], 2 h^2) and the shared LM head. Weights read and FLOPs per drafted token leave the
     routed experts to `draft_step` (`moe.py`); the prompt pass is `prefill.mtp_prompt_pass`."""
     facts, spec = recipe.target.facts, recipe.stages.generate.serving.speculative
-    params = mtp_layer_params(facts)
-    routed = facts.mtp_layers * facts.num_experts_per_tok * facts.expert_params
+    prompt = mtp_prompt_pass(facts)
+    dense = prompt.gemm_flops_per_token / 2  # the MTP layers' parameters multiplied per token, routed experts aside
     head = facts.vocab_size * facts.hidden_size
     width = facts.num_attention_heads * facts.head_dim
     kv = kv_elem_bytes(recipe.stages.generate.serving.kv_cache_dtype, recipe.stages.generate.serving.weight_dtype)
     kv_per_token = 2 * facts.mtp_layers * facts.num_kv_heads * facts.head_dim * kv
     return Drafter("mtp", spec.num_steps, spec.eagle_topk, facts.mtp_layers,
-                   (params - routed) * 2 + head_bytes(facts, "bf16"), 2.0 * (params - routed + head),
-                   4.0 * width * facts.mtp_layers, kv_per_token, None, 0.0, mtp_prompt_pass(facts),
+                   dense * 2 + head_bytes(facts, "bf16"), 2.0 * (dense + head),
+                   4.0 * width * facts.mtp_layers, kv_per_token, None, 0.0, prompt,
                    spec.num_draft_tokens, spec.num_steps, SpecMemory(0.0, kv_per_token, spec.num_draft_tokens),
-                   facts.mtp_layers if facts.is_moe else 0)
+                   prompt.moe_layers)
 
 
 def selector_serving_flops(dims: DrafterDims) -> float:

@@ -14,8 +14,9 @@ routed experts leave the MFU term and are timed by `moe.trainer_moe` (transforme
 the micro step's tokens), unless a calibrated MFU (which measured them) replaces the model.
 + the held-out τ measurements (`tau_probe`: `dflashx.resolve.tau.measurements` of them, each a batch-1
 greedy decode of the held-out slice on rank 0, bounded as the eval stage's estimate bounds a decode:
-at τ 1). Unset, `stages.train.tau_every` is derived here from the rest of the time
-(`dflashx.resolve.tau.tau_every`) and handed on in `Training.tau_every`.
+at τ 1, each token a draft-verify cycle whose target forward verifies block_size tokens). Unset,
+`stages.train.tau_every` is derived here from the rest of the time (`dflashx.resolve.tau.tau_every`) and
+handed on in `Training.tau_every`.
 MFU: `hardware.calibrated.training_mfu` (measured on this node, all-reduce and gathers included:
 they are then not added again), else the cited table row (`mfu.py`).
 """
@@ -26,13 +27,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflashx.plan.estimates.decode import dense_read_bytes
+from dflashx.plan.estimates.deployment import drafter_window
 from dflashx.plan.estimates.device import CALIBRATED_MFU, device_of, factor
 from dflashx.plan.estimates.gather import target_gather
 from dflashx.plan.estimates.gradsync import grad_sync
 from dflashx.plan.estimates.host import batch1_seconds_per_token, in_process_tokens_per_s
 from dflashx.plan.estimates.lengths import Lengths
 from dflashx.plan.estimates.mfu import mfu_row
-from dflashx.plan.estimates.moe import moe_layer, serving_path, trainer_moe
+from dflashx.plan.estimates.speculative import dflash_drafter
+from dflashx.plan.estimates.moe import touched_bytes, trainer_moe
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.explain import Term, term
 from dflashx.resolve.flops import (
@@ -84,21 +87,27 @@ def flops_per_sample(recipe: ResolvedRecipe, prompt: float, outputs: list[float]
 def tau_probe(recipe: ResolvedRecipe, lengths: Lengths) -> Term:
     """One held-out τ measurement: `tau_prompts` greedy decodes on rank 0, each to the end of its turn (the
     output-length mean capped at `tau_max_new_tokens`), at the τ-1 rate (the untrained drafter's: an upper
-    bound); on a GPU the batch-1 bandwidth bound of the eval estimate, on the CPU the in-process decoder."""
-    train = recipe.stages.train
+    bound); on a GPU the batch-1 bandwidth bound of the eval estimate over one draft-verify cycle per token
+    (the target's dense weights, an MoE target's experts touched by the block_size tokens it verifies, the
+    drafter's weights), on the CPU the in-process decoder."""
+    train, block = recipe.stages.train, recipe.drafter.block_size
     output = lengths.clipped_moment(1, train.tau_max_new_tokens)
     if recipe.hardware.gpu is None:
-        per_token = 1 / in_process_tokens_per_s(recipe, [0.0] * (recipe.drafter.block_size - 1))
+        per_token = 1 / in_process_tokens_per_s(recipe, [0.0] * (block - 1))
+        inputs: dict[str, Any] = {}
     else:
         facts, dtype = recipe.target.facts, recipe.target.load_precision
-        routed = (facts.num_moe_layers * moe_layer(facts, 1, dtype, device_of(recipe.hardware),
-                                                   serving_path("transformers", True, False)).weight_bytes
-                  if facts.is_moe else 0.0)  # one token's touched experts
-        per_token = batch1_seconds_per_token(recipe, dense_read_bytes(facts, dtype) + routed, 1)
+        inputs = {"dense_bytes": dense_read_bytes(facts, dtype),
+                  "routed_bytes": facts.num_moe_layers * touched_bytes(facts, block, dtype),
+                  "drafter_bytes": dflash_drafter(recipe, recipe.drafter.dims, block, drafter_window(recipe),
+                                                  1.0).weight_bytes}
+        per_token = batch1_seconds_per_token(recipe, sum(inputs.values()), 1)
     return term("train.tau_probe_seconds", train.tau_prompts * output * per_token, "s",
                 "tau_prompts x output tokens (mean, capped at tau_max_new_tokens) x seconds per token at batch 1 "
-                "and τ 1 (GPU: weights / (bandwidth x efficiency); CPU: the in-process decoder)",
-                tau_prompts=train.tau_prompts, output_tokens=output, seconds_per_token=per_token)
+                "and τ 1 (GPU: (target dense weights + experts touched by block_size verified tokens + drafter "
+                "weights) / (bandwidth x efficiency); CPU: the in-process decoder)",
+                tau_prompts=train.tau_prompts, output_tokens=output, seconds_per_token=per_token, block_size=block,
+                **inputs)
 
 
 def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Training:
@@ -126,9 +135,10 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
     dense_flops = total - (0.0 if calibrated else moe.routed_flops * sequences)
     compute_s = dense_flops / (train.peak_flops * dev.count * mfu) + moe_s
     probe = tau_probe(recipe, lengths)
-    every = tau_every(train.tau_every, measurable(train), steps, compute_s + sync_s + gather_s, probe.value)
+    rest_s = compute_s + sync_s + gather_s  # what TAU_SHARE is a share of
+    every = tau_every(train.tau_every, measurable(train), steps, rest_s, probe.value)
     tau_s = measurements(steps, every) * probe.value
-    seconds = compute_s + sync_s + gather_s + tau_s
+    seconds = rest_s + tau_s
     mfu_source = ("measured on this node: hardware.calibrated.training_mfu (includes the gradient sync)" if calibrated
                   else f"{row.generation}/{row.precision}/{row.kind}: {row.source}"
                   + (f" — borrowed: {row.borrowed}" if row.borrowed else ""))
@@ -172,7 +182,7 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
              "held-out τ measurements (ceil(steps / tau_every): every tau_every steps and at the last) x one "
              "measurement; tau_every unset: the smallest interval keeping them within tau_share of the rest",
              tau_every=every, given=train.tau_every, measurements=measurements(steps, every),
-             tau_share=TAU_SHARE, share=tau_s / seconds if seconds else 0.0),
+             tau_share=TAU_SHARE, share_of_rest=tau_s / rest_s if rest_s else 0.0),
         term("train.seconds", seconds, "s",
              "(FLOPs per sample - routed experts) x sequences / (peak x GPUs x MFU) + MoE layers (moe.py) "
              "+ steps x gradient sync + steps x grad_accum x target gather + held-out τ measurements",
