@@ -9,13 +9,17 @@ resolves it as any recipe is resolved, with the held-out τ interval `dflashx.re
 and manifest) under the run lock the session holds for the pilot and the stages after it (`held`):
   1. ingest   the run's ingest stage: the real prompt count;
   2. generate the run's generate stage under the run's key (the limits are operational): it stops once
-              `generate/completions` holds `pilot.prompts` completions (or after `pilot.max_minutes`),
-              unfinished, so the full generation resumes after them and never asks for a prompt twice;
+              `generate/completions` holds `pilot.prompts` more completions than when this pilot attempt
+              began (or after `pilot.max_minutes`), unfinished, so the full generation resumes after them and
+              never asks for a prompt twice; the run's recipe.yaml and plan.json stay the run's. What it
+              measured goes to `pilot/attempt.json` (`ATTEMPT`, with the conditions it ran under), which a
+              killed pilot under the same conditions reads back;
   3. tokenize and train  the real stages in the pilot's own run folder `pilot/` (its manifest, keys and
               markers, not artifacts of the run) on the first `pilot.prompts` completions, which the pilot
               registers there as `generate.completions`, with the run's held-out prompts registered there as
-              `ingest.eval_prompts` (the τ slice, as the run's train stage reads it); the DeepSpeed states
-              and drafters are deleted after;
+              `ingest.eval_prompts` (the τ slice, as the run's train stage reads it); train re-runs each
+              attempt (forced: its key leaves out the operational values the MFU depends on) unless the
+              attempt resumes its own interrupted one; the DeepSpeed states and drafters are deleted after;
   4. measure  lengths of every completion present (a histogram, truncation, the standard error of
               the mean by source), generation tokens/s against the planner's prediction for the
               pilot's own conditions (`serving_ratio`; with the MTP head, predicted at the accepted length
