@@ -116,3 +116,16 @@ def test_the_gate_names_each_planted_export_fault(overfitted: roundtrip.Overfitt
         assert "not from the export" in message  # in memory it decodes: the export is the cause
     assert seconds < LIMIT_S, seconds
     print(f"\ngate on fault {fault}: {seconds:.1f} s\n{message}")
+
+
+def test_the_gate_exports_afresh_and_deletes_its_exports_once_passed(overfitted: roundtrip.Overfitted,
+                                                                      tmp_path: Path) -> None:
+    folder = tmp_path / "roundtrip"
+    stale = folder / "drafter-vllm" / "stale.safetensors"  # an earlier pilot's export, another architecture's
+    stale.parent.mkdir(parents=True)
+    stale.write_text("old weights")
+    roundtrip.export(overfitted, folder)
+    assert not stale.exists() and (folder / "drafter" / "config.json").is_file()
+    result = roundtrip.gate(overfitted, folder)
+    assert result.ok, result.message()
+    assert not folder.exists()  # passed: the exports (gigabytes on a real drafter) are deleted

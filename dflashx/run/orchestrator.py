@@ -72,7 +72,7 @@ class Orchestrator:
 
     def __init__(self, recipe: ResolvedRecipe, plan: Plan, run_dir: Path, argv: Sequence[str],
                  on_progress: Callable[[Path], object] | None = None, observer: RunObserver | None = None,
-                 held: IO[str] | None = None):
+                 held: IO[str] | None = None, save_recipe: bool = True):
         self.recipe = recipe
         self.held = held  # the run lock, when the caller holds it for more than this pipeline (a session)
         self.on_progress = on_progress  # rewrites PROGRESS.md (the CLI passes dflashx.report.progress)
@@ -81,13 +81,15 @@ class Orchestrator:
         self.rundir = RunDir(Path(run_dir).resolve())
         self.argv = list(argv)
         self.observer = observer or SilentObserver()
+        self.save_recipe = save_recipe  # False: a sub-run of a smaller recipe (the pilot's generate)
 
     def run(self, selection: Selection) -> RunResult:
         run_id = self.rundir.ensure(self.recipe.name)
         lock = None if self.held else self.rundir.lock()
         try:
-            self.rundir.save_recipe(redact(self.recipe.model_dump(mode="json")))
-            self.rundir.save_plan(redact(self.plan.to_json()))
+            if self.save_recipe:
+                self.rundir.save_recipe(redact(self.recipe.model_dump(mode="json")))
+                self.rundir.save_plan(redact(self.plan.to_json()))
             self.records = RecordLog(self.rundir.path, run_id)
             result = RunResult(self.rundir.path, run_id)
             started = time.monotonic()
@@ -260,9 +262,12 @@ class Orchestrator:
 
 def run_pipeline(recipe: ResolvedRecipe, plan: Plan, run_dir: Path, selection: Selection,
                  argv: Sequence[str] = (), on_progress: Callable[[Path], object] | None = None,
-                 observer: RunObserver | None = None, held: IO[str] | None = None) -> RunResult:
+                 observer: RunObserver | None = None, held: IO[str] | None = None,
+                 save_recipe: bool = True) -> RunResult:
     """Run the selected stages of `recipe` in `run_dir` (see the module docstring); `on_progress`
     is called with the run folder as each stage starts and when the run ends (PROGRESS.md);
     `observer` (default: none) sees the run as it goes; `held`: the run lock the caller already
-    holds (a session's pilot and stages, the pilot's sub-run in `pilot/`), else this call takes it."""
-    return Orchestrator(recipe, plan, run_dir, argv, on_progress, observer, held).run(selection)
+    holds (a session's pilot and stages, the pilot's sub-run in `pilot/`), else this call takes it;
+    `save_recipe` False leaves the folder's recipe.yaml and plan.json as they are (the pilot's generate
+    runs a smaller recipe in the run's folder: those files describe the run)."""
+    return Orchestrator(recipe, plan, run_dir, argv, on_progress, observer, held, save_recipe).run(selection)

@@ -9,13 +9,17 @@ resolves it as any recipe is resolved, with the held-out τ interval `dflashx.re
 and manifest) under the run lock the session holds for the pilot and the stages after it (`held`):
   1. ingest   the run's ingest stage: the real prompt count;
   2. generate the run's generate stage under the run's key (the limits are operational): it stops once
-              `generate/completions` holds `pilot.prompts` completions (or after `pilot.max_minutes`),
-              unfinished, so the full generation resumes after them and never asks for a prompt twice;
+              `generate/completions` holds `pilot.prompts` more completions than when this pilot attempt
+              began (or after `pilot.max_minutes`), unfinished, so the full generation resumes after them and
+              never asks for a prompt twice; the run's recipe.yaml and plan.json stay the run's. What it
+              measured goes to `pilot/attempt.json` (`ATTEMPT`, with the conditions it ran under), which a
+              killed pilot under the same conditions reads back;
   3. tokenize and train  the real stages in the pilot's own run folder `pilot/` (its manifest, keys and
               markers, not artifacts of the run) on the first `pilot.prompts` completions, which the pilot
               registers there as `generate.completions`, with the run's held-out prompts registered there as
-              `ingest.eval_prompts` (the τ slice, as the run's train stage reads it); the DeepSpeed states
-              and drafters are deleted after;
+              `ingest.eval_prompts` (the τ slice, as the run's train stage reads it); train re-runs each
+              attempt (forced: its key leaves out the operational values the MFU depends on) unless the
+              attempt resumes its own interrupted one; the DeepSpeed states and drafters are deleted after;
   4. measure  lengths of every completion present (a histogram, truncation, the standard error of
               the mean by source), generation tokens/s against the planner's prediction for the
               pilot's own conditions (`serving_ratio`; with the MTP head, predicted at the accepted length
@@ -33,8 +37,10 @@ as in the full run, so its prediction needs no such change.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
+import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,14 +49,13 @@ from typing import IO, Any
 from dflashx.config.schema import Recipe
 from dflashx.data.jsonl import iter_jsonl, iter_shards, write_jsonl_atomic
 from dflashx.dflash.tau_record import curve_of, is_tau_row
-from dflashx.resolve.tau import TauPoint
 from dflashx.plan.calibration import (
     PilotCalibration, conditions, predicted, predicted_tokens_per_s, with_mtp_accept_length,
 )
 from dflashx.plan.plan import Plan, make_plan
 from dflashx.resolve import resolve
 from dflashx.resolve.model import ResolvedRecipe
-from dflashx.resolve.tau import measurable, pilot_tau_every, with_tau_every
+from dflashx.resolve.tau import TauPoint, measurable, pilot_tau_every, with_tau_every
 from dflashx.run.graph import Selection, select
 from dflashx.run.layout import PILOT_DIR, calibration_path
 from dflashx.run.observer import RunObserver, StageOutcome
@@ -59,10 +64,13 @@ from dflashx.run.pilot_measure import length_stats, slim, source_weights, traini
 from dflashx.run.roundtrip import ROUNDTRIP_DIR, run_gate
 from dflashx.run.rundir import RunDir
 from dflashx.stages.train import HELDOUT
-from dflashx.store.manifest import Manifest, atomic_write_json, utc_now
+from dflashx.store.manifest import Manifest, atomic_write_json, atomic_write_text, utc_now
 from dflashx.targets.registry import TargetFacts
+from dflashx.track.redact import redact_text
 
-SCRATCH = Selection(stages=["tokenize", "train"])  # the pilot's own stages, in pilot/
+BUDGET_CODES = ("budget_usd", "budget_days", "budget_storage")  # plan errors --continue-over-budget goes on over
+ATTEMPT = "attempt.json"  # pilot/: this pilot attempt's conditions, first completion count and generation figures
+SKIP = "pilot.roundtrip: false skips the gate"
 
 
 class PilotFailed(RuntimeError):
@@ -73,7 +81,7 @@ class PilotFailed(RuntimeError):
 class PilotOutcome:
     calibration: PilotCalibration
     path: Path  # calibration.json
-    before: Plan  # the plan without the pilot's figures
+    before: Plan  # the plan the pilot ran under (the session's)
     after: Plan  # the plan with them
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per pilot step
 
@@ -105,14 +113,20 @@ class Pilot:
                  argv: Iterable[str] = ()):
         if not (recipe.stages.ingest.enabled and recipe.stages.generate.enabled):
             raise PilotFailed("stages.ingest and stages.generate must be enabled: the pilot measures their output")
-        if plan.resolved is None or plan.errors:
-            raise PilotFailed(f"the plan has {len(plan.errors)} error(s): fix them first (`dflashx plan`)")
+        blocking = [f for f in plan.errors if f.code not in BUDGET_CODES]  # over budget: the session decides
+        if plan.resolved is None or blocking:
+            named = ", ".join(f"[{f.code}] {f.key}" for f in blocking)
+            raise PilotFailed(f"the plan has {len(blocking)} error(s) ({named}): fix them first (`dflashx plan`)")
         self.recipe, self.before, self.observer, self.held, self.argv = recipe, plan, observer, held, list(argv)
         self.resolved: ResolvedRecipe = plan.resolved
-        self.scratch = scratch_resolved(recipe, self.resolved.target.facts)
+        try:
+            self.scratch = scratch_resolved(recipe, self.resolved.target.facts)
+        except ValueError as e:  # pydantic's ValidationError too: a pilot.* value the scratch recipe refuses
+            raise PilotFailed(f"the pilot's recipe (the run's with pilot.*) is invalid: {e}") from None
         self.rundir = RunDir(Path(run_dir).resolve())
         self.dir = self.rundir.path / PILOT_DIR
         self.seconds: dict[str, float] = {}
+        self.resumed = False  # this attempt resumes a killed one under the same conditions (`_attempt`)
 
     def run(self) -> PilotOutcome:
         if self.recipe.pilot.roundtrip:
@@ -121,23 +135,33 @@ class Pilot:
         cal = self._measure()
         self.seconds["total"] = sum(self.seconds.values())
         path = self._save(cal)
+        (self.dir / ATTEMPT).unlink(missing_ok=True)  # measured and saved: the next pilot measures anew
         return PilotOutcome(cal, path, self.before, make_plan(self.recipe, self.resolved.target.facts, cal),
                             self.seconds)
 
     def _roundtrip(self) -> None:
         """The export round-trip gate (`dflashx.run.roundtrip`) in pilot/roundtrip/, before any generation."""
         self.observer.message("pilot roundtrip: overfit two replies, export, load back, decode with the target")
-        result = run_gate(self.resolved, self.dir / ROUNDTRIP_DIR)
+        folder = self.dir / ROUNDTRIP_DIR
+        try:
+            result = run_gate(self.resolved, folder)
+        except Exception as e:  # noqa: BLE001 - the sources, the target's load, the drafter's build: a clear stop
+            log = folder / "error.log"
+            atomic_write_text(log, redact_text("".join(traceback.format_exception(e))))
+            cause = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+            raise PilotFailed(f"roundtrip gate: {redact_text(cause)} (traceback in {log}; {SKIP})") from None
         self.seconds["roundtrip"] = result.seconds
         if not result.ok:
-            raise PilotFailed(f"{result.message()}\n(pilot.roundtrip: false skips the gate)")
+            raise PilotFailed(f"{result.message()}\n(the exports are kept in {folder} for inspection; {SKIP})")
         self.observer.message(result.message())
 
-    def _pipeline(self, recipe: ResolvedRecipe, run_dir: Path, selection: Selection, what: str) -> list[StageOutcome]:
-        """The stages through the run's orchestrator under the held lock; a failure stops the pilot."""
+    def _pipeline(self, recipe: ResolvedRecipe, run_dir: Path, selection: Selection, what: str,
+                  save_recipe: bool = True) -> list[StageOutcome]:
+        """The stages through the run's orchestrator under the held lock; a failure stops the pilot.
+        `save_recipe` False: the run's recipe.yaml and plan.json stay the run's (`run_pipeline`)."""
         self.observer.message(f"pilot {' and '.join(selection.stages)}: {what}")
         result = run_pipeline(recipe, self.before, run_dir, selection, self.argv, observer=self.observer,
-                              held=self.held)
+                              held=self.held, save_recipe=save_recipe)
         for o in result.outcomes:
             if o.state == "failed":
                 raise PilotFailed(f"pilot {o.name} failed: {o.message} (log: {run_dir / o.name / 'stage.log'})")
@@ -181,26 +205,46 @@ class Pilot:
             training_mfu=min(trained["mfu"], 1.0) if trained else None,
             training_mfu_rse=trained.get("mfu_rse") if trained else None, tau_curve=curve, measured=measured)
 
+    def _attempt(self, count: int) -> dict[str, Any]:
+        """This pilot attempt (pilot/attempt.json): the one a killed attempt under the same conditions left
+        (`resumed`), else a new one from the `count` completions the folder holds now."""
+        path, now = self.dir / ATTEMPT, conditions(self.recipe)
+        if path.is_file():
+            old = json.loads(path.read_text(encoding="utf-8"))
+            if old.get("conditions") == now:
+                self.resumed = True
+                return old
+        attempt = {"conditions": now, "start": count}
+        atomic_write_json(path, attempt)
+        return attempt
+
     def _generate(self) -> dict[str, Any] | None:
-        """The run's generate stage with the pilot's limits (module doc): what this attempt generated, or
-        None when it generated nothing (the run's generation is finished, or an earlier pilot's is kept)."""
+        """The run's generate stage with the pilot's limits (module doc): `pilot.prompts` more completions than
+        the folder held when this attempt began; what it measured (its metrics and the ids it generated, kept
+        in pilot/attempt.json: a resumed attempt reads them back), or None when it generated nothing (the
+        run's generation is finished)."""
         completions = self.rundir.stage_dir("generate") / "completions"
         before = _ids(completions)
-        outcome = self._pipeline(self.scratch, self.rundir.path, select(only="generate"),
-                                 f"the first {self.recipe.pilot.prompts} prompts, kept for the full generation")[0]
+        attempt = self._attempt(len(before))
+        if "generated" in attempt:  # a killed attempt generated and measured already
+            self.observer.message("= pilot generate: measured by the interrupted pilot; reading its figures")
+            return attempt["generated"]
+        limit = attempt["start"] + self.recipe.pilot.prompts
+        outcome = self._pipeline(_max_prompts(self.scratch, limit), self.rundir.path, select(only="generate"),
+                                 f"{self.recipe.pilot.prompts} prompts, kept for the full generation",
+                                 save_recipe=False)[0]
         if outcome.state == "skipped":
             self.observer.message("= pilot generate: the run's generation is finished; measuring its completions")
         new = _ids(completions) - before
-        if not new or not outcome.metrics.get("completions_written"):
-            return None
-        return outcome.metrics | {"ids": new}
+        generated = outcome.metrics | {"ids": sorted(new)} if new and outcome.metrics.get("completions_written") \
+            else None
+        atomic_write_json(self.dir / ATTEMPT, attempt | {"generated": generated})
+        return generated
 
     def _train(self, completions: Path, ids: list[str],
                stats: dict[str, Any]) -> tuple[dict[str, Any] | None, list[TauPoint]]:
         """Tokenize and train on `ids` with the real stages in pilot/ (its own run folder): the trainer's windows
         and the held-out τ curve (empty when none was measured)."""
-        from dflashx.dflash.checkpoint import BEST_TAU
-
         wanted = set(ids)
         shard = self.dir / "completions" / "shard-00000.jsonl"
         write_jsonl_atomic(shard, (r for r in iter_shards(completions) if r["id"] in wanted))
@@ -208,14 +252,32 @@ class Pilot:
         self._heldout()
         train = self.scratch.stages.train
         every = f", held-out τ every {train.tau_every}" if train.tau_every else ""
-        self._pipeline(self.scratch, self.dir, SCRATCH, f"{len(ids)} completions into {PILOT_DIR}/, "
+        scratch = RunDir(self.dir)
+        interrupted = scratch.started("train") is not None and scratch.success("train") is None
+        # train measures under this attempt's conditions (its key leaves the operational ones out): it re-runs,
+        # unless this attempt resumes its own interrupted training
+        force = set() if self.resumed and interrupted else {"train"}
+        self._pipeline(self.scratch, self.dir, Selection(stages=["tokenize", "train"], force=force),
+                       f"{len(ids)} completions into {PILOT_DIR}/, "
                        f"{train.max_steps} steps to measure MFU and tokens/s{every}")
         metrics = self.dir / "train" / "logs" / "metrics.jsonl"
         rows = list(iter_jsonl(metrics)) if metrics.is_file() else []
-        for state in ("checkpoints", "checkpoint", BEST_TAU):  # training states, drafters: gigabytes on a real one
-            shutil.rmtree(self.dir / "train" / state, ignore_errors=True)
+        self._drop_states()
         trained = training_stats([r for r in rows if not is_tau_row(r)], train.world_size)  # the windows
         return trained and trained | self._predicted_training(train.max_steps or 1, stats), curve_of(metrics)
+
+    def _drop_states(self) -> None:
+        """Delete the scratch training's states and drafters (gigabytes on a real drafter); their entries in
+        pilot/'s manifest become garbage."""
+        from dflashx.dflash.checkpoint import BEST_TAU
+
+        for state in ("checkpoints", "checkpoint", BEST_TAU):
+            shutil.rmtree(self.dir / "train" / state, ignore_errors=True)
+        manifest = Manifest.load(self.dir)
+        gone = [e.name for e in manifest.by_stage("train") if not (self.dir / e.path).exists()]
+        if gone:
+            manifest.mark_garbage(gone)
+            manifest.save()
 
     def _register(self, stage: str, name: str, path: Path, description: str) -> None:
         """A scratch stage's input in pilot/'s manifest, by content: an unchanged one keeps their keys."""
@@ -242,7 +304,8 @@ class Pilot:
         """Measured tokens/s over the planner's tokens/s for the pilot's own generation."""
         if not generated:
             return {}
-        mine = [r for r in records if r["id"] in generated["ids"]]
+        ids = set(generated["ids"])
+        mine = [r for r in records if r["id"] in ids]
         n = len(mine)
         outputs = [r["usage"]["completion_tokens"] for r in mine]
         update: dict[str, Any] = {}
@@ -270,6 +333,13 @@ class Pilot:
         ctx = predicted(self.recipe, self.resolved.target.facts, stats, train={"max_steps": steps, "tau_every": 0})
         t = next(t for t in ctx.training.terms if t.key == "train.seconds").inputs
         return {"mfu_planned": t["mfu"], "mfu_source": t["mfu_source"], "step_s_planned": ctx.training.seconds / steps}
+
+
+def _max_prompts(resolved: ResolvedRecipe, limit: int) -> ResolvedRecipe:
+    """`resolved` with `stages.generate.max_prompts` = `limit` (an operational limit: the key is unchanged)."""
+    stages = resolved.stages
+    generate = stages.generate.model_copy(update={"max_prompts": limit})
+    return resolved.model_copy(update={"stages": stages.model_copy(update={"generate": generate})})
 
 
 def _ids(folder: Path) -> set[str]:

@@ -26,7 +26,8 @@ neighbouring layers the same): check `export` names them. A drafter that does no
 memory (`trained_tau`) names the overfit, not the export, as the cause.
 
 Public API: `GateResult`, `prepare(recipe) -> Overfitted`, `export(overfitted, folder) -> [folders]`,
-`check(overfitted, folder) -> GateResult`, `run_gate(recipe, folder) -> GateResult`. torch is imported
+`check(overfitted, folder) -> GateResult`, `gate(overfitted, folder) -> GateResult` (export and check; the
+exports deleted when it passes, kept when it fails), `run_gate(recipe, folder) -> GateResult`. torch is imported
 only when the gate runs.
 """
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import gc
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from itertools import islice
@@ -135,7 +137,7 @@ def _prompts(recipe: ResolvedRecipe, n: int) -> list[dict[str, Any]]:
                 return out
     if not out:
         raise ValueError("dataset.sources: no prompt could be read for the export round-trip gate; fix the sources "
-                         "(`dflashx preflight` names the broken one) or set pilot.roundtrip: false")
+                         "(`dflashx preflight` names the broken one)")
     return out
 
 
@@ -197,7 +199,8 @@ def prepare(recipe: ResolvedRecipe) -> Overfitted:
 
 
 def export(o: Overfitted, folder: Path) -> list[Path]:
-    """Step 3: the export stage's folders under `folder` (`drafter/`, and `drafter-vllm/` for DFlash)."""
+    """Step 3: the export stage's folders under `folder` (`drafter/`, and `drafter-vllm/` for DFlash), written
+    afresh: an earlier export's folders there are deleted first (`check` reads every folder present)."""
     import torch
 
     from dflashx.config.fields import TORCH_DTYPE
@@ -205,6 +208,8 @@ def export(o: Overfitted, folder: Path) -> list[Path]:
     from dflashx.targets.locate import locate_target
 
     dtype = getattr(torch, TORCH_DTYPE[o.recipe.stages.export.dtype])
+    for old in (OUT, VLLM_DIR):
+        shutil.rmtree(folder / old, ignore_errors=True)
     vllm = write_folders(o.drafter, folder / OUT, folder / VLLM_DIR, dtype, str(locate_target(o.recipe.target)))
     return [folder / OUT] + ([vllm] if vllm is not None else [])
 
@@ -281,11 +286,20 @@ def release(o: Overfitted) -> None:
         torch.cuda.empty_cache()
 
 
+def gate(o: Overfitted, folder: Path) -> GateResult:
+    """Steps 3-4 in `folder`; the exports deleted when the gate passes (a real drafter's are gigabytes), kept
+    for inspection when it fails."""
+    export(o, folder)
+    result = check(o, folder)
+    if result.ok:
+        shutil.rmtree(folder)
+    return result
+
+
 def run_gate(recipe: ResolvedRecipe, folder: Path) -> GateResult:
-    """Steps 1-4 with the export in `folder`; the target and the drafter freed after."""
+    """Steps 1-4 with the export in `folder` (`gate`); the target and the drafter freed after."""
     o = prepare(recipe)
     try:
-        export(o, folder)
-        return check(o, folder)
+        return gate(o, folder)
     finally:
         release(o)

@@ -39,12 +39,11 @@ from dflashx.run.graph import Selection, select
 from dflashx.run.layout import default_run_dir
 from dflashx.run.observer import RunObserver
 from dflashx.run.orchestrator import RunResult, run_pipeline
-from dflashx.run.pilot import PilotFailed, PilotOutcome, pilot_due, run_pilot
+from dflashx.run.pilot import BUDGET_CODES, PilotFailed, PilotOutcome, pilot_due, run_pilot
 from dflashx.run.preflight import preflight, stages_to_check
 from dflashx.run.rundir import RunDir, RunDirBusy
 from dflashx.targets.registry import TargetFacts
 
-BUDGET_CODES = ("budget_usd", "budget_days", "budget_storage")
 PILOT_STAGES = ["ingest", "generate", "tokenize", "train"]
 PilotFn = Callable[[Recipe, Plan, Path, RunObserver, IO[str], Iterable[str]], PilotOutcome]
 
