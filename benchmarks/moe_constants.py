@@ -7,6 +7,9 @@ Usage: python -m benchmarks.moe_constants    prints them; tests/test_plan_moe_la
   floors:            the `floors` part as measured
   transformers row bytes: slope of (block eager time - its two grouped GEMMs) on routed rows, 1,024+ tokens, at
                      the copy rate (0.884 x 4.8 TB/s), per hidden element, mean of the two blocks
+  graph fixed:       the same least squares on benchmarks/results/moe_grouped_graph.json (one H100), where every
+                     shape was timed eagerly and replayed in a CUDA graph side by side: the graph intercept (and,
+                     for comparison, that run's eager intercept and both read rates)
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 RESULT = Path(__file__).resolve().parent / "results" / "moe_layer.json"
+GRAPH_RESULT = RESULT.with_name("moe_grouped_graph.json")
 H200_TBPS, COPY_SHARE, HIDDEN = 4.8, 0.884, 2048
 BLOCK_TARGETS = {"qwen3_moe": "Qwen/Qwen3-30B-A3B", "qwen3_5_moe": "Qwen/Qwen3.6-35B-A3B"}
 
@@ -29,10 +33,23 @@ def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
+def _memory_fit(grouped: list[dict[str, Any]], key: str) -> tuple[float, float]:
+    """(intercept s, seconds per weight byte) of grouped-GEMM time `key` where rows per expert <= 64."""
+    memory = [r for r in grouped if r["rows_per_expert"] <= 64]
+    return _line([r["touched"] * r["in"] * r["out"] * 2 for r in memory], [r[key] for r in memory])
+
+
+def derive_graph(result: dict[str, Any]) -> dict[str, Any]:
+    """The graph-replayed and eager intercepts and read rates (TB/s) of one side-by-side run."""
+    (eager, eager_per_byte), (graph, graph_per_byte) = (_memory_fit(result["grouped"], key)
+                                                        for key in ("seconds", "graph_seconds"))
+    return {"graph_fixed_s": graph, "eager_fixed_s": eager, "graph_read_tbps": 1 / graph_per_byte / 1e12,
+            "eager_read_tbps": 1 / eager_per_byte / 1e12, "device": result["device"]}
+
+
 def derive(result: dict[str, Any]) -> dict[str, Any]:
     grouped, dense = result["grouped"], result["dense_bf16_flops"]
-    memory = [r for r in grouped if r["rows_per_expert"] <= 64]
-    fixed, per_byte = _line([r["touched"] * r["in"] * r["out"] * 2 for r in memory], [r["seconds"] for r in memory])
+    fixed, per_byte = _memory_fit(grouped, "seconds")
     efficiency = {}
     for p in range(6, 12):
         near = [r for r in grouped if abs(math.log2(r["rows_per_expert"]) - p) < 0.5]
@@ -54,6 +71,7 @@ def derive(result: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     print(json.dumps(derive(json.loads(RESULT.read_text())), indent=1))
+    print(json.dumps(derive_graph(json.loads(GRAPH_RESULT.read_text())), indent=1))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ Prints a table per part as it finishes and writes benchmarks/results/moe_layer.j
   grouped  torch's grouped matmul (the op under transformers' `grouped_mm` experts) at each registered MoE
            target's expert shapes, gate_up (hidden -> 2 x moe_intermediate) and down (moe_intermediate ->
            hidden), for tokens routed uniformly at random to top-k of E experts: time, rows per active
-           expert, and efficiency against this GPU's dense bf16 GEMM rate measured in the same run
+           expert, and efficiency against this GPU's dense bf16 GEMM rate measured in the same run; each
+           shape timed two ways side by side: one call between CUDA events (`seconds`: the eager launch, its
+           host-side gap before the kernel included, as training and prefill issue it) and GRAPH_CALLS calls
+           replayed in one CUDA graph (`graph_seconds`, per call: how SGLang's decode and verify issue it)
   block    transformers' sparse MoE block forward (router, top-k, sort, grouped GEMMs, combine) per
            `experts_implementation` and token count, with the CUDA kernels it launches counted
   forward  a Qwen3-30B-A3B-shaped target forward (published config, random bf16 weights, N layers, 3,072
@@ -33,6 +36,7 @@ from benchmarks.device_ceilings import cuda_median_s as timed
 RESULT = Path(__file__).resolve().parent / "results" / "moe_layer.json"
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 IMPLEMENTATIONS = ["grouped_mm", "batched_mm", "eager"]
+GRAPH_CALLS = 20
 
 
 def dense_peak(size: int = 8192) -> float:
@@ -94,16 +98,25 @@ def grouped_rows(peak: float, tokens_list: list[int]) -> list[dict[str, Any]]:
                 n_out, n_in = w.shape[1], w.shape[2]
                 x = torch.randn(tokens * k, n_in, device="cuda", dtype=torch.bfloat16)
                 wt = w.transpose(-2, -1)
-                seconds = timed(lambda x=x, wt=wt, offs=offs: torch._grouped_mm(x, wt, offs=offs))
+                def call(x: torch.Tensor = x, wt: torch.Tensor = wt, offs: torch.Tensor = offs) -> torch.Tensor:
+                    return torch._grouped_mm(x, wt, offs=offs)
+
+                def calls(call: Callable[[], torch.Tensor] = call) -> None:
+                    for _ in range(GRAPH_CALLS):
+                        call()
+
+                seconds = timed(call)
+                graph_seconds = timed(graphed(calls), runs=10) / GRAPH_CALLS
                 flops = 2 * tokens * k * n_in * n_out
                 rows.append({"target": facts.name, "experts": e, "top_k": k, "proj": proj, "in": n_in,
                              "out": n_out, "tokens": tokens, "touched": touched, "rows_per_expert": per_expert,
-                             "seconds": seconds, "tflops": flops / seconds / 1e12,
+                             "seconds": seconds, "graph_seconds": graph_seconds, "tflops": flops / seconds / 1e12,
                              "efficiency": flops / seconds / peak,
                              "weight_read_tbps": touched * n_in * n_out * 2 / seconds / 1e12})
                 r = rows[-1]
                 print(f"{facts.name:24} {proj:8} {tokens:6} {touched:4} {per_expert:8.1f} {seconds * 1e6:9.1f} "
-                      f"{r['tflops']:7.1f} {r['efficiency']:6.3f} {r['weight_read_tbps']:6.2f}", flush=True)
+                      f"{graph_seconds * 1e6:9.1f} {r['tflops']:7.1f} {r['efficiency']:6.3f} "
+                      f"{r['weight_read_tbps']:6.2f}", flush=True)
         del weights
         torch.cuda.empty_cache()
     return rows
@@ -244,7 +257,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"graph {result['floors']['graph_s'] * 1e6:.2f} us", flush=True)
         save()
     if "grouped" in args.parts:
-        print(f"{'target':24} {'proj':8} {'tokens':>6} {'exp':>4} {'rows/e':>8} {'us':>9} {'TFLOP/s':>7} "
+        print(f"{'target':24} {'proj':8} {'tokens':>6} {'exp':>4} {'rows/e':>8} {'us':>9} {'graph us':>9} "
+              f"{'TFLOP/s':>7} "
               f"{'eff':>6} {'TB/s':>6}")
         result["grouped"] = grouped_rows(result["dense_bf16_flops"], args.tokens)
         save()

@@ -52,7 +52,9 @@ GROUPED_READ = Measured(
     "least-squares time = 49.6 us + weight bytes of the touched experts / 3.10 TB/s; 3.10 of the 4.8 TB/s datasheet",
     _H200)
 GROUPED_FIXED = Measured(
-    49.6e-6, _JSON, "the same least-squares fit's intercept: 49.6 us per grouped GEMM", _H200)
+    49.6e-6, _JSON, "the same least-squares fit's intercept: 49.6 us per grouped GEMM, one call timed between CUDA "
+    "events (the host's launch gap included: replayed in a CUDA graph the intercept is 18.0 us on an H100, "
+    "benchmarks/results/moe_grouped_graph.json; an upper bound on SGLang's graphed decode, docs/planner.md)", _H200)
 # (rows per touched expert, efficiency against the dense bf16 GEMM of the same run, 745 TFLOP/s): the median over
 # the five targets and both projections of FLOPs / ((time - GROUPED_FIXED) x 745 TFLOP/s), rows within a factor
 # sqrt(2) of each bucket.
