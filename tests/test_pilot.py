@@ -22,6 +22,7 @@ from dflashx.plan.calibration import PilotCalibration, conditions
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
 from dflashx.run.layout import calibration_path
 from dflashx.run.pilot import pilot_due
+from dflashx.run.rundir import load_plan
 from dflashx.store.manifest import Manifest
 
 runner = CliRunner()
@@ -108,6 +109,12 @@ def test_pilot_in_process_calibrates_the_next_plan_and_its_completions_are_reuse
     assert [[p.step, p.tau] for p in cal.tau_curve] == train["metrics"]["heldout_tau_curve"]
     assert not (run_dir / "pilot" / "train" / "checkpoint").exists()
     assert not (run_dir / "pilot" / "train" / "best-tau").exists()
+    # the pilot's stages ran under the pilot's own plan: its recipe and estimates, not the full run's
+    pilot_plan = load_plan(run_dir / "pilot" / "plan.json")
+    full_plan = load_plan(run_dir / "plan.json")
+    assert pilot_plan.resolved.stages.train.max_steps == 6 != full_plan.resolved.stages.train.max_steps
+    assert pilot_plan.resolved.stages.train.tau_every == 2  # the pilot's interval, not the planner's
+    assert pilot_plan.stage("train").estimates.seconds < full_plan.stage("train").estimates.seconds
     entry = Manifest.load(run_dir).get("pilot.calibration")  # inventory and backup see it
     assert entry is not None and entry.path == "pilot/calibration.json" and entry.tier == "replaceable"
 

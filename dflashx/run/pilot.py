@@ -42,7 +42,7 @@ import math
 import shutil
 import traceback
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -106,6 +106,13 @@ def scratch_resolved(recipe: Recipe, facts: TargetFacts) -> ResolvedRecipe:
     return with_tau_every(scratch, every)
 
 
+def scratch_plan(recipe: Recipe, facts: TargetFacts, scratch: ResolvedRecipe) -> Plan:
+    """The plan the pilot's own stages run under: the scratch recipe planned (its estimates: the stall
+    watchdog's and the ETA's time, the disk-full figures, the artifacts' cost), holding `scratch` itself (the
+    pilot's held-out τ interval, not the planner's), so pilot/plan.json and pilot/recipe.yaml agree."""
+    return replace(make_plan(scratch_recipe(recipe), facts), resolved=scratch)
+
+
 class Pilot:
     """One pilot of the session's plan in one run directory, under the run lock `held`."""
 
@@ -121,6 +128,7 @@ class Pilot:
         self.resolved: ResolvedRecipe = plan.resolved
         try:
             self.scratch = scratch_resolved(recipe, self.resolved.target.facts)
+            self.scratch_plan = scratch_plan(recipe, self.resolved.target.facts, self.scratch)
         except ValueError as e:  # pydantic's ValidationError too: a pilot.* value the scratch recipe refuses
             raise PilotFailed(f"the pilot's recipe (the run's with pilot.*) is invalid: {e}") from None
         self.rundir = RunDir(Path(run_dir).resolve())
@@ -131,7 +139,8 @@ class Pilot:
     def run(self) -> PilotOutcome:
         if self.recipe.pilot.roundtrip:
             self._roundtrip()
-        self._pipeline(self.resolved, self.rundir.path, select(until="ingest"), "the run's own, to count the prompts")
+        self._pipeline(self.resolved, self.before, self.rundir.path, select(until="ingest"),
+                       "the run's own, to count the prompts")
         cal = self._measure()
         self.seconds["total"] = sum(self.seconds.values())
         path = self._save(cal)
@@ -155,12 +164,12 @@ class Pilot:
             raise PilotFailed(f"{result.message()}\n(the exports are kept in {folder} for inspection; {SKIP})")
         self.observer.message(result.message())
 
-    def _pipeline(self, recipe: ResolvedRecipe, run_dir: Path, selection: Selection, what: str,
+    def _pipeline(self, recipe: ResolvedRecipe, plan: Plan, run_dir: Path, selection: Selection, what: str,
                   save_recipe: bool = True) -> list[StageOutcome]:
         """The stages through the run's orchestrator under the held lock; a failure stops the pilot.
         `save_recipe` False: the run's recipe.yaml and plan.json stay the run's (`run_pipeline`)."""
         self.observer.message(f"pilot {' and '.join(selection.stages)}: {what}")
-        result = run_pipeline(recipe, self.before, run_dir, selection, self.argv, observer=self.observer,
+        result = run_pipeline(recipe, plan, run_dir, selection, self.argv, observer=self.observer,
                               held=self.held, save_recipe=save_recipe)
         for o in result.outcomes:
             if o.state == "failed":
@@ -230,7 +239,8 @@ class Pilot:
             self.observer.message("= pilot generate: measured by the interrupted pilot; reading its figures")
             return attempt["generated"]
         limit = attempt["start"] + self.recipe.pilot.prompts
-        outcome = self._pipeline(_max_prompts(self.scratch, limit), self.rundir.path, select(only="generate"),
+        outcome = self._pipeline(_max_prompts(self.scratch, limit), self.scratch_plan, self.rundir.path,
+                                 select(only="generate"),
                                  f"{self.recipe.pilot.prompts} prompts, kept for the full generation",
                                  save_recipe=False)[0]
         if outcome.state == "skipped":
@@ -257,7 +267,7 @@ class Pilot:
         # train measures under this attempt's conditions (its key leaves the operational ones out): it re-runs,
         # unless this attempt resumes its own interrupted training
         force = set() if self.resumed and interrupted else {"train"}
-        self._pipeline(self.scratch, self.dir, Selection(stages=["tokenize", "train"], force=force),
+        self._pipeline(self.scratch, self.scratch_plan, self.dir, Selection(stages=["tokenize", "train"], force=force),
                        f"{len(ids)} completions into {PILOT_DIR}/, "
                        f"{train.max_steps} steps to measure MFU and tokens/s{every}")
         metrics = self.dir / "train" / "logs" / "metrics.jsonl"

@@ -75,8 +75,9 @@ SGLANG_HYBRID = EngineRow(
     decode=Measured(
         0.73, _COOKBOOK,
         "Qwen3.6-27B BF16 high-throughput, conc 1024: 6,322 tokens/s/GPU (input + output), i.e. 702 output "
-        "tokens/s; the serving model at these conditions with decode share 1 gives 813; the share that "
-        "reproduces 702 with prefill counted is 0.73 (planner_accuracy source row)",
+        "tokens/s; the serving model at these conditions with decode share 1 gave 813; the share that "
+        "reproduced 702 with prefill counted was 0.73 (planner_accuracy source row); under the prefill model "
+        "of issue 29 (MTP off: 718 ms, was 735) the row reads 708 (+0.8%), the share not re-derived",
         "1x H200, SGLang 0.5.16, TP 1, --mem-fraction-static 0.8, MTP off, random 8,192 in / 1,024 out"),
 )
 
