@@ -8,6 +8,7 @@ from __future__ import annotations
 from dflashx.config.schema import Recipe
 from dflashx.plan.estimates.deployment import drafter_window, predict_speedup
 from dflashx.plan.estimates.device import device_of
+from dflashx.plan.estimates.engine import Measured
 from dflashx.plan.estimates.fixed import TOKENIZE_PER_SAMPLE
 from dflashx.plan.estimates.generation import Serving
 from dflashx.plan.estimates.lengths import OutputLengths
@@ -20,7 +21,14 @@ QC_SAMPLES_PER_S = 2_000  # per-sample checks + report plots
 TOKENIZE_TOKENS_PER_S_PER_PROC = 200_000  # chat template + fast tokenizer
 EXPORT_BYTES_PER_S = 500e6
 BACKUP_BYTES_PER_S = 200e6  # multipart upload to S3 from one node
-EVAL_BANDWIDTH_EFFICIENCY = 0.5  # batch-1 decode reaches about half the memory bandwidth
+# The eval stage's decoder (SpecDecoder: transformers target, eager, batch 1) at tau 1, per output token, as a share
+# of the datasheet bandwidth over the target's weight bytes: what the eval stage and the held-out tau probe cost.
+EVAL_BANDWIDTH_EFFICIENCY = Measured(
+    0.227, "benchmarks/results/eval_decode.json (python -m benchmarks.eval_decode)",
+    "SpecDecoder with an untrained DFlash drafter (block 16: one cycle per token) on random Qwen3-32B-shaped "
+    "bf16 targets of 16 / 32 / 64 layers, 512-token prompt, 128 new tokens: 0.227 / 0.262 / 0.226 of 3.35 TB/s; "
+    "their median (plain greedy model.generate: 0.330 / 0.216 / 0.295)",
+    "1x NVIDIA H100 80GB HBM3, torch 2.11, transformers 5.17, 2026-12-06")
 
 
 def host_seconds(recipe: Recipe, tokens: Tokens, storage_total: float, export_bytes: float) -> dict[str, Term]:
@@ -46,7 +54,7 @@ def host_seconds(recipe: Recipe, tokens: Tokens, storage_total: float, export_by
 
 def batch1_seconds_per_token(recipe: ResolvedRecipe, weight_bytes: float, tp: int) -> float:
     """A GPU's batch-1 decode of one token: the weights read at EVAL_BANDWIDTH_EFFICIENCY of the bandwidth."""
-    return weight_bytes / (device_of(recipe.hardware).bandwidth_bps * tp) / EVAL_BANDWIDTH_EFFICIENCY
+    return weight_bytes / (device_of(recipe.hardware).bandwidth_bps * tp) / EVAL_BANDWIDTH_EFFICIENCY.value
 
 
 def in_process_tokens_per_s(recipe: ResolvedRecipe, acceptance: list[float | None]) -> float:
@@ -69,7 +77,7 @@ def eval_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
     per_token = batch1_seconds_per_token(recipe, s.weight_bytes, s.tp)
     return term("eval.seconds", tokens * per_token, "s",
                 "prompt decodes (suites x drafters x runs) x max_new_tokens x weights / (bandwidth x tp x batch-1 "
-                "efficiency)", tokens=tokens, seconds_per_token=per_token, efficiency=EVAL_BANDWIDTH_EFFICIENCY)
+                "efficiency)", tokens=tokens, seconds_per_token=per_token, efficiency=EVAL_BANDWIDTH_EFFICIENCY.value)
 
 
 def eval_in_process_seconds(recipe: ResolvedRecipe) -> Term:
