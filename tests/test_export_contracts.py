@@ -29,11 +29,14 @@ from dflashx.export import (
     to_speculators,
 )
 from dflashx.export.serve import shell, sglang_argv, vllm_argv
+from dflashx.export.causality import vllm_reads, vllm_reads_speculators
+from dflashx.export.speculators import fits
 from dflashx.resolve import ResolvedRecipe, resolve
 from dflashx.targets.facts import facts_for
 
 REPO = Path(__file__).resolve().parents[1]
 SLIDING = {"num_layers": 2, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 64}
+ALL_SLIDING = SLIDING | {"layer_types": ["sliding_attention", "sliding_attention"]}  # all causal: a speculators form
 
 
 def _resolved(recipe: str, **drafter: Any) -> ResolvedRecipe:
@@ -87,6 +90,11 @@ def sliding() -> ResolvedRecipe:
     return _resolved("tiny.yaml", **SLIDING)
 
 
+@pytest.fixture(scope="module")
+def all_sliding() -> ResolvedRecipe:
+    return _resolved("tiny.yaml", **ALL_SLIDING)
+
+
 def _keys(violations: list[Violation]) -> list[str]:
     return [v.key for v in violations]
 
@@ -94,31 +102,68 @@ def _keys(violations: list[Violation]) -> list[str]:
 # --------------------------------------------------------------------------- the good exports
 
 
-@pytest.mark.parametrize("recipe,drafter", [("tiny.yaml", {}), ("tiny.yaml", SLIDING), ("qwen36_27b.yaml", {}),
+@pytest.mark.parametrize("recipe,drafter", [("tiny.yaml", {}), ("tiny.yaml", SLIDING), ("tiny.yaml", ALL_SLIDING),
+                                            ("qwen36_27b.yaml", {}),
                                             ("qwen36_27b.yaml", {"architecture": "dflash"})])
 def test_the_shipped_recipes_drafters_pass_both_checkers(recipe, drafter):
     resolved = _resolved(recipe, **drafter)
     facts, config = resolved.target.facts, _exported(resolved)
     assert check_sglang(config, facts, _shapes(config)) == []
     if resolved.drafter.architecture == "dflash2":  # vLLM serves DFlash2 from this layout: no speculators form
-        assert config["architectures"] == ["DFlash2DraftModel"]
+        assert config["architectures"] == ["DFlash2DraftModel"] and not fits(config)
         return
     spec = to_speculators(config, verifier=resolved.target.model)
+    if "sliding_attention" in config["layer_types"] and "full_attention" in config["layer_types"]:
+        # a sliding layer causal and a full one bidirectional: vLLM reads one causality for every layer from a
+        # speculators config, so this drafter has none (vLLM serves the DFlash folder)
+        assert not fits(config)
+        assert _keys(check_speculators(spec, facts, _shapes(config))) == ["sliding_window_non_causal"]
+        return
+    assert fits(config)
     assert check_speculators(spec, facts, _shapes(config)) == []
     assert spec["aux_hidden_state_layer_ids"] == [i + 1 for i in resolved.drafter.target_layer_ids]
     assert spec["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == resolved.drafter.block_size - 1
 
 
-def test_speculators_round_trip_keeps_the_drafter(sliding):
-    config = _exported(sliding)
-    back = from_speculators(to_speculators(config, "builtin:tiny-qwen3"), sliding.target.facts.num_layers)
+@pytest.mark.parametrize("causal", [[False, False], [True, True]])
+def test_speculators_round_trip_keeps_the_drafter(sliding, causal):
+    """A drafter whose layers are alike converts to a speculators config that vLLM reads back with the trained
+    causality (vLLM 0.32 `update_dflash`: `dflash_config.causal = not sliding_window_non_causal`, every layer)."""
+    config = copy.deepcopy(_exported(sliding))
+    config["dflash_config"]["causal_layers"], config["is_causal"] = causal, causal[0]
+    spec = to_speculators(config, "builtin:tiny-qwen3")
+    assert spec["sliding_window_non_causal"] is (not causal[0])
+    assert vllm_reads_speculators(spec) == causal
+    back = from_speculators(spec, sliding.target.facts.num_layers)
     assert DFlashConfig.from_hf_dict(back) == DFlashConfig.from_hf_dict(config).model_copy(update={"mask_token": None})
-    bidirectional = copy.deepcopy(config)
-    bidirectional["dflash_config"]["causal_layers"] = [False, False]  # all alike: allowed, and expressible
-    bidirectional["is_causal"] = False
-    spec = to_speculators(bidirectional, "t")
-    assert spec["sliding_window_non_causal"] is True
-    assert from_speculators(spec, 6)["dflash_config"]["causal_layers"] == [False, False]
+
+
+def test_a_drafter_whose_layers_differ_has_no_speculators_form(sliding):
+    config = _exported(sliding)  # the sliding layer causal, the full one bidirectional (the served rule)
+    assert config["dflash_config"]["causal_layers"] == [True, False] and not fits(config)
+    assert vllm_reads(config, config["dflash_config"]) == [True, False]  # the DFlash folder is read as trained
+
+
+def test_f5ac536s_speculators_export_is_named(tiny):
+    """f5ac536 wrote `sliding_window_non_causal: false` for the all-bidirectional tiny drafter: vLLM then made every
+    layer causal and accepted 8.8% less (3.967 against 4.349, issue 37). The checker names it, with the fix."""
+    config = _exported(tiny)
+    spec = to_speculators(config, "t") | {"sliding_window_non_causal": False}
+    trained = config["dflash_config"]["causal_layers"]
+    broken = check_speculators(spec, tiny.target.facts, _shapes(config), causal=trained)
+    assert _keys(broken) == ["sliding_window_non_causal"] and "write sliding_window_non_causal: true" in broken[0].fix
+    assert _keys(check_speculators(spec, tiny.target.facts, _shapes(config))) == ["sliding_window_non_causal"]
+    assert to_speculators(config, "t")["sliding_window_non_causal"] is True
+
+
+def test_vllm_reading_of_the_dflash_folder_is_held_to_training(tiny):
+    """vLLM reads `is_causal`, else `dflash_config.causal`, for every layer of the DFlash folder too."""
+    config = copy.deepcopy(_exported(tiny))
+    assert config["is_causal"] is False and vllm_reads(config, config["dflash_config"]) == [False]
+    config["dflash_config"]["causal"] = True  # is_causal still decides: no change
+    assert check_sglang(config, tiny.target.facts, _shapes(config)) == []
+    del config["is_causal"]  # now vLLM would make the bidirectional layer causal; SGLang reads neither
+    assert _keys(check_sglang(config, tiny.target.facts, _shapes(config))) == ["is_causal"]
 
 
 # --------------------------------------------------------------------------- each rule broken in turn
@@ -146,15 +191,15 @@ LISTED = [
      "dflash_config.target_layer_ids", "aux_hidden_state_layer_ids"),
     ("float mask id", "tiny", _set(5.0, "dflash_config", "mask_token_id"), "dflash_config.mask_token_id",
      "mask_token_id"),
-    ("sliding layer without sliding_window", "sliding", _drop("sliding_window"), "sliding_window",
+    ("sliding layer without sliding_window", "all_sliding", _drop("sliding_window"), "sliding_window",
      "transformer_layer_config.sliding_window"),
     ("block size missing", "tiny", _drop("block_size"), "block_size", "block_size"),
 ]
 
 
 @pytest.mark.parametrize("what,base,mutate,sglang_key,spec_key", LISTED, ids=[r[0] for r in LISTED])
-def test_each_listed_rule_broken_is_named_by_both_checkers(what, base, mutate, sglang_key, spec_key, tiny, sliding):
-    resolved = {"tiny": tiny, "sliding": sliding}[base]
+def test_each_listed_rule_broken_is_named_by_both_checkers(what, base, mutate, sglang_key, spec_key, tiny, all_sliding):
+    resolved = {"tiny": tiny, "all_sliding": all_sliding}[base]
     config = _exported(resolved)
     mutate(config)
     violations = check_sglang(config, resolved.target.facts)

@@ -106,8 +106,8 @@ def _folders(ctx, result) -> tuple[Path, Path]:
 
 def test_export_writes_both_layouts_that_pass_both_checkers_and_prints_the_commands(target, tmp_path, capsys):
     model, _ = target
-    drafter = _checkpoint(target, tmp_path / "ckpt", num_layers=2, layer_types=["sliding_attention", "full_attention"],
-                          sliding_window=8)
+    drafter = _checkpoint(target, tmp_path / "ckpt", num_layers=2, layer_types=["sliding_attention"] * 2,
+                          sliding_window=8)  # both layers causal: one causality, which a speculators config can say
     ctx, result = _export(tmp_path, tmp_path / "ckpt", model.name_or_path)
     zlab_dir, vllm_dir = _folders(ctx, result)
     assert vllm_dir.name == "drafter-vllm"
@@ -133,6 +133,20 @@ def test_export_writes_both_layouts_that_pass_both_checkers_and_prints_the_comma
         assert f'"model": "{vllm_dir}", "num_speculative_tokens": 3' in readme
         assert f"vllm serve {model.name_or_path}" in readme
         assert "--mamba-radix-cache-strategy" not in readme  # dense target
+
+
+def test_a_drafter_whose_layers_differ_in_causality_gets_one_folder_that_vllm_serves(target, tmp_path):
+    """A sliding layer causal and a full one bidirectional: vLLM reads a speculators config's one causality flag for
+    every layer (`update_dflash`), so no speculators folder is written and the vLLM command loads the DFlash one,
+    whose causality vLLM derives per layer from layer_types."""
+    model, _ = target
+    _checkpoint(target, tmp_path / "ckpt", num_layers=2, layer_types=["sliding_attention", "full_attention"],
+                sliding_window=8)
+    ctx, result = _export(tmp_path, tmp_path / "ckpt", model.name_or_path)
+    zlab_dir = ctx.out_dir / "drafter"
+    assert "drafter_vllm" not in result.artifacts and not (ctx.out_dir / "drafter-vllm").exists()
+    assert check_sglang(json.loads((zlab_dir / "config.json").read_text()), ctx.recipe.target.facts) == []
+    assert f'"model": "{zlab_dir}", "num_speculative_tokens": 3' in (zlab_dir / "README.md").read_text()
 
 
 def test_a_checkpoint_trained_for_another_target_stops_the_export_naming_the_keys(target, tmp_path):

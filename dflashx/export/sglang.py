@@ -28,6 +28,7 @@ from dflashx.export.contract import (
     need_mask_id,
     need_weights,
 )
+from dflashx.export.causality import need_served, sglang_reads, trained, vllm_reads
 from dflashx.export.dflash2 import KEYS as DFLASH2_KEYS
 from dflashx.export.dflash2 import check_dflash2
 from dflashx.targets.registry import TargetFacts
@@ -47,6 +48,15 @@ def _one_of(config: Mapping[str, Any], key: str) -> tuple[Any, str, list[Violati
 
 
 def _causality(config: Mapping[str, Any]) -> list[Violation]:
+    """The trained causality as each engine that loads this folder reads it: SGLang, then vLLM where it reads the
+    folder otherwise than SGLang (else SGLang's rule speaks for both)."""
+    sglang = _sglang_causality(config)
+    dflash = config.get("dflash_config")
+    alike = vllm_reads(config, dflash if isinstance(dflash, Mapping) else None) == sglang_reads(config)
+    return sglang if sglang and alike else sglang + _vllm_causality(config)
+
+
+def _sglang_causality(config: Mapping[str, Any]) -> list[Violation]:
     """SGLang serves full_attention layers bidirectional and sliding_attention layers causal
     (`_get_dflash_layer_attention_params`: ENCODER_ONLY vs DECODER); it reads no causal flag."""
     types = config.get("layer_types")
@@ -66,6 +76,15 @@ def _causality(config: Mapping[str, Any]) -> list[Violation]:
         return [Violation("is_causal", f"{causal} for every layer but SGLang serves {served!r} (from layer_types)",
                           fix)]
     return []
+
+
+def _vllm_causality(config: Mapping[str, Any]) -> list[Violation]:
+    """vLLM serves this folder too; it reads `is_causal`, else `dflash_config.causal`, for every layer
+    (`export.causality`)."""
+    dflash = config.get("dflash_config")
+    return need_served(vllm_reads(config, dflash if isinstance(dflash, Mapping) else None), trained(config),
+                       "is_causal", "vLLM", "write is_causal only when every layer is alike, and no "
+                       "dflash_config.causal")
 
 
 def _family(config: Mapping[str, Any], facts: TargetFacts) -> list[Violation]:

@@ -7,7 +7,9 @@ and the drafter's decoder-layer config under `transformer_layer_config`, next to
 `sliding_window_non_causal`, `sample_from_anchor`. vLLM's reader (`SpeculatorsConfig` and
 `update_dflash` in `vllm/transformers_utils/configs/speculators/`) starts from
 `transformer_layer_config`, takes `num_speculative_tokens` from the default proposal method and
-maps `aux_hidden_state_layer_ids` back to `dflash_config.target_layer_ids = [i - 1 ...]`.
+maps `aux_hidden_state_layer_ids` back to `dflash_config.target_layer_ids = [i - 1 ...]`; it reads
+every layer's causality from `sliding_window_non_causal` (`dflashx.export.causality`), so only a
+drafter whose layers are all alike has a speculators form (`fits`).
 
 Layer ids: speculators counts HF hidden states (index 0 is the embedding output), the DFlash layout
 counts decoder-layer outputs, so aux id = DFlash id + 1 (speculators' own converter,
@@ -17,14 +19,15 @@ prefixes `model.` itself; like the z-lab checkpoints vLLM serves, the folder has
 head (the target's are shared). Sources and commits: docs/export.md.
 
 Public API (pure): `to_speculators(config, verifier)`, `from_speculators(spec, num_target_layers)`,
-`check_speculators(spec, facts, shapes=None) -> list[Violation]`.
+`fits(config)`, `check_speculators(spec, facts, shapes=None, causal=None) -> list[Violation]`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from dflashx.config.drafter import HF_ARCHITECTURE
+from dflashx.export.causality import SLIDING, need_served, speculators_flag, trained, vllm_reads_speculators
 from dflashx.export.contract import (
     Violation,
     get,
@@ -47,13 +50,6 @@ _NOT_LAYER_KEYS = frozenset({"architectures", "auto_map", "block_size", "dflash_
                              "is_causal"})
 
 
-def _sliding_non_causal(types: Any, causal: Any) -> bool:
-    """speculators' one causality switch: sliding layers bidirectional (full layers always are)."""
-    if not isinstance(types, list) or not isinstance(causal, list):
-        return False
-    return any(t == "sliding_attention" and not c for t, c in zip(types, causal))
-
-
 def to_speculators(config: Mapping[str, Any], verifier: str,
                    verifier_architectures: tuple[str, ...] = ()) -> dict[str, Any]:
     """The speculators config.json for a DFlash-layout `config` (as `DFlashConfig.to_hf_dict()`
@@ -67,8 +63,8 @@ def to_speculators(config: Mapping[str, Any], verifier: str,
     ids = dflash.get("target_layer_ids")
     aux = [i + 1 for i in ids] if isinstance(ids, list) and all(is_int(i) for i in ids) else ids
     layers = {k: v for k, v in config.items() if k not in _NOT_LAYER_KEYS}
-    types = config.get("layer_types")
-    causal = dflash.get("causal_layers", [t == "sliding_attention" for t in types or []])
+    causal = trained(config)
+    flag = speculators_flag(causal) if causal else None
     tokens = block - 1 if is_int(block) else None
     return {
         "architectures": [ARCHITECTURE],
@@ -85,7 +81,9 @@ def to_speculators(config: Mapping[str, Any], verifier: str,
         "block_size": block,
         "aux_hidden_state_layer_ids": aux,
         "mask_token_id": dflash.get("mask_token_id"),
-        "sliding_window_non_causal": _sliding_non_causal(types, causal),
+        # vLLM reads every layer's causality from this one flag (export.causality); a drafter whose layers differ
+        # has no speculators form (`fits`), and the flag then keeps vLLM's default: non-causal
+        "sliding_window_non_causal": True if flag is None else flag,
         "sample_from_anchor": False,
         "target_model_type": dflash.get("target_model_type"),
         "torch_dtype": config.get("torch_dtype"),
@@ -96,7 +94,7 @@ def from_speculators(spec: Mapping[str, Any], num_target_layers: int) -> dict[st
     """The DFlash-layout config back (what `DFlashConfig.from_hf_dict` and the z-lab loader read)."""
     layers = dict(spec["transformer_layer_config"])
     types = layers.get("layer_types") or ["full_attention"] * int(layers["num_hidden_layers"])
-    bidirectional_sliding = bool(spec.get("sliding_window_non_causal"))
+    causal = vllm_reads_speculators({**spec, "transformer_layer_config": {**layers, "layer_types": types}})
     return {
         **layers,
         "architectures": [HF_ARCHITECTURE["dflash"]],
@@ -105,7 +103,7 @@ def from_speculators(spec: Mapping[str, Any], num_target_layers: int) -> dict[st
         "dflash_config": {
             "mask_token_id": spec["mask_token_id"],
             "target_layer_ids": [i - 1 for i in spec["aux_hidden_state_layer_ids"]],
-            "causal_layers": [t == "sliding_attention" and not bidirectional_sliding for t in types],
+            "causal_layers": causal,
             "target_model_type": spec.get("target_model_type"),
             "target_architectures": list(spec["speculators_config"]["verifier"].get("architectures") or []),
         },
@@ -132,9 +130,34 @@ def _proposal(spec: Mapping[str, Any], block: Any) -> list[Violation]:
     return []
 
 
+def fits(config: Mapping[str, Any]) -> bool:
+    """Whether a DFlash-layout config has a speculators form vLLM reads as trained: a DFlash drafter whose layers
+    are all causal or all bidirectional (`export.causality`)."""
+    causal = trained(config)
+    return config.get("architectures") == [HF_ARCHITECTURE["dflash"]] and bool(causal) \
+        and speculators_flag(causal) is not None
+
+
+def _causality(spec: Mapping[str, Any], causal: Sequence[bool] | None) -> list[Violation]:
+    """vLLM's reading of `sliding_window_non_causal` (one flag for every layer) must be the trained causality:
+    `causal` when the caller knows it (the export's DFlash folder), else the DFlash convention (causal exactly
+    where a layer slides)."""
+    layers = spec.get("transformer_layer_config")
+    types = layers.get("layer_types") if isinstance(layers, Mapping) else None
+    wanted = list(causal) if causal is not None else (
+        [t == SLIDING for t in types] if isinstance(types, list) else None)
+    flag = speculators_flag(wanted) if wanted else None
+    fix = (f"write sliding_window_non_causal: {str(flag).lower()}" if flag is not None else
+           "serve the DFlash-layout folder with vLLM instead: a speculators config has one causality for every "
+           "layer and this drafter's layers differ")
+    return need_served(vllm_reads_speculators(spec), wanted, "sliding_window_non_causal", "vLLM (speculators)", fix)
+
+
 def check_speculators(spec: Mapping[str, Any], facts: TargetFacts,
-                      shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[Violation]:
-    """Every rule of the speculators / vLLM DFlash reader this config breaks for `facts`' target."""
+                      shapes: Mapping[str, tuple[int, ...]] | None = None, *,
+                      causal: Sequence[bool] | None = None) -> list[Violation]:
+    """Every rule of the speculators / vLLM DFlash reader this config breaks for `facts`' target; `causal`: the
+    drafter's trained per-layer causality when known (else the DFlash convention is assumed)."""
     n_target, vocab = facts.num_layers, facts.vocab_size
     out = need_equal(spec.get("speculators_model_type"), MODEL_TYPE, "speculators_model_type",
                      "vLLM dispatches speculators checkpoints on it", f"write speculators_model_type: {MODEL_TYPE}")
@@ -158,6 +181,8 @@ def check_speculators(spec: Mapping[str, Any], facts: TargetFacts,
                       "dflashx drafters predict after the anchor (block_size - 1 tokens)", "write false")
     if not isinstance(spec.get("sliding_window_non_causal", False), bool):
         out.append(Violation("sliding_window_non_causal", "not a bool", "write true or false"))
+    else:
+        out += _causality(spec, causal)
     layers = spec.get("transformer_layer_config")
     if not isinstance(layers, Mapping):
         return out + [Violation("transformer_layer_config", "missing or not a mapping; vLLM builds the drafter "

@@ -26,12 +26,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from dflashx.config.drafter import HF_ARCHITECTURE
 from dflashx.config.fields import TORCH_DTYPE
 from dflashx.export import (Serving, Violation, check_sglang, check_speculators, commands, readme, report,
                             to_speculators)
+from dflashx.export.causality import trained
+from dflashx.export.speculators import fits
 from dflashx.data import chat_contract
 from dflashx.dflash.tau_record import HeldOutTau
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
@@ -45,8 +47,6 @@ OUT = "drafter"  # artifact and folder: the SGLang / z-lab layout
 VLLM = "drafter_vllm"  # artifact of the speculators layout ...
 VLLM_DIR = "drafter-vllm"  # ... and its folder
 CONFIG, WEIGHTS, README_FILE = "config.json", "model.safetensors", "README.md"
-# an engine's checker: (config.json, target facts, weight shapes or None) -> the rules it breaks
-Checker = Callable[[Mapping[str, Any], TargetFacts, Mapping[str, tuple[int, ...]] | None], list[Violation]]
 
 
 def _read(folder: Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
@@ -74,13 +74,12 @@ def contract_violations(facts: TargetFacts, drafter_dir: Path,
                         vllm_dir: Path | None) -> list[tuple[str, Path, list[Violation]]]:
     """Each written folder's engine, the folder and the rules of that engine it breaks (config.json and the
     weight shapes read back; no speculators folder for DFlash2). The export round-trip gate runs it too."""
-    checks: list[tuple[str, Checker, Path]] = [("SGLang / z-lab", check_sglang, drafter_dir)]
-    if vllm_dir is not None:
-        checks.append(("vLLM / speculators", check_speculators, vllm_dir))
-    out = []
-    for engine, check, folder in checks:
-        config, shapes = _read(folder)
-        out.append((engine, folder, check(config, facts, shapes)))
+    config, shapes = _read(drafter_dir)
+    out = [("SGLang / z-lab", drafter_dir, check_sglang(config, facts, shapes))]
+    if vllm_dir is not None:  # held to the causality the DFlash folder says the drafter was trained with
+        spec, spec_shapes = _read(vllm_dir)
+        out.append(("vLLM / speculators", vllm_dir, check_speculators(spec, facts, spec_shapes,
+                                                                       causal=trained(config))))
     return out
 
 
@@ -95,13 +94,14 @@ def check_written(ctx: StageContext, drafter_dir: Path, vllm_dir: Path | None) -
 
 
 def write_folders(drafter: Any, out: Path, vllm_out: Path, dtype: Any, target: str) -> Path | None:
-    """The drafter in the DFlash layout at `out` and, for DFlash, the speculators layout at `vllm_out` (its
-    folder, or None: vLLM serves DFlash2 from the DFlash layout itself, PR #52816 qwen3_dflash2.py, and the
-    speculators layout has no DFlash2 form). The export round-trip gate writes through it too."""
+    """The drafter in the DFlash layout at `out` and, where it has one, the speculators layout at `vllm_out` (its
+    folder, or None: vLLM serves DFlash2 from the DFlash layout itself, PR #52816 qwen3_dflash2.py, and a DFlash
+    drafter whose layers differ in causality has no speculators form, `speculators.fits`). The export round-trip
+    gate writes through it too."""
     from dflashx.dflash.checkpoint import save_drafter
 
     save_drafter(drafter, out, dtype=dtype)
-    if drafter.config.architecture != "dflash":
+    if not fits(json.loads((out / CONFIG).read_text())):
         return None
     write_speculators(out, vllm_out, target)
     return vllm_out
@@ -132,7 +132,7 @@ def run(ctx: StageContext) -> StageResult:
     check_written(ctx, out, vllm)
 
     config = json.loads((out / CONFIG).read_text())
-    serving = Serving.of(config, ctx.recipe.target.facts, target, str(out), str(vllm_out),
+    serving = Serving.of(config, ctx.recipe.target.facts, target, str(out), str(vllm or out),
                          tp=ctx.recipe.stages.generate.serving.tp)
     text = readme(serving, config, ctx.recipe.name, ctx.config.dtype)
     trained_for = chat_contract.read(ctx.inputs[CHECKPOINT])  # the template and thinking mode of training
