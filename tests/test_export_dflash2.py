@@ -18,7 +18,7 @@ import pytest
 from test_export_contracts import _exported, _resolved, _shapes
 
 from dflashx.export import Serving, check_sglang, readme
-from dflashx.export.serve import sglang_argv, vllm_argv
+from dflashx.export.serve import sglang_argv, vllm_argv, vllm_env
 
 SLIDING = {"architecture": "dflash2", "num_layers": 2, "block_size": 8, "sliding_window": 2048,
            "layer_types": ["sliding_attention", "sliding_attention"]}
@@ -234,8 +234,9 @@ def test_dflash2_serve_commands(seeds):
     spec = json.loads(vllm[vllm.index("--speculative-config") + 1])
     # vLLM takes the convolution's block from num_speculative_tokens + 1 and reads dflash_config itself
     assert spec == {"method": "dflash", "model": "/r/export/drafter", "num_speculative_tokens": 7}
-    assert "PR 52816" in readme(s, config, "qwen36", "bf16")
+    assert vllm_env(s) == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+    assert "VLLM_USE_V2_MODEL_RUNNER=1 vllm serve Qwen/Qwen3.6-27B" in readme(s, config, "qwen36", "bf16")
     plain = Serving.of(_exported(_resolved("qwen36_27b.yaml", architecture="dflash")), resolved.target.facts,
                        "Qwen/Qwen3.6-27B", "/r/d", "/r/v")
-    assert not plain.dflash2
+    assert not plain.dflash2 and vllm_env(plain) == {}
     assert json.loads(vllm_argv(plain)[vllm_argv(plain).index("--speculative-config") + 1])["model"] == "/r/v"
