@@ -157,3 +157,12 @@ def test_release_comparison_and_the_vllm_read_here():
         pytest.skip("vLLM's CPU build is not installed: the table's `checked` release is not here to compare")
     row = engines.support("vllm", "dflash2")
     assert installed == row.checked and engines.at_least(installed, row.minimum or "")
+
+
+def test_docs_engine_table_is_the_code_table():
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "export.md").read_text()
+    section = docs[docs.index("## Engine versions"):]
+    rows = [line for line in section.split("\n\n")[2].splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == len(engines.ENGINES)
+    for e in engines.ENGINES:
+        assert f"| {e.name} | {e.architecture} | {e.minimum or 'not established'} | {e.checked} |" in section
