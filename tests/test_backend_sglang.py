@@ -15,7 +15,8 @@ from openai_server import MODEL_NAME, Script, ScriptedOpenAIServer, expected_rep
 
 from dflashx.backends.base import split_think
 from dflashx.backends.servers import ServerError, wait_healthy
-from dflashx.backends.sglang import SGLangBackend, accept_length_of, backoff_s
+from dflashx.backends.http import backoff_s
+from dflashx.backends.sglang import SGLangBackend, accept_length_of
 from dflashx.config.schema import ChatTemplateSpec, GenerateStage
 from dflashx.dflash.distributed import free_port
 from dflashx.plan.launch import LaunchPlan, ServerSpec, base_url
@@ -139,9 +140,11 @@ def test_each_url_keeps_its_launch_plan_in_flight():
 
 def test_a_dp_size_server_gets_its_in_flight_from_the_plan_json():
     entry = {"command": ["python", "-m", "x"], "port": 1, "url": "http://127.0.0.1:1", "gpus": [0, 1], "node": 0,
-             "in_flight": 64}
+             "in_flight": 64, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}
     spec = ServerSpec.from_json(entry)
     assert spec.in_flight == 64 and spec.gpus == (0, 1) and spec.to_json() == entry
+    older = {k: v for k, v in entry.items() if k != "env"}  # a plan.json written before servers had an env
+    assert ServerSpec.from_json(older).env == ()
 
 
 def test_permanent_rejection_is_recorded_not_retried():

@@ -68,6 +68,7 @@ class BackendStats:
     rejected: int = 0  # prompts the server refused for good (emitted with `error`)
     first_error: str | None = None
     spec_accept_length: float | None = None  # tokens per draft-verify cycle the servers reported (MTP on)
+    server_restarts: int = 0  # launched servers started again after they exited while generating
 
     def note_error(self, message: str) -> None:
         self.first_error = self.first_error or message

@@ -345,7 +345,8 @@ class _Loader:
 
 # --------------------------------------------------------------------------- relative paths
 
-_PATH_KEYS: tuple[Loc, ...] = (("drafter", "init_from"), ("stages", "eval", "prompts"))
+_PATH_KEYS: tuple[Loc, ...] = (("drafter", "init_from"), ("stages", "eval", "prompts"),
+                              ("stages", "generate", "serving", "drafter"))
 _MAYBE_LOCAL_KEYS: tuple[Loc, ...] = (("target", "model"), ("target", "tokenizer"))
 # Lists whose items' `path` is one (True: only when it looks local; a baseline may be a hub id).
 _PATH_LISTS: tuple[tuple[Loc, bool], ...] = ((("dataset", "sources"), False), (("stages", "eval", "suites"), False),

@@ -61,14 +61,32 @@ class ServingSpec(Strict):
     speculative: SpeculativeSpec = Field(
         default_factory=SpeculativeSpec, description="SGLang's draft settings for the target's MTP head "
         "(`target.mtp: true`).", json_schema_extra=OPERATIONAL)
+    drafter: str | None = Field(
+        None, description="A DFlash drafter folder the servers draft with while generating (an earlier run's "
+        "export/drafter for this target, trained with this recipe's drafter.block_size): vLLM "
+        "--speculative-config {method: dflash}, SGLang --speculative-algorithm DFLASH. Speculative decoding keeps "
+        "the target's output distribution, so the completions' law does not change; the plan prices generation "
+        "with it (acceptance: speculative.acceptance, else the expected drafter acceptance, deploy) and the "
+        "preflight checks the folder against the target. Not with target.mtp.",
+        json_schema_extra=OPERATIONAL)
 
 
 class GenerateStage(StageBase):
-    backend: Literal["sglang", "transformers"] = Field(
+    backend: Literal["sglang", "vllm", "transformers"] = Field(
         "sglang",
-        description="`sglang` servers (GPU nodes) or local `transformers` generation (CPU, small targets).",
+        description="`sglang` servers (GPU nodes), `vllm` servers (GPU nodes, or vLLM's CPU build) or local "
+        "`transformers` generation (CPU, small targets).",
         json_schema_extra=OUTPUT | calibrates("data", "serving")
     )
+    server_python: str | None = Field(
+        None, description="The Python interpreter the launched servers run with (`-m sglang.launch_server`, "
+        "`-m vllm.entrypoints.openai.api_server`). SGLang and vLLM's GPU build pin their own CUDA torch, so on a "
+        "GPU node point this at their environment's python; default: the interpreter running dflashx (its venv, "
+        "where vLLM's CPU build installs: README).", json_schema_extra=OPERATIONAL | UNCALIBRATED)
+    server_restarts: int = Field(
+        3, ge=0, description="Times a launched server that exits while generating is started again (its log "
+        "kept, appended) before the stage stops; a rerun resumes after the completions written either way.",
+        json_schema_extra=OPERATIONAL | UNCALIBRATED)
     urls: list[str] = Field(default_factory=list, description="Attach to running servers instead of starting them.",
                             json_schema_extra=OPERATIONAL | UNCALIBRATED)
     max_tokens: int = Field(8192, ge=1, description="Most generated tokens per prompt (reasoning + answer).",

@@ -134,7 +134,7 @@ def fits(config: Mapping[str, Any]) -> bool:
     """Whether a DFlash-layout config has a speculators form vLLM reads as trained: a DFlash drafter whose layers
     are all causal or all bidirectional (`export.causality`)."""
     causal = trained(config)
-    return config.get("architectures") == [HF_ARCHITECTURE["dflash"]] and bool(causal) \
+    return config.get("architectures") == [HF_ARCHITECTURE["dflash"]] and causal is not None \
         and speculators_flag(causal) is not None
 
 

@@ -1,7 +1,7 @@
 """The typed launch plans: the generate stage's (which servers run where, and how many requests each keeps
 open) and the train stage's (`TrainLaunch`: the DeepSpeed or torchrun argv, its world size and nodes).
 
-The planner builds the generate stage's once (`plan.expand.sglang.launch_plan`); plan.json stores it in the
+The planner builds the generate stage's once (`plan.expand.servers.launch_plan`); plan.json stores it in the
 generate stage's entry (`to_json`) and `dflashx.run.rundir.load_plan` reads it back (`from_json`, the same
 object), so the client keeps open exactly what the estimate assumed and starts exactly the servers the plan
 lists. The shape (an immutable plan of one frozen spec per service) follows SpecForge's `LaunchPlan` /
@@ -54,9 +54,10 @@ def split_in_flight(total: int, parts: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class ServerSpec:
-    """One inference server: launched (`command` on `node`, `gpus` its CUDA_VISIBLE_DEVICES) or attached
-    (no command, no node: a URL someone else serves). `in_flight`: requests the client keeps open on it
-    (the per-replica in-flight count x the replicas behind it)."""
+    """One inference server: launched (`command` on `node`, `gpus` its CUDA_VISIBLE_DEVICES, `env` what else its
+    environment sets) or attached (no command, no node: a URL someone else serves). `in_flight`: requests the client
+    keeps open on it (the per-replica in-flight count x the replicas behind it). A command's leading `python` is
+    the interpreter `stages.generate.server_python` names (`dflashx.backends.servers`)."""
 
     url: str
     in_flight: int
@@ -64,6 +65,7 @@ class ServerSpec:
     port: int | None = None
     gpus: tuple[int, ...] = ()
     node: int | None = None
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def host(self) -> str:
@@ -75,14 +77,15 @@ class ServerSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {"command": list(self.command), "port": self.port, "url": self.url, "gpus": list(self.gpus),
-                "node": self.node, "in_flight": self.in_flight}
+                "node": self.node, "in_flight": self.in_flight, "env": dict(self.env)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ServerSpec:
         return cls(str(data["url"]), int(data["in_flight"]), tuple(str(c) for c in data.get("command") or ()),
                    None if data.get("port") is None else int(data["port"]),
                    tuple(int(g) for g in data.get("gpus") or ()),
-                   None if data.get("node") is None else int(data["node"]))
+                   None if data.get("node") is None else int(data["node"]),
+                   tuple((str(k), str(v)) for k, v in (data.get("env") or {}).items()))
 
 
 @dataclass(frozen=True)

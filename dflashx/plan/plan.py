@@ -20,7 +20,7 @@ from dflashx.plan.calibration import CalibrationReport, PilotCalibration, apply_
 from dflashx.plan.context import Estimates, PlanContext, Totals, build_context, stage_estimates, totals
 from dflashx.plan.estimates.deployment import Deployment, deploy_term, expected_speedup
 from dflashx.plan.expand.deepspeed import launch
-from dflashx.plan.expand.sglang import launch_plan, shell_lines
+from dflashx.plan.expand.servers import launch_plan, shell_lines
 from dflashx.plan.explain import Term
 from dflashx.plan.findings import Finding, error, warning
 from dflashx.plan.launch import LaunchPlan, TrainLaunch

@@ -10,6 +10,7 @@ from itertools import pairwise
 
 from dflashx.config.schema import STAGE_ORDER
 from dflashx.plan.context import PlanContext, stage_estimates, totals
+from dflashx.plan.expand.servers import ENGINES
 from dflashx.plan.explain import human_bytes
 from dflashx.plan.findings import Finding, acknowledged, error, warning
 from dflashx.plan.rules_data import DATA_RULES
@@ -168,10 +169,15 @@ def generate_backend_fits(ctx: PlanContext) -> Iterable[Finding]:
         yield warning("transformers_big_target", "stages.generate.backend",
                       f"transformers generate() on a {ctx.facts.total_params / 1e9:.0f}B target is far slower "
                       "than a serving engine", "set stages.generate.backend=sglang")
-    if gen.serving.mode == "launch" and hw.gpu is None:
+    if gen.serving.mode == "launch" and hw.gpu is None and not ENGINES[gen.backend].runs_on_cpu:
         yield error("sglang_needs_gpu", "stages.generate.backend",
                     f"SGLang servers need GPUs; profile {hw.name} has none",
-                    "set stages.generate.backend=transformers, or give stages.generate.urls of running servers")
+                    "set stages.generate.backend=vllm (its CPU build: README) or transformers, or give "
+                    "stages.generate.urls of running servers")
+    if gen.serving.drafter and ctx.recipe.target.mtp:
+        yield error("two_generation_drafters", "stages.generate.serving.drafter",
+                    "the servers would draft with both the target's MTP head (target.mtp) and a DFlash drafter",
+                    "keep one: unset stages.generate.serving.drafter or set target.mtp: false")
     native = ctx.facts.max_position_embeddings
     needed = ctx.tokens.prompt_mean + gen.max_tokens
     if gen.context_length > native:

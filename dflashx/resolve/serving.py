@@ -1,7 +1,7 @@
 """The generate stage's serving settings, derived once: one pure function per `auto` value.
 
-  mode            launch | attach | in-process: the transformers backend runs in-process, SGLang attaches
-                  to stages.generate.urls when given, else dflashx launches its servers (every rule,
+  mode            launch | attach | in-process: the transformers backend runs in-process, SGLang and vLLM
+                  attach to stages.generate.urls when given, else dflashx launches their servers (every rule,
                   estimate, the launch plan, the preflight and the pilot read this one value)
   weight_dtype    target.precision (a reviewed recipe says what runs: FP8 serving changes the data)
   checkpoint      the recipe's, else target.model; FP8 weights from a checkpoint that is not an FP8
@@ -81,7 +81,7 @@ def online_quantization(recipe: Recipe) -> bool:
 def serving_mode(recipe: Recipe) -> ServingMode:
     """Who runs the target for generation (module doc): decided here only."""
     gen = recipe.stages.generate
-    if gen.backend != "sglang":
+    if gen.backend == "transformers":
         return "in-process"
     return "attach" if gen.urls else "launch"
 

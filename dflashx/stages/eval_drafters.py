@@ -28,11 +28,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from dflashx.config.eval_suites import TRAINED, UNTRAINED
 from dflashx.dflash.tau_record import HeldOutTau
-from dflashx.export import check_sglang, check_speculators, from_speculators, report
+from dflashx.export import Violation, check_sglang, check_speculators, from_speculators, report
 from dflashx.stages.base import StageContext
 from dflashx.stages.graph import GRAPH
 from dflashx.targets.registry import TargetFacts
@@ -40,7 +40,8 @@ from dflashx.targets.registry import TargetFacts
 CHECKPOINT = GRAPH["eval"].inputs[0]
 UNTRAINED_SEED = 0
 DFLASH, SPECULATORS = "dflash", "speculators"  # the two folder layouts
-_ENGINE = {DFLASH: ("SGLang / z-lab", check_sglang), SPECULATORS: ("vLLM / speculators", check_speculators)}
+_ENGINE: dict[str, tuple[str, Callable[..., list[Violation]]]] = {
+    DFLASH: ("SGLang / z-lab", check_sglang), SPECULATORS: ("vLLM / speculators", check_speculators)}
 _HUB_FILES = ["config.json", "*.safetensors"]
 
 

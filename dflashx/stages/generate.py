@@ -17,6 +17,7 @@ next attempt (the full run, after `dflashx pilot`) resumes after those completio
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -27,12 +28,26 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressC
 
 from dflashx.backends.base import Backend, rejected_record
 from dflashx.backends.context_gate import ContextGate, open_gate
+from dflashx.backends.servers import LaunchArgs
+from dflashx.backends.sglang import SGLangBackend
+from dflashx.backends.vllm import VLLMBackend
+from dflashx.targets.locate import locate_target, locate_tokenizer
 from dflashx.data.jsonl import ShardWriter, count_records, iter_shards
 from dflashx.stages.graph import input_name
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.store.diskspace import DiskFull, size_text, used_bytes
 
 LOG_EVERY_S = 30.0
+SERVER_BACKENDS = {"sglang": SGLangBackend, "vllm": VLLMBackend}
+
+
+def launch_args(ctx: StageContext) -> LaunchArgs:
+    """What the launch plan's commands mean on this machine: the servers' interpreter and, for a built-in target,
+    its located folder in place of its `builtin:` name (`backends.servers.LaunchArgs`)."""
+    gen, target = ctx.config, ctx.recipe.target
+    model = gen.serving.checkpoint
+    located = ((model, str(locate_target(target))),) if model.startswith("builtin:") else ()
+    return LaunchArgs(gen.server_python or sys.executable, located)
 
 
 def make_backend(ctx: StageContext) -> Backend:
@@ -41,15 +56,13 @@ def make_backend(ctx: StageContext) -> Backend:
     target = ctx.recipe.target
     if cfg.serving.mode == "in-process":
         from dflashx.backends.transformers_local import TransformersBackend
-        from dflashx.targets.locate import locate_target, locate_tokenizer
-
         from dflashx.dflash.fp8 import target_to_fp8
 
         return TransformersBackend(locate_target(target), locate_tokenizer(target), cfg,
                                    target.chat_template, target.load_precision, to_fp8=target_to_fp8)
-    from dflashx.backends.sglang import SGLangBackend
-
-    return SGLangBackend(cfg, target.chat_template, target.model, ctx.runtime.launch, ctx.out_dir)
+    engine = SERVER_BACKENDS[cfg.backend]
+    return engine(cfg, target.chat_template, target.model, ctx.runtime.launch, ctx.out_dir,
+                  launch_args=launch_args(ctx))
 
 
 class GenerationMeter:
@@ -204,6 +217,7 @@ def _metrics(meter: GenerationMeter, backend: Backend, writer: ShardWriter, tota
         "rejected": backend.stats.rejected + refused,
         "refused_too_long": refused,
         "torn_bytes_truncated": writer.truncated_bytes,
+        "server_restarts": backend.stats.server_restarts,
         **({"spec_accept_length": backend.stats.spec_accept_length}
            if backend.stats.spec_accept_length is not None else {}),
     }
