@@ -102,6 +102,14 @@ class EvalStage(StageBase):
         description="Drafters decoded beside the trained one on every suite: `untrained` or {name, path} of a "
                     "drafter folder (z-lab or speculators layout).",
         json_schema_extra=OUTPUT)
+    engine: Literal["vllm"] | None = Field(
+        None, description="Also measure the trained drafter through a real serving engine: `vllm` serves the target "
+        "with the drafter (the layout vLLM serves, as the export writes it) and without it, and decodes the first "
+        "suite's prompts greedily one at a time on each: the engine's own acceptance counters (tau, acceptance per "
+        "draft position) beside our decoder's, and its tokens/s with and without the drafter, a measured speed-up "
+        "beside the predicted one (eval.json `engine`). vLLM starts from stages.generate.server_python (default: "
+        "this interpreter); on a CPU profile its CPU build (README). null: our decoder only.",
+        json_schema_extra=OUTPUT)
 
     @model_validator(mode="before")
     @classmethod

@@ -30,7 +30,7 @@ from dflashx.config.eval_suites import TRAINED, UNTRAINED
 from dflashx.data import chat_contract
 from dflashx.data.chat_mask import render_prompt
 from dflashx.data.suites import suite_prompts
-from dflashx.stages import eval_speedup
+from dflashx.stages import eval_engine, eval_speedup
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.stages.eval_drafters import CHECKPOINT, EvalDrafter, eval_drafters, load
 from dflashx.stages.graph import GRAPH
@@ -60,6 +60,17 @@ def _load_target(ctx: StageContext):
         target_to_fp8(target, torch.device(device))
     target = target.to(device).eval().requires_grad_(False)
     return target, load_tokenizer(ctx.recipe.target)
+
+
+def _release() -> None:
+    """Give the memory of the dropped target back (a server starts next)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def prompt_source(prompt: dict[str, Any]) -> str:
@@ -142,10 +153,10 @@ def _summary(runs: list[list[Any]], block_size: int, suite: dict[str, Any]) -> d
     return (summary | {"sampled": sampled_summary(sampled, block_size)}) if sampled else summary
 
 
-def evaluate(ctx: StageContext, target: Any, tokenizer: Any, drafters: list[EvalDrafter]) -> dict[str, Any]:
-    """Decode every suite with every drafter; the eval.json content (see the module docstring)."""
-    suites = _suite_inputs(ctx, tokenizer)
-    results = _decode(ctx, target, drafters, suites, stop_ids(ctx.recipe.target, tokenizer))
+def evaluate(ctx: StageContext, target: Any, drafters: list[EvalDrafter], suites: dict[str, dict[str, Any]],
+             stops: list[int]) -> tuple[dict[str, Any], Decoded]:
+    """Decode every suite with every drafter: the eval.json content (see the module docstring) and the decodes."""
+    results = _decode(ctx, target, drafters, suites, stops)
     agree = {suite: _agreeing({d: runs[0] for d, runs in by_drafter.items()}) for suite, by_drafter in results.items()}
     blocks = {d.name: d.config.block_size for d in drafters}
     table = {suite: {name: _summary(runs, blocks[name], suites[suite]) for name, runs in by_drafter.items()}
@@ -166,7 +177,7 @@ def evaluate(ctx: StageContext, target: Any, tokenizer: Any, drafters: list[Eval
         **{k: v for k, v in info[first].items() if k != "greedy_agreement"},
         **{name: table[first][name] for name in (TRAINED, UNTRAINED) if name in table[first]},
         "greedy_agreement": sum(every) / len(every),  # over every suite's prompts
-    }
+    }, results
 
 
 def sampled_text(sampled: dict[str, Any], sampling: dict[str, Any]) -> str:
@@ -213,12 +224,21 @@ def run(ctx: StageContext) -> StageResult:
         chat_contract.check(contract, ctx.inputs[CHECKPOINT], CHECKPOINT)
     except chat_contract.ContractMismatch as e:
         raise StageFailed(str(e)) from None
-    result = evaluate(ctx, target, tokenizer, drafters) | {"chat_contract": contract.to_json()}
+    suites, stops = _suite_inputs(ctx, tokenizer), stop_ids(ctx.recipe.target, tokenizer)
+    result, decoded = evaluate(ctx, target, drafters, suites, stops)
+    result |= {"chat_contract": contract.to_json()}
     result |= eval_speedup.section(ctx.recipe, result, report)  # tokens/s with the drafter where it is served
+    if ctx.config.engine:  # the trained drafter through a real server, beside our decoder (eval_engine)
+        del target  # the server needs the accelerator's memory
+        _release()
+        first = next(iter(suites))
+        result |= eval_engine.section(ctx.recipe, eval_engine.folder(ctx, ctx.out_dir / "engine"),
+                                      suites[first]["encoded"], [r.output_ids for r in decoded[first][TRAINED][0]],
+                                      stops, result.get(eval_speedup.KEY), ctx.out_dir / "engine")
     atomic_write_json(report / "eval.json", result)
     first = next(iter(result["suites"]))
     plot_acceptance(result["suites"][first], report / "acceptance.png", suites=result["suites"], suite=first)
     return StageResult(
         artifacts={"report": Artifact("report", tier="replaceable", description="eval.json + acceptance.png")},
-        metrics=metrics_of(result) | eval_speedup.metrics(result),
+        metrics=metrics_of(result) | eval_speedup.metrics(result) | eval_engine.metrics(result),
     )

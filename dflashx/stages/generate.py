@@ -17,7 +17,6 @@ next attempt (the full run, after `dflashx pilot`) resumes after those completio
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -28,26 +27,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressC
 
 from dflashx.backends.base import Backend, rejected_record
 from dflashx.backends.context_gate import ContextGate, open_gate
-from dflashx.backends.servers import LaunchArgs
 from dflashx.backends.sglang import SGLangBackend
 from dflashx.backends.vllm import VLLMBackend
 from dflashx.targets.locate import locate_target, locate_tokenizer
 from dflashx.data.jsonl import ShardWriter, count_records, iter_shards
 from dflashx.stages.graph import input_name
+from dflashx.stages.servers import launch_args
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.store.diskspace import DiskFull, size_text, used_bytes
 
 LOG_EVERY_S = 30.0
 SERVER_BACKENDS = {"sglang": SGLangBackend, "vllm": VLLMBackend}
-
-
-def launch_args(ctx: StageContext) -> LaunchArgs:
-    """What the launch plan's commands mean on this machine: the servers' interpreter and, for a built-in target,
-    its located folder in place of its `builtin:` name (`backends.servers.LaunchArgs`)."""
-    gen, target = ctx.config, ctx.recipe.target
-    model = gen.serving.checkpoint
-    located = ((model, str(locate_target(target))),) if model.startswith("builtin:") else ()
-    return LaunchArgs(gen.server_python or sys.executable, located)
 
 
 def make_backend(ctx: StageContext) -> Backend:
@@ -62,7 +52,7 @@ def make_backend(ctx: StageContext) -> Backend:
                                    target.chat_template, target.load_precision, to_fp8=target_to_fp8)
     engine = SERVER_BACKENDS[cfg.backend]
     return engine(cfg, target.chat_template, target.model, ctx.runtime.launch, ctx.out_dir,
-                  launch_args=launch_args(ctx))
+                  launch_args=launch_args(ctx.recipe))
 
 
 class GenerationMeter:

@@ -47,41 +47,57 @@ def _speculative(recipe: ResolvedRecipe, facts: TargetFacts) -> dict[str, Any] |
     return None
 
 
+def command(model: str, host: str, port: int, *, dtype: str, context: int, max_seqs: int, on_gpu: bool,
+            memory_fraction: float = 0.9, tp: int = 1, dp: int = 1, moe: bool = False, quantize: bool = False,
+            kv_cache_dtype: str = "auto", speculative: dict[str, Any] | None = None,
+            parser: str | None = None) -> list[str]:
+    """One vLLM server's argv (module doc): `dtype` a dflashx precision, `context` tokens, `max_seqs` running
+    sequences, `speculative` its --speculative-config (None: none), `parser` its reasoning parser."""
+    argv = [*MODULE, "--model", model, "--host", host, "--port", str(port), "--dtype", DTYPE[dtype],
+            "--max-model-len", str(context), "--max-num-seqs", str(max_seqs)]
+    # the CPU build runs eager (its torch.compile start-up cost ~16 s more here, and once crashed; module doc)
+    argv += ["--gpu-memory-utilization", f"{memory_fraction:g}"] if on_gpu else ["--enforce-eager"]
+    if tp > 1:
+        argv += ["--tensor-parallel-size", str(tp)] + (["--enable-expert-parallel"] if moe else [])
+    if dp > 1:
+        argv += ["--data-parallel-size", str(dp)]
+    if quantize:
+        argv += ["--quantization", "fp8"]
+    if kv_cache_dtype in KV_CACHE_DTYPE:
+        argv += ["--kv-cache-dtype", KV_CACHE_DTYPE[kv_cache_dtype]]
+    if speculative:
+        argv += ["--speculative-config", json.dumps(speculative)]
+    return argv + (["--reasoning-parser", parser] if parser else [])
+
+
+def reasoning(recipe: ResolvedRecipe, facts: TargetFacts) -> str | None:
+    """vLLM's reasoning parser for a target that thinks (`targets.parsers`), else None."""
+    return reasoning_parser(facts.model_type, "vllm") if recipe.target.chat_template.enable_thinking else None
+
+
 def server_argv(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving, host: str, port: int,
                 dp_size: int) -> list[str]:
     gen = recipe.stages.generate
     serving = gen.serving
-    argv = [*MODULE, "--model", serving.checkpoint, "--host", host, "--port", str(port),
-            "--dtype", DTYPE[serving.weight_dtype], "--max-model-len", str(gen.context_length),
-            "--max-num-seqs", str(serving.max_running_requests)]
-    if recipe.hardware.gpu is not None:
-        argv += ["--gpu-memory-utilization", f"{serving.mem_fraction_static:g}"]
-    else:  # the CPU build: eager (its torch.compile start-up cost ~16 s more here, and once crashed; module doc)
-        argv += ["--enforce-eager"]
-    if s.tp > 1:
-        argv += ["--tensor-parallel-size", str(s.tp)] + (["--enable-expert-parallel"] if facts.is_moe else [])
-    if dp_size > 1:
-        argv += ["--data-parallel-size", str(dp_size)]
-    if serving.online_quantization:
-        argv += ["--quantization", "fp8"]
-    if serving.kv_cache_dtype in KV_CACHE_DTYPE:
-        argv += ["--kv-cache-dtype", KV_CACHE_DTYPE[serving.kv_cache_dtype]]
-    spec = _speculative(recipe, facts)
-    if spec:
-        argv += ["--speculative-config", json.dumps(spec)]
-    parser = reasoning_parser(facts.model_type, "vllm")
-    if recipe.target.chat_template.enable_thinking and parser:
-        argv += ["--reasoning-parser", parser]
-    return argv
+    return command(serving.checkpoint, host, port, dtype=serving.weight_dtype, context=gen.context_length,
+                   max_seqs=serving.max_running_requests, on_gpu=recipe.hardware.gpu is not None,
+                   memory_fraction=serving.mem_fraction_static, tp=s.tp, dp=dp_size, moe=facts.is_moe,
+                   quantize=serving.online_quantization, kv_cache_dtype=serving.kv_cache_dtype,
+                   speculative=_speculative(recipe, facts), parser=reasoning(recipe, facts))
+
+
+def cpu_kv_gib(facts: TargetFacts, kv_elem: int, context: int, sequences: int) -> int:
+    """GiB for the CPU build's KV cache (`VLLM_CPU_KVCACHE_SPACE`): `sequences` full-length sequences (KV at the
+    context length plus the linear-attention state), at least 1."""
+    need = max(sequences, 1) * (facts.kv_bytes_per_token(kv_elem) * context + facts.recurrent_state_bytes)
+    return max(1, math.ceil(need / GIB))
 
 
 def cpu_kv_cache_gib(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving) -> int:
-    """GiB for the CPU build's KV cache: the planned running batch of full-length sequences (KV at the context
-    length plus the linear-attention state), at least 1."""
+    """The generate stage's CPU KV cache: the planned running batch of full-length sequences."""
     gen = recipe.stages.generate
-    per_token = facts.kv_bytes_per_token(kv_elem_bytes(gen.serving.kv_cache_dtype, gen.serving.weight_dtype))
-    need = max(s.batch, 1) * (per_token * gen.context_length + facts.recurrent_state_bytes)
-    return max(1, math.ceil(need / GIB))
+    return cpu_kv_gib(facts, kv_elem_bytes(gen.serving.kv_cache_dtype, gen.serving.weight_dtype),
+                      gen.context_length, s.batch)
 
 
 def server_env(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving) -> Mapping[str, str]:
