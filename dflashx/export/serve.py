@@ -35,6 +35,7 @@ from typing import Any, Mapping
 
 from dflashx.config.drafter import HF_ARCHITECTURE
 from dflashx.export.engines import ENGINES, EngineSupport
+from dflashx.plan.expand.draft import dflash_flags, dflash_spec
 from dflashx.targets.parsers import reasoning_parser
 from dflashx.targets.registry import TargetFacts
 
@@ -91,10 +92,7 @@ class Serving:
 
 def sglang_argv(s: Serving) -> list[str]:
     argv = ["python", "-m", "sglang.launch_server", "--model-path", s.target,
-            "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", s.sglang_dir,
-            "--speculative-num-draft-tokens", str(s.block_size)]
-    if s.sliding_window is not None:
-        argv += ["--speculative-draft-window-size", str(s.sliding_window)]
+            *dflash_flags(s.sglang_dir, s.block_size, s.sliding_window)]
     if s.hybrid:
         argv += list(HYBRID_FLAG)
     if s.tp > 1:
@@ -107,8 +105,7 @@ def sglang_argv(s: Serving) -> list[str]:
 def vllm_argv(s: Serving) -> list[str]:
     # DFlash2 too: vLLM picks DFlash2 from the checkpoint's architectures and sizes its convolution's
     # block as num_speculative_tokens + 1, so B - 1 it must stay (PR #52816, qwen3_dflash2.py)
-    spec = {"method": "dflash", "model": s.vllm_model, "num_speculative_tokens": s.block_size - 1}
-    argv = ["vllm", "serve", s.target, "--speculative-config", json.dumps(spec)]
+    argv = ["vllm", "serve", s.target, "--speculative-config", json.dumps(dflash_spec(s.vllm_model, s.block_size))]
     if s.tp > 1:
         argv += ["--tensor-parallel-size", str(s.tp)] + (["--enable-expert-parallel"] if s.moe else [])
     if s.vllm_reasoning_parser:

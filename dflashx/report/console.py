@@ -58,7 +58,8 @@ HEADLINES: dict[str, tuple[tuple[str, Spec], ...]] = {
     "eval": (("tau", "τ {:.2f} trained"), ("tau_untrained", "vs {:.2f} untrained"),
              ("tau_by_suite", suite_taus), ("tau_sampled_text", "served: {}"),
              ("greedy_agreement", "greedy agreement {:.0%}"),
-             ("predicted_speedup", "predicted serving speed-up {} (requests in flight)")),
+             ("predicted_speedup", "predicted serving speed-up {} (requests in flight)"),
+             ("engine_text", "through {}")),
     "export": (("parameters", "{:,} parameters"), ("exported", exported_drafter), ("exported_step", "step {:,}"),
                ("exported_heldout_tau", "held-out τ {:.2f}")),
 }

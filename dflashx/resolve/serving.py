@@ -23,7 +23,7 @@ from __future__ import annotations
 from dflashx.config.fields import PRECISION_BYTES
 from dflashx.config.schema import HardwareProfile, Recipe
 from dflashx.resolve.model import ResolvedServing, ResolvedSpeculative, ServingMode
-from dflashx.resolve.speculative import MTP_QWEN36, mtp_acceptance
+from dflashx.resolve.speculative import MTP_QWEN36, expected_drafter_acceptance, mtp_acceptance, tau_source
 from dflashx.targets.registry import TargetFacts
 from dflashx.targets.target_facts import WEIGHT_FORMAT_BITS
 
@@ -130,7 +130,17 @@ def context_length(recipe: Recipe, facts: TargetFacts) -> int:
 
 
 def speculative(recipe: Recipe) -> ResolvedSpeculative:
+    """The generation draft's acceptance profile: the recipe's, else for a DFlash drafter folder
+    (`serving.drafter`) the expected drafter acceptance (as `deploy` resolves it), else the MTP head's
+    published profile."""
     spec = recipe.stages.generate.serving.speculative
+    if recipe.stages.generate.serving.drafter:
+        drafts = recipe.drafter.block_size - 1
+        acceptance = ((list(spec.acceptance) + [0.0] * drafts)[:drafts] if spec.acceptance
+                      else expected_drafter_acceptance(recipe))
+        source = ("stages.generate.serving.speculative.acceptance (the recipe)" if spec.acceptance
+                  else f"the expected drafter acceptance: {tau_source(recipe)}")
+        return ResolvedSpeculative(**{**spec.model_dump(), "acceptance": acceptance, "acceptance_source": source})
     source = ("stages.generate.serving.speculative.acceptance (the recipe)" if spec.acceptance else
               f"{MTP_QWEN36.source}: {MTP_QWEN36.figure} ({MTP_QWEN36.conditions})")
     return ResolvedSpeculative(**{**spec.model_dump(), "acceptance": mtp_acceptance(recipe),

@@ -1,7 +1,8 @@
 """Preflight: check the world a recipe's run needs before its first stage (docs/running.md#preflight).
 
 One `Check(code, key, status ok|warn|fail, message, fix)` per question: sources, datasets ids, target config
-and tokenizer (`checks_inputs`), disk, S3, GPUs, attached servers (`checks_node`). Each check runs in
+and tokenizer (`checks_inputs`), disk, S3, GPUs, attached servers (`checks_node`), the engine a run launches
+and its release (`checks_engine`). Each check runs in
 a thread under one deadline; an exception becomes a `fail` naming the check.
 """
 
@@ -17,6 +18,7 @@ from dflashx.config.schema import STAGE_ORDER, Recipe
 from dflashx.plan.plan import Plan
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.check import Check, Status
+from dflashx.run.checks_engine import check_engine, launched_engines
 from dflashx.run.checks_inputs import check_source, check_target, check_tokenizer
 from dflashx.run.checks_node import check_disk, check_gpus, check_s3, check_server
 from dflashx.run.keys import stage_key
@@ -97,4 +99,8 @@ def preflight(recipe: Recipe, plan: Plan, run_dir: Path, stages: Sequence[str] =
     if "generate" in wanted and served is not None and served.mode == "attach":
         jobs += [(f"server {i}", partial(check_server, i, u, recipe.target.model), "fail")
                  for i, u in enumerate(recipe.stages.generate.urls)]
+    if plan.resolved is not None:
+        jobs += [(f"engine {engine}", partial(check_engine, plan.resolved, engine, key, drafter), "fail")
+                 for engine, key, drafter in launched_engines(plan.resolved)
+                 if key.split(".")[1] in wanted]
     return _bounded(jobs, timeout_s)

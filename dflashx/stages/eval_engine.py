@@ -31,7 +31,8 @@ import httpx
 
 from dflashx.backends.servers import LaunchArgs, ServerPool
 from dflashx.backends.vllm import SpecCounters
-from dflashx.plan.expand.vllm import CPU_KV_ENV, V2_RUNNER_ENV, command, cpu_kv_gib, dflash_spec
+from dflashx.plan.expand.draft import dflash_spec
+from dflashx.plan.expand.vllm import CPU_KV_ENV, V2_RUNNER_ENV, command, cpu_kv_gib
 from dflashx.plan.launch import LOCAL_HOST, LaunchPlan, ServerSpec
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.resolve.serving import kv_elem_bytes

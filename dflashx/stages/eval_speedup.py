@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dflashx.plan.estimates.deployment import drafter_window, predict_speedup
+from dflashx.plan.estimates.deployment import predict_speedup
+from dflashx.plan.estimates.speculative import drafter_window
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.store.atomic import atomic_path
 

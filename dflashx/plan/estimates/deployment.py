@@ -24,7 +24,7 @@ from dflashx.plan.estimates.device import device_of
 from dflashx.plan.estimates.engine import deploy_row
 from dflashx.plan.estimates.lengths import OutputLengths
 from dflashx.plan.estimates.serving import running_batch_with
-from dflashx.plan.estimates.speculative import dflash_drafter, pays, replica_rate
+from dflashx.plan.estimates.speculative import dflash_drafter, drafter_window, pays, replica_rate
 from dflashx.plan.explain import Term, term
 from dflashx.resolve.flops import DrafterDims
 from dflashx.resolve.model import ResolvedRecipe
@@ -112,12 +112,6 @@ def predict_speedup(recipe: ResolvedRecipe, acceptance: Sequence[float | None], 
                                spec.verify.seconds, spec.draft.seconds, plain.step_seconds))
     return Deployment(recipe.hardware.name, recipe.stages.generate.serving.tp, block, tau, list(acceptance), source,
                       prompt, output, rows)
-
-
-def drafter_window(recipe: ResolvedRecipe) -> int | None:
-    """The drafter's context bound: its sliding window when every layer slides, else none."""
-    d = recipe.drafter
-    return d.sliding_window if d.layer_types and all(t == "sliding_attention" for t in d.layer_types) else None
 
 
 def expected_speedup(recipe: ResolvedRecipe) -> Deployment:

@@ -36,7 +36,8 @@ from dflashx.plan.estimates.engine import EngineRow, engine_row
 from dflashx.plan.estimates.lengths import Lengths
 from dflashx.plan.estimates.prefill import mixer_factor
 from dflashx.plan.estimates.serving import Batch, mtp_on, running_batch, running_batch_with
-from dflashx.plan.estimates.speculative import Rate, mtp_drafter, pays, replica_rate
+from dflashx.plan.estimates.speculative import GenerationDraft, Rate, generation_draft, pays, replica_rate
+from dflashx.plan.expand.draft import generation_draft_text
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.explain import Term, term
 from dflashx.resolve.model import ResolvedRecipe
@@ -78,8 +79,10 @@ def _serving(recipe: ResolvedRecipe, b: Batch) -> Serving:
 
 @dataclass(frozen=True)
 class Speculation:
-    """Generation with the MTP head against without it, at each one's own running batch."""
+    """Generation with its draft (the MTP head or a DFlash drafter) against without it, at each one's own running
+    batch."""
 
+    draft: GenerationDraft
     spec: Rate
     plain: Rate
     spec_batch: Batch
@@ -90,18 +93,16 @@ class Speculation:
         return pays(self.spec, self.plain)
 
 
-def _speculation(recipe: ResolvedRecipe, dev: Device, lengths: Lengths, tokens: Tokens,
-                 row: EngineRow) -> Speculation:
+def _speculation(recipe: ResolvedRecipe, dev: Device, lengths: Lengths, tokens: Tokens, row: EngineRow,
+                 draft: GenerationDraft) -> Speculation:
     plain_b = running_batch_with(recipe, lengths, None)
     spec_b = running_batch(recipe, lengths)
     out, prompt = tokens.output_mean, tokens.prompt_mean
-    accept = recipe.stages.generate.serving.speculative.acceptance
-    return Speculation(replica_rate(recipe, dev, spec_b, row, out, prompt, mtp_drafter(recipe), accept),
+    return Speculation(draft, replica_rate(recipe, dev, spec_b, row, out, prompt, draft.drafter, draft.acceptance),
                        replica_rate(recipe, dev, plain_b, row, out, prompt), spec_b, plain_b)
 
 
 def _speculation_term(sp: Speculation, recipe: ResolvedRecipe, dp: int, calibration: float) -> Term:
-    spec = recipe.stages.generate.serving.speculative
     assert sp.spec.verify is not None and sp.spec.draft is not None, "a speculative rate has both steps"
 
     def rate(r: Rate) -> float:
@@ -109,22 +110,22 @@ def _speculation_term(sp: Speculation, recipe: ResolvedRecipe, dp: int, calibrat
 
     verdict = ("pays" if sp.pays else "does not pay") + f" at batch {sp.spec_batch.value}"
     return term("generate.speculation", rate(sp.spec) / rate(sp.plain), "x",
-                "tokens/s with the MTP head / without it; with it: O / (O x (verify + steps x draft) / (batch x tau) "
-                "+ prefill), tau = 1 + sum of the acceptance shares of the drafted positions",
-                verdict=verdict, tokens_per_second_mtp=rate(sp.spec), tokens_per_second_plain=rate(sp.plain),
-                batch_mtp=sp.spec_batch.value, batch_plain=sp.plain_batch.value, binding_mtp=sp.spec_batch.binding,
-                tau=sp.spec.tau, acceptance=list(spec.acceptance), acceptance_source=spec.acceptance_source,
-                verify_s=sp.spec.verify.seconds, draft_s=sp.spec.draft.seconds, draft_forwards=spec.num_steps,
-                cycle_s=sp.spec.step_seconds, plain_step_s=sp.plain.step_seconds,
-                flags=f"--speculative-algorithm {spec.algorithm} --speculative-num-steps {spec.num_steps} "
-                      f"--speculative-eagle-topk {spec.eagle_topk} --speculative-num-draft-tokens "
-                      f"{spec.num_draft_tokens}")
+                f"tokens/s with {sp.draft.name} / without it; with it: O / (O x (verify + forwards x draft) / "
+                "(batch x tau) + prefill), tau = 1 + sum of the acceptance shares of the drafted positions",
+                verdict=verdict, draft=sp.draft.name, tokens_per_second_mtp=rate(sp.spec),
+                tokens_per_second_plain=rate(sp.plain), batch_mtp=sp.spec_batch.value,
+                batch_plain=sp.plain_batch.value, binding_mtp=sp.spec_batch.binding, tau=sp.spec.tau,
+                acceptance=list(sp.draft.acceptance), acceptance_source=sp.draft.acceptance_source,
+                verify_s=sp.spec.verify.seconds, draft_s=sp.spec.draft.seconds,
+                draft_forwards=sp.draft.drafter.forwards, cycle_s=sp.spec.step_seconds,
+                plain_step_s=sp.plain.step_seconds, flags=generation_draft_text(recipe, mtp_on(recipe)))
 
 
 def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Generation:
     facts, dev = recipe.target.facts, device_of(recipe.hardware)
     row = engine_row(recipe.stages.generate.serving.mode, facts.num_linear_layers > 0)
-    sp = _speculation(recipe, dev, lengths, tokens, row) if mtp_on(recipe) else None
+    draft = generation_draft(recipe)
+    sp = _speculation(recipe, dev, lengths, tokens, row, draft) if draft else None
     b = sp.spec_batch if sp else running_batch(recipe, lengths)
     s = _serving(recipe, b)
     rate = sp.spec if sp else replica_rate(recipe, dev, b, row, tokens.output_mean, tokens.prompt_mean)
@@ -148,8 +149,8 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths
              calibration_source=("measured (hardware.calibrated.serving_ratio)" if s.calibrated
                                  else "none: predicted from facts and engine measurements")),
         term("generate.seconds", seconds, "s", "output tokens / tokens_per_second", output_tokens=tokens.output,
-             mtp=("on: see generate.speculation" if sp else
-                  "off (target.mtp false, or no MTP layer / not SGLang on GPUs)")),
+             mtp=(f"on ({sp.draft.name}): see generate.speculation" if sp else
+                 "off (target.mtp false, or no MTP layer / no server on GPUs; no stages.generate.serving.drafter)")),
     ]
     if sp:
         terms.append(_speculation_term(sp, recipe, s.dp, s.calibration))

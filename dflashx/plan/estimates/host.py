@@ -6,7 +6,8 @@ Throughputs are conservative assumptions for one node, listed in docs/planner.md
 from __future__ import annotations
 
 from dflashx.config.schema import Recipe
-from dflashx.plan.estimates.deployment import drafter_window, predict_speedup
+from dflashx.plan.estimates.deployment import predict_speedup
+from dflashx.plan.estimates.speculative import drafter_window
 from dflashx.plan.estimates.device import device_of
 from dflashx.plan.estimates.engine import Measured
 from dflashx.plan.estimates.fixed import TOKENIZE_PER_SAMPLE

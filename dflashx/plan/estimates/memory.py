@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dflashx.config.fields import PRECISION_BYTES as BYTES
 from dflashx.plan.estimates.generation import Serving
-from dflashx.plan.estimates.serving import mtp_memory
+from dflashx.plan.estimates.serving import spec_memory
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.estimates.training import Training
 from dflashx.plan.explain import Term
@@ -37,7 +37,7 @@ def serving_memory(recipe: ResolvedRecipe, facts: TargetFacts, tokens: Tokens, s
     weights = s.weight_bytes / s.tp
     max_ctx = tokens.prompt_mean + recipe.stages.generate.max_tokens
     one_seq = facts.kv_bytes_per_token(s.kv_elem_bytes) * max_ctx + facts.recurrent_state_bytes
-    spec = mtp_memory(recipe)  # the MTP head's KV and one state per verified token
+    spec = spec_memory(recipe)  # the draft's weights and KV, and one state per verified token
     if spec is not None:
         one_seq += spec.kv_bytes_per_token * max_ctx + spec.verify_tokens * facts.recurrent_state_bytes
     # a decode step's working set: a few hidden-size buffers per running sequence

@@ -48,9 +48,14 @@ class SpecMemory:
 
 
 def mtp_on(recipe: ResolvedRecipe) -> bool:
-    """The generation servers run the target's MTP head: asked for, shipped, SGLang on GPUs."""
+    """The generation servers run the target's MTP head: asked for, shipped, SGLang or vLLM on GPUs."""
     return bool(recipe.target.mtp and recipe.target.facts.mtp_layers
                 and recipe.stages.generate.serving.mode != "in-process" and recipe.hardware.gpu is not None)
+
+
+def drafter_on(recipe: ResolvedRecipe) -> bool:
+    """The generation servers draft with a DFlash drafter folder (`stages.generate.serving.drafter`)."""
+    return bool(recipe.stages.generate.serving.drafter) and recipe.stages.generate.serving.mode != "in-process"
 
 
 def mtp_memory(recipe: ResolvedRecipe) -> SpecMemory | None:
@@ -62,6 +67,21 @@ def mtp_memory(recipe: ResolvedRecipe) -> SpecMemory | None:
     kv = kv_elem_bytes(s.kv_cache_dtype, s.weight_dtype)
     per_token = 2 * facts.mtp_layers * facts.num_kv_heads * facts.head_dim * kv
     return SpecMemory(0.0, per_token, s.speculative.num_draft_tokens)
+
+
+def drafter_memory(recipe: ResolvedRecipe) -> SpecMemory | None:
+    """A generation drafter's memory: its weights (outside the served checkpoint) and KV in 16 bits, and the
+    verified block per running request (`speculative.dflash_drafter` counts the same)."""
+    if not drafter_on(recipe):
+        return None
+    d = recipe.drafter.dims
+    kv_per_token = d.num_layers * 2 * d.num_key_value_heads * d.head_dim * 2
+    return SpecMemory(d.trainable * 2, kv_per_token, recipe.drafter.block_size)
+
+
+def spec_memory(recipe: ResolvedRecipe) -> SpecMemory | None:
+    """What the generation servers' draft adds to their memory: the MTP head's, a DFlash drafter's, or none."""
+    return mtp_memory(recipe) or drafter_memory(recipe)
 
 
 @dataclass(frozen=True)
@@ -91,8 +111,8 @@ def mean_running_context(prompt_mean: float, lengths: Lengths, max_tokens: int) 
 
 
 def running_batch(recipe: ResolvedRecipe, lengths: Lengths) -> Batch:
-    """The batch the generation servers decode, with the MTP head's memory when they run it."""
-    return running_batch_with(recipe, lengths, mtp_memory(recipe))
+    """The batch the generation servers decode, with their draft's memory when they draft."""
+    return running_batch_with(recipe, lengths, spec_memory(recipe))
 
 
 def running_batch_with(recipe: ResolvedRecipe, lengths: Lengths, spec: SpecMemory | None) -> Batch:

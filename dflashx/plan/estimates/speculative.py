@@ -35,7 +35,7 @@ from dflashx.plan.estimates.decode import (
 from dflashx.plan.estimates.device import Device
 from dflashx.plan.estimates.engine import EngineRow
 from dflashx.plan.estimates.prefill import DraftPass, Prefill, mtp_prompt_pass, prefill
-from dflashx.plan.estimates.serving import Batch, SpecMemory
+from dflashx.plan.estimates.serving import Batch, SpecMemory, drafter_on, mtp_on
 from dflashx.resolve.flops import DrafterDims, dflash2_layer_flops_per_token
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.resolve.serving import kv_elem_bytes
@@ -119,6 +119,38 @@ def dflash_drafter(recipe: ResolvedRecipe, dims: DrafterDims, block_size: int, w
                    kv_per_token, window, context * tau, DraftPass(context), block_size, block_size - 1,
                    SpecMemory(dims.trainable * 2, kv_per_token, block_size), row_bytes=rows,
                    table_bytes=dims.codebook_params * 2, extra_calls=block_size - 1 if dims.selector_rank else 0)
+
+
+def drafter_window(recipe: ResolvedRecipe) -> int | None:
+    """The drafter's context bound: its sliding window when every layer slides, else none."""
+    d = recipe.drafter
+    return d.sliding_window if d.layer_types and all(t == "sliding_attention" for t in d.layer_types) else None
+
+
+@dataclass(frozen=True)
+class GenerationDraft:
+    """What the generation servers draft with: the draft, its acceptance profile and where that comes from."""
+
+    name: str  # "the MTP head" or "the DFlash drafter"
+    drafter: Drafter
+    acceptance: tuple[float | None, ...]
+    acceptance_source: str
+
+
+def generation_draft(recipe: ResolvedRecipe) -> GenerationDraft | None:
+    """The target's MTP head when the servers run it (`serving.mtp_on`), a DFlash drafter folder
+    (`stages.generate.serving.drafter`, trained with this recipe's drafter: its dims, block and window) with the
+    acceptance `speculative.acceptance` gives, else the expected drafter acceptance (`deploy`), or None."""
+    spec = recipe.stages.generate.serving.speculative
+    acceptance = tuple(spec.acceptance)
+    if mtp_on(recipe):
+        return GenerationDraft("the MTP head", mtp_drafter(recipe), acceptance, spec.acceptance_source)
+    if not drafter_on(recipe):
+        return None
+    d = recipe.drafter
+    drafter = dflash_drafter(recipe, d.dims, d.block_size, drafter_window(recipe),
+                             accepted_length(acceptance, d.block_size - 1))
+    return GenerationDraft("the DFlash drafter", drafter, acceptance, spec.acceptance_source)
 
 
 def draft_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, d: Drafter) -> Step:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflashx.plan.estimates.decode import dense_read_bytes
-from dflashx.plan.estimates.deployment import drafter_window
+from dflashx.plan.estimates.speculative import drafter_window
 from dflashx.plan.estimates.device import CALIBRATED_MFU, device_of, factor
 from dflashx.plan.estimates.gather import target_gather
 from dflashx.plan.estimates.gradsync import grad_sync

@@ -17,6 +17,7 @@ import math
 from typing import Any, Mapping
 
 from dflashx.plan.estimates.generation import Serving
+from dflashx.plan.expand.draft import vllm_speculative
 from dflashx.plan.expand.engine import Engine
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.resolve.serving import kv_elem_bytes
@@ -29,22 +30,6 @@ KV_CACHE_DTYPE = {"bf16": "bfloat16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e
 CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"  # GiB of host memory the CPU build gives its KV cache
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # DFlash2 drafts only on vLLM's V2 model runner (export.engines)
 GIB = 1 << 30
-
-
-def dflash_spec(drafter: str, block_size: int) -> dict[str, Any]:
-    """vLLM's `--speculative-config` for a DFlash (or DFlash2) drafter folder: it counts the drafted tokens after the
-    anchor, so `num_speculative_tokens` is the trained block - 1 (the export's serve command and a generation
-    drafter)."""
-    return {"method": "dflash", "model": drafter, "num_speculative_tokens": block_size - 1}
-
-
-def _speculative(recipe: ResolvedRecipe, facts: TargetFacts) -> dict[str, Any] | None:
-    serving = recipe.stages.generate.serving
-    if serving.drafter:
-        return dflash_spec(serving.drafter, recipe.drafter.block_size)
-    if recipe.target.mtp and facts.mtp_layers:  # vLLM's MTP method drafts num_steps tokens with the target's head
-        return {"method": "mtp", "num_speculative_tokens": serving.speculative.num_steps}
-    return None
 
 
 def command(model: str, host: str, port: int, *, dtype: str, context: int, max_seqs: int, on_gpu: bool,
@@ -83,7 +68,8 @@ def server_argv(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving, host: st
                    max_seqs=serving.max_running_requests, on_gpu=recipe.hardware.gpu is not None,
                    memory_fraction=serving.mem_fraction_static, tp=s.tp, dp=dp_size, moe=facts.is_moe,
                    quantize=serving.online_quantization, kv_cache_dtype=serving.kv_cache_dtype,
-                   speculative=_speculative(recipe, facts), parser=reasoning(recipe, facts))
+                   speculative=vllm_speculative(recipe, bool(recipe.target.mtp and facts.mtp_layers)),
+                   parser=reasoning(recipe, facts))
 
 
 def cpu_kv_gib(facts: TargetFacts, kv_elem: int, context: int, sequences: int) -> int:
