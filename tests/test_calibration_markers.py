@@ -19,7 +19,7 @@ _GPU = {"hardware.gpu." + k for k in ("name", "memory_gb", "bandwidth_tbs", "bf1
 _SERVING = {"stages.generate." + k for k in (
     "batch_size", "concurrency", "hierarchical_cache", "serving.checkpoint", "serving.dp", "serving.dp_mode",
     "serving.kv_cache_dtype", "serving.max_running_requests", "serving.mem_fraction_static", "serving.tp",
-    "serving.weight_dtype", "serving.speculative.acceptance", "serving.speculative.algorithm",
+    "serving.weight_dtype", "serving.drafter", "serving.speculative.acceptance", "serving.speculative.algorithm",
     "serving.speculative.eagle_topk", "serving.speculative.num_draft_tokens", "serving.speculative.num_steps")}
 _DRAFTER = {"drafter." + k for k in ("architecture", "conv_kernel_size", "conv_group_size", "selector_rank",
                                      "selector_top_k", "block_size", "init_from", "intermediate_size", "layer_types",
