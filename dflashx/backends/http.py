@@ -173,6 +173,7 @@ class ServerBackend(Backend):
             except (httpx.TransportError, TimeoutError, TransientError) as e:
                 message = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 if await self.pool.revive(url):  # a launched server had exited: started again, not an attempt
+                    self.stats.server_restarts = self.pool.restarted
                     continue
                 if attempt == self.cfg.retries:
                     self._gave_up(prompt, message)
