@@ -44,7 +44,7 @@ from dflashx.resolve.model import (
     ResolvedTrainStage,
 )
 from dflashx.resolve.serving import context_length, resolve_serving
-from dflashx.resolve.sharding import sharded_micro_batch, target_sharding
+from dflashx.resolve.sharding import gpu_micro_batch, target_sharding
 from dflashx.resolve.speculative import expected_drafter_acceptance, expected_tau, tau_source
 from dflashx.resolve.suites import resolve_eval
 from dflashx.resolve.tau import tau_slice
@@ -122,8 +122,8 @@ def _train(recipe: Recipe, facts: TargetFacts, drafter: ResolvedDrafter, load_pr
     micro = train.micro_batch or default_micro_batch(hw)
     zero = train.zero_stage if train.zero_stage is not None else default_zero_stage(world)
     sharding = target_sharding(recipe, facts, drafter.dims, load_precision, world, zero, micro)
-    if sharding == "zero3" and train.micro_batch is None:
-        micro = sharded_micro_batch(recipe, facts, drafter.dims, load_precision, world, zero)
+    if hw.gpu is not None and train.micro_batch is None:
+        micro = gpu_micro_batch(recipe, facts, drafter.dims, load_precision, world, zero, sharding)
     accum = max(1, math.ceil(train.global_batch / (micro * world)))
     on_gpu = hw.gpu is not None
     precision = train_precision(on_gpu, recipe.target.precision)

@@ -4,12 +4,16 @@
                    of the target on every GPU, the train-memory model (`dflashx.resolve.memory`) at
                    the run's longest sample exceeds one GPU and the node has GPUs to shard over
                    (the drafter stays data-parallel either way);
-  micro_batch      the recipe's; else, with the target sharded, the largest divisor of
-                   global_batch / world_size whose longest-sample memory fits one GPU: ZeRO-3
-                   all-gathers every target layer once per micro step however many sequences it
-                   carries, so more sequences per micro step spread that traffic
-                   (`train.target_gather_seconds` in the plan) over more work, and the global
-                   batch stays as the recipe states; else the profile's default (resolve.py).
+  micro_batch      the recipe's; else on GPUs a divisor of global_batch / world_size: with the target
+                   sharded, the largest whose longest-sample memory fits one GPU (ZeRO-3 all-gathers
+                   every target layer once per micro step however many sequences it carries,
+                   `train.target_gather_seconds`, so more sequences spread that traffic); otherwise
+                   the smallest whose drafter tokens per micro step (micro x anchors_per_seq x
+                   block_size) reach the 8,192 of the shape the GPU MFU was measured at
+                   (`MFU_TOKENS`), within that memory: a micro step with fewer is launch-bound on a
+                   GPU (the tiny run: 512 tokens per sequence, ~6 optimizer steps/s of 8 micro steps
+                   on an H100), and the global batch stays as the recipe states; 1 when none fits;
+                   on the CPU the CPU default (resolve.py).
 """
 
 from __future__ import annotations
@@ -49,14 +53,23 @@ def target_sharding(recipe: Recipe, facts: TargetFacts, drafter: DrafterDims, lo
     return "zero3" if whole > gpu.memory_gb * 1e9 else "none"
 
 
-def sharded_micro_batch(recipe: Recipe, facts: TargetFacts, drafter: DrafterDims, load_precision: str, world: int,
-                        zero: int) -> int:
-    """The largest divisor of global_batch / world_size that fits one GPU with the target sharded; 1
-    when none does (the plan's `train_memory` rule then says so)."""
-    gpu = recipe.hardware.gpu
+# Drafter tokens per micro step in the shape the GPU training MFU was measured at (benchmarks/train_step.py:
+# 512 anchors x block 16, one sequence per micro step; `plan.estimates.mfu`).
+MFU_TOKENS = 512 * 16
+
+
+def gpu_micro_batch(recipe: Recipe, facts: TargetFacts, drafter: DrafterDims, load_precision: str, world: int,
+                    zero: int, sharding: str) -> int:
+    """A divisor of global_batch / world_size (module doc): the largest that fits one GPU with the target sharded,
+    else the smallest reaching MFU_TOKENS drafter tokens among those that fit; 1 when none does (the plan's
+    `train_memory` rule then says so)."""
+    gpu, train = recipe.hardware.gpu, recipe.stages.train
     if gpu is None:
         return 1
-    per_rank = recipe.stages.train.global_batch // world
-    fits = (m for m in range(per_rank, 1, -1) if per_rank % m == 0 and longest_sample_bytes(
-        recipe, facts, drafter, load_precision, "zero3", world, zero, m) <= gpu.memory_gb * 1e9)
-    return next(fits, 1)
+    per_rank = max(train.global_batch // world, 1)
+    fitting = [m for m in range(1, per_rank + 1) if per_rank % m == 0 and (m == 1 or longest_sample_bytes(
+        recipe, facts, drafter, load_precision, sharding, world, zero, m) <= gpu.memory_gb * 1e9)]
+    if sharding == "zero3":
+        return fitting[-1]
+    tokens = train.anchors_per_seq * recipe.drafter.block_size
+    return next((m for m in fitting if m * tokens >= MFU_TOKENS), fitting[-1])
