@@ -9,7 +9,8 @@ whose build died on exactly that variable on a stock CUDA image.
 What is not the GPU's here: the engine runs on DeepSpeed's CPU accelerator, and a profile's several GPUs
 become one rank (only the batch arithmetic, `train_batch_size`, is rewritten for it); the optimizer
 DeepSpeed picks depends on the config alone, not on the device, so the class and settings checked here are
-the ones a GPU gets (torch's AdamW: `fused=True` for AdamW, torch's default foreach for Muon's AdamW half)."""
+the ones a GPU gets (torch's AdamW with `fused=True`: DeepSpeed passes it to AdamW, `make_engine` sets it on Muon's
+AdamW half). One engine per optimizer also takes a step here (torch has a fused AdamW on CPU too)."""
 
 from __future__ import annotations
 
@@ -76,10 +77,16 @@ for name in profiles:
         engine = make_engine(train, module, drafter, total_steps=10)
         basic = engine.basic_optimizer
         adam = getattr(basic, "aux_optimizer", basic)
+        stepped = None
+        if name == profiles[0] and precision == "fp32":  # one step: the fused half runs (Muon uncompiled)
+            engine.backward(sum((p.float() ** 2).sum() for p in drafter.parameters() if p.requires_grad))
+            with torch._dynamo.config.patch(disable=True):
+                engine.step()
+            stepped = sorted({str(s["step"].device) for s in adam.state.values() if "step" in s})
         seen[f"{name}/{optimizer}/{precision}"] = {
             "bf16": train.deepspeed_config["bf16"]["enabled"], "basic": type(basic).__name__,
-            "adam": type(adam).__module__ + "." + type(adam).__name__,
-            "fused": adam.defaults.get("fused"), "foreach": adam.defaults.get("foreach")}
+            "adam": type(adam).__module__ + "." + type(adam).__name__, "stepped": stepped,
+            "fused": [g.get("fused") for g in adam.param_groups], "foreach": adam.defaults.get("foreach")}
 print(json.dumps({"attempts": attempts, "seen": seen}))
 """
 
@@ -102,7 +109,8 @@ def test_every_gpu_profiles_optimizer_builds_with_no_compiled_op(tmp_path):
         gpu = name != "cpu"
         assert seen["bf16"] is (gpu and precision == "bf16"), key  # as resolved: bf16 on GPUs for a bf16 target
         assert seen["adam"] == "torch.optim.adamw.AdamW", key
-        if optimizer == "adamw":  # on GPUs torch's fused CUDA kernel
-            assert seen["basic"] == "AdamW" and seen["fused"] is (True if gpu else None), key
-        else:  # DeepSpeed's torch_adam gives Muon's AdamW half torch's default: foreach on CUDA
-            assert seen["basic"] == "MuonWithAuxAdam" and not seen["fused"] and seen["foreach"] is None, key
+        assert seen["basic"] == ("AdamW" if optimizer == "adamw" else "MuonWithAuxAdam"), key
+        assert seen["fused"] and set(seen["fused"]) == {True if gpu else None}, key  # on GPUs torch's fused kernel
+        assert seen["foreach"] is None, key  # the CPU profile: torch's default (for-loop on CPU)
+    stepped = {k: v["stepped"] for k, v in out["seen"].items() if v["stepped"] is not None}
+    assert stepped == {f"{GPU_PROFILES[0]}/{o}/fp32": ["cpu"] for o in ("muon", "adamw")}

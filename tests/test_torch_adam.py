@@ -43,11 +43,11 @@ def _optimizer(*overrides: str) -> dict:
     return make_plan(recipe).resolved.stages.train.deepspeed_config["optimizer"]
 
 
-def test_every_profile_asks_for_torchs_adamw_and_fused_on_gpus():
+def test_every_profile_asks_for_torchs_adamw_fused_on_gpus():
     cpu_muon, gpu_muon = _optimizer(), _optimizer("hardware=h200_x1")
     assert cpu_muon["type"] == gpu_muon["type"] == "Muon"
     assert cpu_muon["params"]["torch_adam"] is gpu_muon["params"]["torch_adam"] is True
-    assert "fused" not in gpu_muon["params"]  # DeepSpeed gives Muon's AdamW half only `foreach`
+    assert "fused" not in cpu_muon["params"] and gpu_muon["params"]["fused"] is True  # the trainer applies it
     cpu, gpu = _optimizer("train.optimizer=adamw"), _optimizer("train.optimizer=adamw", "hardware=h100_x8")
     assert cpu["params"]["torch_adam"] is gpu["params"]["torch_adam"] is True
     assert "fused" not in cpu["params"] and gpu["params"]["fused"] is True

@@ -19,7 +19,8 @@ to buckets), `stages.train.loss_kernel` (liger or torch; liger falls back to tor
 or CUDA is missing), and the DeepSpeed config. With `compile` off nothing is compiled, DeepSpeed's
 Muon Newton-Schulz kernels included (their first inductor compile costs minutes on a CPU).
 
-Public API: `make_engine(train, module, drafter, total_steps)` (the engine, as the trainer builds it);
+Public API: `make_engine(train, module, drafter, total_steps)` (the engine, as the trainer builds it;
+`fuse_muon_adam_half(engine, config)`);
 `TrainStep(job, target, drafter, total_steps, device)` — `step(batch, epoch) ->
 StepResult`, `.engine`, `.capture`, `.features_of` (replaceable: offline features), `.kernels`
 (which implementation of each switch runs, and whether the target is ZeRO-3 partitioned).
@@ -94,15 +95,29 @@ class StepResult:
 
 
 def make_engine(train: ResolvedTrainStage, module: nn.Module, drafter: nn.Module, total_steps: int) -> Any:
-    """The DeepSpeed engine over `module`: the resolved config as it is (its optimizer torch's AdamW, Muon's
-    AdamW half too: no op is compiled, `dflashx.resolve.deepspeed.optimizer_config`), the drafter's
-    parameter groups (`parameter_groups`) and the learning-rate schedule over `total_steps`."""
+    """The DeepSpeed engine over `module`: the resolved config as it is (every AdamW torch's, fused on GPUs: no
+    op is compiled, `dflashx.resolve.deepspeed.optimizer_config`), the drafter's parameter groups
+    (`parameter_groups`) and the learning-rate schedule over `total_steps`."""
     import deepspeed
 
     engine, _, _, _ = deepspeed.initialize(model=module, config=train.deepspeed_config,
                                            model_parameters=parameter_groups(train, drafter),
                                            lr_scheduler=lr_schedule(train, total_steps))
+    fuse_muon_adam_half(engine, train.deepspeed_config)
     return engine
+
+
+def fuse_muon_adam_half(engine: Any, config: dict[str, Any]) -> None:
+    """Muon's AdamW half on torch's fused kernel when the config's optimizer says `fused`: DeepSpeed builds that
+    half as `torch.optim.AdamW(groups, foreach=...)` and drops the key. Set before the first step, as the
+    constructor would (the per-parameter `step` then lives on the device); torch checks each parameter's
+    device and dtype for the fused kernel at every step (`_device_dtype_check_for_fused`)."""
+    adam = getattr(getattr(engine, "basic_optimizer", None), "aux_optimizer", None)
+    if adam is None or not config.get("optimizer", {}).get("params", {}).get("fused"):
+        return
+    adam.defaults["fused"] = True
+    for group in adam.param_groups:
+        group["fused"] = True
 
 
 class TrainStep:

@@ -79,17 +79,17 @@ def optimizer_config(train: TrainStage, on_gpu: bool = True) -> dict[str, Any]:
     Every AdamW here is torch's (`torch_adam`), on every profile: DeepSpeed's own, its `fused_adam` op,
     is a C++/CUDA build at run time (nvcc, about 40 s per new machine, and on NVIDIA's images a crash:
     their `TORCH_CUDA_ARCH_LIST=9.0a` is not a list DeepSpeed can parse), for the same update
-    (bias-corrected moments, decoupled weight decay; tests/test_torch_adam.py). On GPUs AdamW asks for
-    torch's fused CUDA kernel (`fused`, which DeepSpeed passes to `torch.optim.AdamW`); Muon's AdamW half
-    gets torch's default, its foreach kernels on CUDA, since DeepSpeed hands that half no other setting:
-    it holds only what Muon does not orthogonalise (norms; DFlash2's codebooks and convolution kernels),
-    one flat partition per group under ZeRO 1/2, where fused and foreach differ by a few kernel launches.
-    On the CPU profile torch's default is its for-loop AdamW."""
+    (bias-corrected moments, decoupled weight decay; tests/test_torch_adam.py). On GPUs it is torch's fused
+    CUDA kernel (`fused`): DeepSpeed passes it to AdamW's `torch.optim.AdamW`; Muon's AdamW half DeepSpeed
+    builds with `foreach` alone, so the trainer switches that half to `fused` as this key says
+    (`dflashx.dflash.step.make_engine`). That half is not small: under DFlash2 it holds the selector's two
+    codebooks (2 x vocab x rank: 127M parameters for Qwen3.6-27B), beside the norms. On the CPU profile
+    torch's default, its for-loop AdamW."""
     adam = {"lr": train.lr, "betas": list(ADAM_BETAS), "eps": 1e-8, "weight_decay": train.weight_decay,
-            "torch_adam": True}
+            "torch_adam": True} | ({"fused": True} if on_gpu else {})
     if train.optimizer == "muon":
         return {"type": "Muon", "params": adam | {"momentum": train.muon_momentum}}
-    return {"type": "AdamW", "params": adam | ({"fused": True} if on_gpu else {})}
+    return {"type": "AdamW", "params": adam}
 
 
 def launch_argv(hw: HardwareProfile, world_size: int) -> list[str]:
