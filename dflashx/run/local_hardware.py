@@ -194,6 +194,7 @@ def local_profile() -> HardwareProfile:
     if gpus:
         return _gpu_profile(gpus, source, host_gb)
     cpu = load_profile("cpu")
-    return cpu.model_copy(update={
+    return cpu.model_copy(update={  # its figures; not its calibration, measured on other machines
         "name": LOCAL_PROFILE, "host_memory_gb": host_gb, "unknown": [] if host_gb else ["host_memory_gb"],
+        "calibrated": {},
         "description": f"this machine: no GPU ({source}); {os.cpu_count()} CPU cores; the cpu profile's figures"})
