@@ -1,4 +1,4 @@
-"""Shared test settings: quiet offline W&B, DeepSpeed on the CPU accelerator, a stable extension cache."""
+"""Shared test settings: quiet offline W&B, DeepSpeed on the CPU accelerator."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("WANDB_DISABLE_GIT", "true")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "dflashx" / "torch_extensions"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

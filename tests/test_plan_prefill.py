@@ -8,9 +8,9 @@ import json
 from dataclasses import replace
 
 import pytest
-import yaml
 from _plan_recipes import REPO
 
+from dflashx.config.load import load_profile
 from dflashx.plan.estimates import moe, prefill
 from dflashx.plan.estimates.device import Device
 from dflashx.targets.registry import REGISTRY, lookup
@@ -29,8 +29,10 @@ def test_constants_are_the_measurements():
     rows = {(r["target"], r["layer"]): r["seconds_per_layer"] for r in data["rows"]}
     assert {k: m.value for k, m in prefill.MIXER_LAYERS.items()} == pytest.approx(rows, abs=5e-7)
     for device, name in ((prefill.MIXER_DEVICE, "h100_x8"), (prefill.SOURCE_DEVICE, "h200_x1")):
-        gpu = yaml.safe_load((REPO / f"dflashx/hardware_profiles/{name}.yaml").read_text())["gpu"]
-        assert (device.bandwidth_bps, device.bf16_flops) == (gpu["bandwidth_tbs"] * 1e12, gpu["bf16_tflops"] * 1e12)
+        gpu = load_profile(name).gpu
+        assert gpu is not None and gpu.bandwidth_tbs is not None and gpu.bf16_tflops is not None
+        assert (device.bandwidth_bps, device.bf16_flops) == (gpu.bandwidth_tbs * 1e12, gpu.bf16_tflops * 1e12)
+    assert (prefill.MIXER_DEVICE.bandwidth_bps, prefill.SOURCE_DEVICE.bandwidth_bps) == (3.35e12, 4.8e12)
 
 
 def test_the_source_row_reproduces_by_construction():

@@ -44,7 +44,7 @@ def test_hopper_rows_are_the_h200_benchmark_over_the_datasheet_peak():
         measured = next(v for v in result["rows"] if v["variant"] == variants[precision])
         assert row.mfu == pytest.approx(measured["useful_tflops"] / H200_DATASHEET_TFLOPS, abs=2e-4)
         assert row.mfu < measured["mfu"]  # the datasheet peak is above the measured matmul peak
-    assert profile("h200_x8")["gpu"]["bf16_tflops"] == H200_DATASHEET_TFLOPS
+    assert hw("h200_x8").gpu.bf16_tflops == hw("h200_x1").gpu.bf16_tflops == H200_DATASHEET_TFLOPS == 989
 
 
 def test_rows_by_generation_precision_and_kind_say_when_they_are_borrowed():
@@ -56,7 +56,7 @@ def test_rows_by_generation_precision_and_kind_say_when_they_are_borrowed():
     assert "no Blackwell measurement" in b200.borrowed
     rtx = mfu_row(hw("rtx_pro_6000_x4"), "bf16", hybrid=True)
     assert rtx.generation == "blackwell" and "Hopper" in rtx.borrowed
-    odd = mfu_row(hw("h200_x8", gpu={**profile("h200_x8")["gpu"], "name": "MI300X"}), "bf16", hybrid=False)
+    odd = mfu_row(hw("h200_x8", gpu=hw("h200_x8").gpu.model_dump() | {"name": "MI300X"}), "bf16", hybrid=False)
     assert "matches no known generation" in odd.borrowed
     cpu = mfu_row(hw("cpu"), "fp32", hybrid=True)
     assert cpu.mfu == MEASURED[("cpu", "fp32", "dense")].mfu and "hybrid" in cpu.borrowed

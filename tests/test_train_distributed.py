@@ -34,11 +34,14 @@ def _losses(stage_dir, key: str = "loss") -> dict[int, float]:
 
 
 def _torchrun(stage_dir) -> None:
-    env = os.environ | {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    """Two CPU ranks, which compile no op either (DeepSpeed's shared-memory all-reduce op stays unbuilt)."""
+    ext = stage_dir.parent / "torch_extensions"
+    env = os.environ | {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(ext)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "dflashx.dflash.trainer", "--stage-dir", str(stage_dir)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not ext.exists()
 
 
 def test_free_port_is_bindable_and_below_the_ephemeral_range():

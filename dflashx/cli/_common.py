@@ -14,7 +14,7 @@ from dflashx.config.load import LoadedRecipe, load_recipe
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from dflashx.config.schema import Recipe
+    from dflashx.config.schema import HardwareProfile, Recipe
     from dflashx.plan.calibration import PilotCalibration
     from dflashx.plan.findings import Finding
     from dflashx.targets.registry import TargetFacts
@@ -42,10 +42,19 @@ def exit_recipe_error(exc: RecipeError) -> typer.Exit:
     return typer.Exit(RecipeError.exit_code)
 
 
+def detect_local() -> HardwareProfile:
+    """`hardware: local`: this machine's profile (`dflashx.run.local_hardware`), imported and run only when a
+    recipe asks for it: the plan of another profile starts no nvidia-smi and imports no torch for it."""
+    from dflashx.run.local_hardware import local_profile
+
+    return local_profile()
+
+
 def load_or_exit(recipe: Path, overrides: Sequence[str] | None = ()) -> LoadedRecipe:
-    """`load_recipe`, turning a RecipeError into its message on stderr and exit code 2."""
+    """`load_recipe` (`hardware: local` detected by `detect_local`), turning a RecipeError into its message
+    on stderr and exit code 2."""
     try:
-        return load_recipe(recipe, overrides or ())
+        return load_recipe(recipe, overrides or (), local=detect_local)
     except RecipeError as exc:
         raise exit_recipe_error(exc) from None
 

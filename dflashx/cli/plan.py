@@ -22,6 +22,7 @@ from dflashx.cli._common import (
     RecipeArg,
     RunDirOpt,
     UncalibratedOpt,
+    detect_local,
     format_finding,
     load_or_exit,
     pilot_calibration,
@@ -154,7 +155,7 @@ def _load_or_json_failure(recipe: Path, overrides: list[str] | None) -> tuple[Lo
     from dflashx.targets.read_config import ConfigFactsError
 
     try:
-        loaded = load_recipe(recipe, overrides or ())
+        loaded = load_recipe(recipe, overrides or (), local=detect_local)
         return loaded, facts_for(loaded.recipe.target)
     except RecipeError as exc:
         raise _json_failure(exc.problems) from None

@@ -45,8 +45,10 @@ Loading happens in this order; each step sees the result of the one before:
    error. Mappings merge key by key; a list in the child replaces the base's list as a whole (to
    change one source, repeat the list).
 2. **`hardware=NAME`** given on the command line replaces the recipe's `hardware`.
-3. **Hardware profile**: `hardware: NAME` is replaced by the profile file `NAME.yaml`. A mapping
-   (`hardware: {name: ..., gpu: {...}}`) is an inline profile and used as it is.
+3. **Hardware profile**: `hardware: NAME` is replaced by the profile file `NAME.yaml`; `hardware: local`
+   by the profile of the machine the command runs on, detected (docs/hardware.md). A mapping
+   (`hardware: {name: ..., gpu: {...}}`) is an inline profile and used as it is. A GPU the GPU table
+   knows (`gpu: {name: H200}`) takes the figures the profile leaves out from it.
 4. **Other overrides** (`stages.train.lr=1e-4`, `hardware.usd_per_gpu_hour=2.1`) are merged on top, so
    they can change single numbers of a named profile.
 5. **Secrets check**, then **`${...}` interpolation**, then **relative paths**, then
@@ -60,6 +62,10 @@ Loading happens in this order; each step sees the result of the one before:
 2. `hardware_profiles/` next to the recipe's folder (`recipes/../hardware_profiles`),
 3. `./hardware_profiles` in the working directory,
 4. the built-in profiles shipped inside the package (`dflashx/hardware_profiles/`).
+
+`local` is not a file: it is this machine, read with nvidia-smi (or torch) and matched to the GPU table;
+what cannot be read or looked up is listed in its `unknown` and the plan says what each changes
+(`dflashx profiles --show local` prints it).
 
 If `NAME.calibration.yaml` sits next to the profile it is merged into the profile's `calibrated`
 factors. `dflashx calibrate` writes that file; it holds only `calibrated: {factor: value}`.

@@ -133,10 +133,10 @@ class SourceMap:
             self._where[loc + (key,)] = Origin(file, key_node.start_mark.line + 1)
             self._walk(file, value_node, loc + (key,))
 
-    def add_section(self, loc: Loc, file: Path) -> None:
-        """The keys of section `loc` are written in `file` (`hardware: NAME`'s profile): a key missing
-        there is located in that file, not at the line that named it."""
-        self._sections[loc] = Origin(str(file))
+    def add_section(self, loc: Loc, where: Path | Origin) -> None:
+        """The keys of section `loc` are written in `where` (`hardware: NAME`'s profile file, or `local`'s
+        detection): a key missing there is located there, not at the line that named it."""
+        self._sections[loc] = where if isinstance(where, Origin) else Origin(str(where))
 
     def add_override(self, loc: Loc, origin: Origin) -> None:
         self._drop_below(loc)

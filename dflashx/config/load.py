@@ -1,7 +1,8 @@
 """Load a recipe file into a validated `Recipe`.
 
 Order: the `extends` chain (base first, child keys win, lists replace) -> a `hardware=NAME`
-override -> the hardware profile (by name, with its optional calibration file) -> the other
+override -> the hardware profile (by name, with its optional calibration file; `local`: this machine,
+detected by the caller's `local` function, the only I/O-bound part, which config never runs itself) -> the other
 dotted overrides -> secrets check -> `${...}` interpolation -> relative paths -> validation.
 Every problem found on the way is collected and raised together as one `RecipeError`. Each file is
 read by `yaml_read.read_mapping` (UTF-8, bounded alias expansion, duplicate keys) into plain dicts
@@ -11,7 +12,7 @@ and lists, composed with `tree` and interpolated with `interpolate`.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -20,6 +21,7 @@ import yaml
 from pydantic import ValidationError
 
 from dflashx.config import suggest
+from dflashx.config.anchor import anchor_relative_paths
 from dflashx.config.errors import (
     Loc,
     Origin,
@@ -39,6 +41,8 @@ PROFILES_ENV = "DFLASHX_PROFILES_DIR"  # user profile folders (os.pathsep-separa
 # they are found the same way from a checkout, an editable install or `pip install dflashx`.
 BUILTIN_PROFILES = Path(__file__).resolve().parents[1] / "hardware_profiles"
 CALIBRATION_SUFFIX = ".calibration.yaml"
+LOCAL_PROFILE = "local"  # `hardware: local`: this machine, detected (a file of that name is not read)
+LocalDetector = Callable[[], HardwareProfile]  # `dflashx.run.local_hardware.local_profile`, handed in by the CLI
 SECRETS_HINT = (
     "remove it: credentials come from the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
     "WANDB_API_KEY, HF_TOKEN) or an AWS profile (storage.s3.aws_profile), never from the recipe"
@@ -103,14 +107,14 @@ def available_profiles(recipe_dir: Path | None = None) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for d in profile_dirs(recipe_dir):
         for f in sorted(d.glob("*.yaml")) if d.is_dir() else []:
-            if not f.name.endswith(CALIBRATION_SUFFIX):
+            if not f.name.endswith(CALIBRATION_SUFFIX) and f.stem != LOCAL_PROFILE:
                 found.setdefault(f.stem, f)
     return found
 
 
-def load_profile(name: str, recipe_dir: Path | None = None) -> HardwareProfile:
-    """One hardware profile by name, calibration merged, validated on its own."""
-    loader = _Loader(name)
+def load_profile(name: str, recipe_dir: Path | None = None, local: LocalDetector | None = None) -> HardwareProfile:
+    """One hardware profile by name, calibration merged, validated on its own (`local`: `local()`'s)."""
+    loader = _Loader(name, local)
     cfg = loader.profile(name, recipe_dir, where=Origin(f"profile '{name}'"), prefix=())
     data = loader.interpolate(cfg) if cfg is not None else {}
     loader.raise_if_any()
@@ -150,10 +154,12 @@ def parse_overrides(items: Sequence[str]) -> tuple[list[Override], list[RecipePr
 # --------------------------------------------------------------------------- loading
 
 
-def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> LoadedRecipe:
-    """Compose, override, interpolate, anchor relative paths and validate one recipe file."""
+def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = (),
+                local: LocalDetector | None = None) -> LoadedRecipe:
+    """Compose, override, interpolate, anchor relative paths and validate one recipe file. `local` detects
+    this machine's profile, called only when the recipe says `hardware: local`."""
     file = Path(os.path.abspath(path))
-    loader = _Loader(file)
+    loader = _Loader(file, local)
     cfg = loader.compose(file, stack=())
     parsed, problems = parse_overrides(overrides)
     loader.problems += problems
@@ -166,7 +172,7 @@ def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
             loader.apply(cfg, ov)
     skip = loader.check_secrets(cfg)
     data = loader.interpolate(cfg)
-    _anchor_relative_paths(data, loader.sources)
+    anchor_relative_paths(data, loader.sources)
     skip += loader.uninterpolated
     try:
         recipe = Recipe.model_validate(data)
@@ -179,8 +185,9 @@ def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
 class _Loader:
     """State of one load: where each key came from and the problems found so far."""
 
-    def __init__(self, top: Path | str) -> None:
+    def __init__(self, top: Path | str, local: LocalDetector | None = None) -> None:
         self.top = top  # the recipe (or profile) being loaded, named in the error's title
+        self.local = local
         self.sources = SourceMap()
         self.problems: list[RecipeProblem] = []
         self.uninterpolated: list[Loc] = []
@@ -267,10 +274,12 @@ class _Loader:
 
     def profile(self, name: str, recipe_dir: Path | None, where: Origin, prefix: Loc) -> dict[str, Any] | None:
         """The profile `name` (with `NAME.calibration.yaml` merged into `calibrated`), or None."""
+        if name == LOCAL_PROFILE:
+            return self.local_profile(where, prefix)
         known = available_profiles(recipe_dir)
         if name not in known:
-            hint = suggest.did_you_mean(name, known) or (
-                f"known profiles: {', '.join(sorted(known))}" if known else "no profiles found")
+            hint = suggest.did_you_mean(name, [*known, LOCAL_PROFILE]) or (
+                f"known profiles: {', '.join(sorted(known))}, and {LOCAL_PROFILE} (this machine, detected)")
             dirs = ", ".join(str(d) for d in profile_dirs(recipe_dir))
             self.problems.append(RecipeProblem(f"unknown hardware profile '{name}' (searched {dirs})", where,
                                                "hardware", fix=hint))
@@ -290,6 +299,18 @@ class _Loader:
             else:
                 cfg = merge(cfg, cal)
         return cfg
+
+    def local_profile(self, where: Origin, prefix: Loc) -> dict[str, Any] | None:
+        """`hardware: local`: the profile the caller's detection gives, or None (a problem) without one."""
+        if self.local is None:
+            self.problems.append(RecipeProblem(
+                "`hardware: local` is the machine dflashx runs on, detected by the dflashx command that loads the "
+                "recipe; this caller detects nothing", where, "hardware",
+                fix="use `dflashx plan`, `dflashx run` or `dflashx validate`, or, from Python, pass "
+                "local=dflashx.run.local_hardware.local_profile to load_recipe"))
+            return None
+        self.sources.add_section(prefix, Origin(f"hardware: {LOCAL_PROFILE} (detected on this machine)"))
+        return self.local().model_dump(mode="json") | {"name": LOCAL_PROFILE}
 
     def check_secrets(self, cfg: dict[str, Any]) -> list[Loc]:
         """Report credential-looking keys/values (never echoing them); returns their keys."""
@@ -341,52 +362,3 @@ class _Loader:
             message = f"cannot interpolate: {exc}"
             hint = "set the variable or give a default: ${oc.env:NAME,default}" if exc.env else None
         self.problems.append(RecipeProblem(message, self.sources.locate(loc), dotted(loc), fix=hint or ""))
-
-
-# --------------------------------------------------------------------------- relative paths
-
-_PATH_KEYS: tuple[Loc, ...] = (("drafter", "init_from"), ("stages", "eval", "prompts"),
-                              ("stages", "generate", "serving", "drafter"))
-_MAYBE_LOCAL_KEYS: tuple[Loc, ...] = (("target", "model"), ("target", "tokenizer"))
-# Lists whose items' `path` is one (True: only when it looks local; a baseline may be a hub id).
-_PATH_LISTS: tuple[tuple[Loc, bool], ...] = ((("dataset", "sources"), False), (("stages", "eval", "suites"), False),
-                                             (("stages", "eval", "baselines"), True))
-
-
-def _parent(data: Any, loc: Loc) -> Any:
-    """The container that holds `loc`'s last key, or None where the recipe has no such branch."""
-    for part in loc[:-1]:
-        if isinstance(data, dict):
-            data = data.get(part)
-        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
-            data = data[part]
-        else:
-            return None
-    return data
-
-
-def _anchor_relative_paths(data: dict[str, Any], sources: SourceMap) -> None:
-    """Make relative paths absolute against the folder of the file that wrote them (see docs/recipes.md)."""
-
-    def fix(loc: Loc, base: Path | None = None, only_if_local: bool = False) -> None:
-        container = _parent(data, loc)
-        value = container.get(loc[-1]) if isinstance(container, dict) else None
-        if not isinstance(value, str) or value.startswith("builtin:") or "://" in value:
-            return
-        if base is None:
-            origin = sources.locate(loc)
-            base = Path(origin.file).parent if origin and origin.line is not None else Path.cwd()
-        path = base / Path(value).expanduser()
-        if only_if_local and not (value.startswith(("/", "./", "../", "~")) or path.exists()):
-            return  # a hub id such as Qwen/Qwen3.6-27B
-        container[loc[-1]] = os.path.normpath(path)
-
-    for items, only_if_local in _PATH_LISTS:
-        listed = _parent(data, (*items, 0))
-        for i in range(len(listed) if isinstance(listed, list) else 0):
-            fix((*items, i, "path"), only_if_local=only_if_local)
-    for loc in _PATH_KEYS:
-        fix(loc)
-    for loc in _MAYBE_LOCAL_KEYS:
-        fix(loc, only_if_local=True)
-    fix(("storage", "root"), base=Path.cwd())

@@ -25,7 +25,8 @@ point, dtype)`, `best_tau(stage_dir)`, `load_drafter(path, device, dtype)`,
 `load_weights_into(drafter, path)` (continue from a public checkpoint), `save_training_state(
 engine, ckpt_dir, step, client_state, rank_state, loss=None, keep=None)`, `latest_tag(ckpt_dir)`,
 `best_tag(ckpt_dir)`, `prune_checkpoints(ckpt_dir, keep)`,
-`load_training_state(engine, ckpt_dir, rank) -> (client_state, rank_state) | None`.
+`load_training_state(engine, ckpt_dir, rank) -> (client_state, rank_state) | None`,
+`adam_steps_as_tensors(engine)`.
 """
 
 from __future__ import annotations
@@ -245,6 +246,26 @@ def load_training_state(engine: Any, ckpt_dir: str | Path, rank: int) -> tuple[d
     if tag is None:
         return None
     _, client_state = engine.load_checkpoint(str(ckpt_dir), tag=tag)
+    adam_steps_as_tensors(engine)
     rank_file = Path(ckpt_dir) / tag / f"rank_state_{rank}.pt"
     rank_state = torch.load(rank_file, weights_only=False) if rank_file.exists() else {}
     return client_state or {}, rank_state
+
+
+def adam_steps_as_tensors(engine: Any) -> None:
+    """Each parameter's Adam step as the tensor torch's AdamW keeps: a training state that DeepSpeed's compiled
+    `fused_adam` wrote (Muon's AdamW half on GPUs before issue 38; `deepspeed/ops/adam/fused_adam.py` keeps
+    `state["step"]` a Python int) resumes under torch's AdamW, which trains that half now. torch converts a
+    loaded int the same way (`torch.optim.Adam.__setstate__`), but Muon's optimizer shares its state with the
+    AdamW half without going through it."""
+    basic = getattr(engine, "basic_optimizer", None)
+    adam = getattr(basic, "aux_optimizer", None) or basic
+    if not isinstance(adam, torch.optim.Adam | torch.optim.AdamW):
+        return
+    for group in adam.param_groups:
+        on_device = bool(group.get("fused") or group.get("capturable"))
+        for p in group["params"]:
+            state = adam.state.get(p)
+            if state and "step" in state and not torch.is_tensor(state["step"]):
+                state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32,
+                                             device=p.device if on_device else "cpu")

@@ -2,8 +2,9 @@
 
 Under a launcher (`torchrun`, `deepspeed`) the rank, world size and rendezvous come from the
 environment it sets. A lone process (the CPU profile, tests, one GPU) gets a one-rank group on a
-free loopback port (and no DeepSpeed shared-memory op build, which only several CPU ranks use).
-Every op DeepSpeed still builds at run time is built safely (`dflashx.dflash.extensions`).
+free loopback port. DeepSpeed compiles no op for a job: the optimizers are torch's
+(`dflashx.resolve.deepspeed.optimizer_config`), and on CPU its shared-memory all-reduce op, which
+only its inference all-reduce uses, is switched off at any world size (`_skip_cpu_shared_memory_op`).
 NVLink SHARP / multicast (NVLS) is off unless the environment says otherwise (`SAFE_NCCL_ENV`, also
 given to launched processes).
 """
@@ -18,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from dflashx.dflash.extensions import install as install_safe_builds
 
 SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -57,9 +57,8 @@ def setup_distributed() -> tuple[int, int, int]:
         os.environ.setdefault(key, value)
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    install_safe_builds()  # keyed $TORCH_EXTENSIONS_DIR, stale build locks broken, builds made aside
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    if not torch.cuda.is_available() and os.environ["WORLD_SIZE"] == "1":
+    if not torch.cuda.is_available():
         _skip_cpu_shared_memory_op()
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     if lone:  # the group holds that port now: child processes must not inherit it as theirs
@@ -71,9 +70,11 @@ def setup_distributed() -> tuple[int, int, int]:
 
 
 def _skip_cpu_shared_memory_op() -> None:
-    """One CPU process reduces nothing across ranks: skip compiling DeepSpeed's shared-memory
-    all-reduce op (`deepspeed_shm_comm`, about a minute of C++ on a fresh machine). DeepSpeed asks
-    `deepspeed.ops.__compatible_ops__` whether the op can build; saying no makes it use plain gloo."""
+    """Skip compiling DeepSpeed's shared-memory all-reduce op on CPU (`deepspeed_shm_comm`, about a
+    minute of C++ on a fresh machine, built at `init_distributed`): DeepSpeed's torch backend calls it
+    only from `inference_all_reduce`; training's all-reduces, all-gathers and reduce-scatters go
+    through torch.distributed (gloo) with or without it. DeepSpeed asks
+    `deepspeed.ops.__compatible_ops__` whether the op can build; saying no leaves it unbuilt."""
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False

@@ -19,7 +19,9 @@ to buckets), `stages.train.loss_kernel` (liger or torch; liger falls back to tor
 or CUDA is missing), and the DeepSpeed config. With `compile` off nothing is compiled, DeepSpeed's
 Muon Newton-Schulz kernels included (their first inductor compile costs minutes on a CPU).
 
-Public API: `TrainStep(job, target, drafter, total_steps, device)` — `step(batch, epoch) ->
+Public API: `make_engine(train, module, drafter, total_steps)` (the engine, as the trainer builds it;
+`fuse_muon_adam_half(engine, config)`);
+`TrainStep(job, target, drafter, total_steps, device)` — `step(batch, epoch) ->
 StepResult`, `.engine`, `.capture`, `.features_of` (replaceable: offline features), `.kernels`
 (which implementation of each switch runs, and whether the target is ZeRO-3 partitioned).
 """
@@ -36,7 +38,6 @@ from torch import nn
 
 from dflashx.dflash.anchors import BlockBatch, build_block_batch, sample_anchors
 from dflashx.dflash.capture import FeatureCapture
-from dflashx.dflash.extensions import engine_config
 from dflashx.dflash.job import TrainJob, lr_schedule, parameter_groups
 from dflashx.dflash.kernels import bucketed, compile_layers, linear_attention_kernel, to_float8_training
 from dflashx.dflash.loss import dflash_loss, liger_available, target_label_ids
@@ -45,6 +46,7 @@ from dflashx.dflash.metrics import step_flops
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.dflash.selector_loss import SelectorOutput, selector_loss, selector_ramp, teacher_predecessors
 from dflashx.dflash.target_shard import frozen_io, is_sharded
+from dflashx.resolve.model import ResolvedTrainStage
 
 LM_HEAD_CHUNK = 4096  # supervised tokens per chunk of the torch fused LM-head cross-entropy
 CONTEXT_BUCKET = 256  # compiled drafter: context widths padded to a multiple of this
@@ -92,13 +94,37 @@ class StepResult:
     selector_scale: float = 0.0  # DFlash2: the selector loss's weight this step (selector_weight x ramp)
 
 
+def make_engine(train: ResolvedTrainStage, module: nn.Module, drafter: nn.Module, total_steps: int) -> Any:
+    """The DeepSpeed engine over `module`: the resolved config as it is (every AdamW torch's, fused on GPUs: no
+    op is compiled, `dflashx.resolve.deepspeed.optimizer_config`), the drafter's parameter groups
+    (`parameter_groups`) and the learning-rate schedule over `total_steps`."""
+    import deepspeed
+
+    engine, _, _, _ = deepspeed.initialize(model=module, config=train.deepspeed_config,
+                                           model_parameters=parameter_groups(train, drafter),
+                                           lr_scheduler=lr_schedule(train, total_steps))
+    fuse_muon_adam_half(engine, train.deepspeed_config)
+    return engine
+
+
+def fuse_muon_adam_half(engine: Any, config: dict[str, Any]) -> None:
+    """Muon's AdamW half on torch's fused kernel when the config's optimizer says `fused`: DeepSpeed builds that
+    half as `torch.optim.AdamW(groups, foreach=...)` and drops the key. Set before the first step, as the
+    constructor would (the per-parameter `step` then lives on the device); torch checks each parameter's
+    device and dtype for the fused kernel at every step (`_device_dtype_check_for_fused`)."""
+    adam = getattr(getattr(engine, "basic_optimizer", None), "aux_optimizer", None)
+    if adam is None or not config.get("optimizer", {}).get("params", {}).get("fused"):
+        return
+    adam.defaults["fused"] = True
+    for group in adam.param_groups:
+        group["fused"] = True
+
+
 class TrainStep:
     """The drafter (FP8 and compiled as resolved) inside its DeepSpeed engine, and one micro step."""
 
     def __init__(self, job: TrainJob, target: nn.Module, drafter: DFlashDrafter, total_steps: int,
                  device: torch.device):
-        import deepspeed
-
         train, self.job, self.device, self.cfg = job.train, job, device, drafter.config
         self.total_steps = total_steps
         self.capture = FeatureCapture(target, self.cfg.target_layer_ids)
@@ -114,10 +140,8 @@ class TrainStep:
         self.kernels: dict[str, Any] = {"compile": train.compile, "fp8_linears": fp8, "loss_kernel": loss_kernel,
                                         "linear_attention": linear_attention_kernel(target),
                                         "target_sharding": "zero3" if is_sharded(target) else "none"}
-        self.engine, _, _, _ = deepspeed.initialize(
-            model=TrainModule(drafter, LM_HEAD_CHUNK, loss_kernel, train.loss, train.dpace_alpha),
-            config=engine_config(train.deepspeed_config), model_parameters=parameter_groups(train, drafter),
-            lr_scheduler=lr_schedule(train, total_steps))
+        self.engine = make_engine(train, TrainModule(drafter, LM_HEAD_CHUNK, loss_kernel, train.loss,
+                                                     train.dpace_alpha), drafter, total_steps)
         drafter.restore_rope()
         self.features_of: Callable[[dict[str, torch.Tensor]], torch.Tensor] = self.online_features
 

@@ -15,6 +15,7 @@ from dflashx.plan.explain import human_bytes
 from dflashx.plan.findings import Finding, acknowledged, error, warning
 from dflashx.plan.rules_data import DATA_RULES
 from dflashx.plan.rules_drafter import DRAFTER_RULES
+from dflashx.plan.rules_hardware import HARDWARE_RULES
 from dflashx.plan.rules_serving import SERVING_RULES
 from dflashx.plan.rules_training import TRAINING_RULES
 from dflashx.resolve.formulas import spread_layer_ids
@@ -224,6 +225,7 @@ RULES: tuple[Rule, ...] = (
     *SERVING_RULES, training_fits, master_weights_need_zero, target_layer_ids_valid,
     sliding_window_coherent, *DRAFTER_RULES, mask_token_known, offline_within_storage, within_budget,
     generate_backend_fits, servers_local, mtp_available, batch_divides, *DATA_RULES, *TRAINING_RULES,
+    *HARDWARE_RULES,
 )
 
 

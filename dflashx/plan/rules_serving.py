@@ -63,14 +63,17 @@ def fp8_supported(ctx: PlanContext) -> Iterable[Finding]:
     if hw.gpu is not None and hw.gpu.fp8_tflops is not None:
         return
     where = hw.gpu.name if hw.gpu else "the CPU"
+    unknown = "gpu.fp8_tflops" in hw.unknown  # hardware: local on a GPU the table lacks
+    support = "FP8 support is unknown" if unknown else "has no FP8 support"
+    give = ", or give hardware.gpu.fp8_tflops=<dense FP8 TFLOP/s> if it has" if unknown else ""
     checks = ((f"{KEY}.weight_dtype", s.weight_dtype == "fp8"),
               (f"{KEY}.kv_cache_dtype", s.kv_cache_dtype.startswith("fp8")),
               ("target.precision", ctx.recipe.target.precision == "fp8"),
               ("drafter.precision", ctx.recipe.drafter.precision == "fp8"))
     for key, bad in checks:
         if bad:
-            yield error("fp8_unsupported", key, f"FP8 requested but {where} has no FP8 support",
-                        f"set {key} to bf16 (or auto), or pick a profile whose GPU supports FP8")
+            yield error("fp8_unsupported", key, f"FP8 requested but {where} {support}",
+                        f"set {key} to bf16 (or auto), or pick a profile whose GPU supports FP8{give}")
 
 
 def fp8_checkpoint_named(ctx: PlanContext) -> Iterable[Finding]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from dflashx.config.errors import RecipeError
 from dflashx.config.load import load_recipe
+from dflashx.run.local_hardware import local_profile
 from dflashx.config.schema import Recipe
 from dflashx.config.tree import flatten
 from dflashx.plan.context import Estimates
@@ -124,7 +125,7 @@ def load_side(spec: str, workdir: Path, facts_for: FactsFor) -> Side:
         elif not path.exists():
             side.missing = True
             return side
-        recipe = load_recipe(path).recipe
+        recipe = load_recipe(path, local=local_profile).recipe
     except RecipeError as exc:
         side.error = exc.format()
         return side

@@ -71,21 +71,25 @@ def target_shard_config(hw: HardwareProfile, world_size: int, micro_batch: int, 
 
 
 def optimizer_config(train: TrainStage, on_gpu: bool = True) -> dict[str, Any]:
-    """AdamW (torch's implementation), or DeepSpeed's built-in Muon: Muon for the matrices DeepSpeed
-    tags `use_muon` (2-D), its auxiliary AdamW for the rest. Under Muon `lr` is the AdamW half's; the
-    matrices' rates are set per shape by the trainer's parameter groups from the resolved `muon_lr`
+    """AdamW, or DeepSpeed's built-in Muon: Muon for the matrices DeepSpeed tags `use_muon` (2-D), its
+    auxiliary AdamW for the rest. Under Muon `lr` is the AdamW half's; the matrices' rates are set per
+    shape by the trainer's parameter groups from the resolved `muon_lr`
     (`dflashx.resolve.formulas.muon_engine_lr`), which override the config's.
 
-    On a CPU profile Muon's AdamW half is torch's (`torch_adam`): DeepSpeed's default there is its
-    `fused_adam` op, a C++ build at run time (about a minute on 2 cores, and a build lock a killed
-    run leaves behind), for the same update: bias-corrected moments, decoupled weight decay
-    (`csrc/includes/cpu_adam_impl` vs `torch.optim.AdamW`; tests/test_cpu_adam.py compares them).
-    On GPUs the CUDA `fused_adam` stays (built once per `dflashx.dflash.extensions` key)."""
-    adam = {"lr": train.lr, "betas": list(ADAM_BETAS), "eps": 1e-8, "weight_decay": train.weight_decay}
+    Every AdamW here is torch's (`torch_adam`), on every profile: DeepSpeed's own, its `fused_adam` op,
+    is a C++/CUDA build at run time (nvcc, about 40 s per new machine, and on NVIDIA's images a crash:
+    their `TORCH_CUDA_ARCH_LIST=9.0a` is not a list DeepSpeed can parse), for the same update
+    (bias-corrected moments, decoupled weight decay; tests/test_torch_adam.py). On GPUs it is torch's fused
+    CUDA kernel (`fused`): DeepSpeed passes it to AdamW's `torch.optim.AdamW`; Muon's AdamW half DeepSpeed
+    builds with `foreach` alone, so the trainer switches that half to `fused` as this key says
+    (`dflashx.dflash.step.make_engine`). That half is not small: under DFlash2 it holds the selector's two
+    codebooks (2 x vocab x rank: 127M parameters for Qwen3.6-27B), beside the norms. On the CPU profile
+    torch's default, its for-loop AdamW."""
+    adam = {"lr": train.lr, "betas": list(ADAM_BETAS), "eps": 1e-8, "weight_decay": train.weight_decay,
+            "torch_adam": True} | ({"fused": True} if on_gpu else {})
     if train.optimizer == "muon":
-        torch_adam = {} if on_gpu else {"torch_adam": True}
-        return {"type": "Muon", "params": adam | {"momentum": train.muon_momentum} | torch_adam}
-    return {"type": "AdamW", "params": adam | {"torch_adam": True}}
+        return {"type": "Muon", "params": adam | {"momentum": train.muon_momentum}}
+    return {"type": "AdamW", "params": adam}
 
 
 def launch_argv(hw: HardwareProfile, world_size: int) -> list[str]:

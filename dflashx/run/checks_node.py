@@ -10,6 +10,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+from dflashx.config.gpus import gpu_model, match_gpu
 from dflashx.config.schema import GpuSpec, HardwareProfile, S3Spec
 from dflashx.plan.context import Totals
 from dflashx.plan.explain import human_bytes
@@ -82,8 +83,12 @@ def check_s3(spec: S3Spec, run_name: str) -> Check:
 
 
 def _fits(gpu: GpuSpec, device: tuple[str, int]) -> tuple[bool, bool]:
-    """(the device is that model: every word of its name; it has that memory, within 5%)."""
-    return all(w in device[0].lower() for w in gpu.name.lower().split()), device[1] >= 0.95 * gpu.memory_gb * 1e9
+    """(the device is that model: the GPU table's row the driver's name matches, or for a GPU the table lacks
+    every word of its name; it has that memory, within 5%: torch reports a little less than nvidia-smi)."""
+    model = gpu_model(gpu.name)
+    same = match_gpu(device[0]) is model if model is not None else \
+        all(w in device[0].lower() for w in gpu.name.lower().split())
+    return same, device[1] >= 0.95 * gpu.memory_gb * 1e9
 
 
 def _profiles_for(found: list[tuple[str, int]]) -> str:
@@ -99,7 +104,7 @@ def _profiles_for(found: list[tuple[str, int]]) -> str:
         if (p.gpu is None and not found) or (p.gpu and found and p.gpus_per_node <= len(found)
                                               and all(all(_fits(p.gpu, d)) for d in found)):
             names.append(f"hardware={name}")
-    return " or ".join(names) or "a profile of this machine (see `dflashx profiles`)"
+    return " or ".join([*names, "hardware=local (this machine, detected: `dflashx profiles --show local`)"])
 
 
 def check_gpus(hw: HardwareProfile, totals: Totals) -> Check:

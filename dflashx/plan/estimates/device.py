@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dflashx.config.gpus import gpu_model
 from dflashx.config.schema import HardwareProfile
 
 # Keys `dflashx calibrate` and `dflashx pilot` write into `hardware.calibrated`: measured generation
@@ -32,9 +33,18 @@ def device_of(profile: HardwareProfile) -> Device:
     if gpu is None:
         return Device("cpu", None, profile.cpu_bandwidth_tbs * 1e12, profile.peak_flops, None, 1)
     return Device(
-        gpu.name, gpu.memory_gb * 1e9, gpu.bandwidth_tbs * 1e12, profile.peak_flops,
+        gpu.name, gpu.memory_gb * 1e9, gpu.priced_bandwidth_tbs * 1e12, profile.peak_flops,
         gpu.fp8_tflops * 1e12 if gpu.fp8_tflops else None, max(profile.num_gpus, 1),
     )
+
+
+def table_device(name: str) -> Device:
+    """One GPU of the GPU table's model `name` (`dflashx.config.gpus`): where a measurement was made."""
+    model = gpu_model(name)
+    if model is None or model.memory_gb is None:
+        raise KeyError(f"{name!r}: not a model of the GPU table with its memory (dflashx/config/gpus.py)")
+    return Device(model.name, model.memory_gb * 1e9, model.bandwidth_tbs * 1e12, model.bf16_tflops * 1e12,
+                  model.fp8_tflops * 1e12 if model.fp8_tflops else None, 1)
 
 
 def factor(profile: HardwareProfile, key: str, default: float) -> tuple[float, bool]:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dflashx.config.gpus import gpu_model
 from dflashx.config.schema import HardwareProfile
 
-H200_DATASHEET_TFLOPS = 989.0  # dense BF16, NVIDIA H200 datasheet (the h200 profiles' gpu.bf16_tflops)
+_H200 = gpu_model("H200")
+assert _H200 is not None  # a row of the GPU table
+H200_DATASHEET_TFLOPS = _H200.bf16_tflops  # dense BF16, NVIDIA H200 datasheet (the GPU table's, the h200 profiles')
 
 # benchmarks/results/train_step.json (the product trainer at commit d97593b, lent H200, torch 2.11: the
 # DeepSpeed engine `dflashx.dflash.trainer` builds, with its GPU defaults — compiled drafter layers,

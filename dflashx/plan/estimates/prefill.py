@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from dflashx.plan.estimates.decode import sixteen_bit
-from dflashx.plan.estimates.device import Device
+from dflashx.plan.estimates.device import Device, table_device
 from dflashx.plan.estimates.engine import EngineRow, Measured, gemm_share
 from dflashx.plan.estimates.moe import MoeLayer, moe_layer, routed_flops_per_token, serving_path
 from dflashx.resolve.flops import attention_flops
@@ -56,8 +56,8 @@ MIXER_LAYERS: dict[tuple[str, str], Measured] = {
     ("Qwen/Qwen3.6-35B-A3B", ATTENTION): Measured(3.507e-3, _MIXERS, "full-attention layer: 3.507 ms", _H100),
 }
 # The GPUs of the measurements: datasheet figures of the h100_x8 and h200_x1 profiles (a test keeps them equal).
-MIXER_DEVICE = Device("H100", 85.5e9, 3.35e12, 989e12, 1979e12, 1)
-SOURCE_DEVICE = Device("H200", 150.8e9, 4.8e12, 989e12, 1979e12, 1)
+MIXER_DEVICE = table_device("H100")
+SOURCE_DEVICE = table_device("H200")
 SOURCE_TARGET, SOURCE_PROMPT = "Qwen/Qwen3.6-27B", 8192.0
 TTFT_SOURCE = Measured(
     0.734, "github.com/sgl-project/sglang docs_new/src/snippets/configs/qwen/qwen3.6-benchmarks.jsx @4b7077b "
