@@ -70,7 +70,7 @@ async def _batch_seconds(url: str, model: str, new_tokens: int) -> float:
 
 def step_seconds(folder: Path, log_dir: Path) -> float:
     argv = command(str(folder), LOCAL_HOST, PORT, dtype="fp32", context=1024, max_seqs=BATCH, on_gpu=False)
-    server = ServerSpec(f"http://{LOCAL_HOST}:{PORT}", BATCH, (*argv, "--skip-tokenizer-init"), PORT,
+    server = ServerSpec(f"http://{LOCAL_HOST}:{PORT}", BATCH, (*argv, "--skip-tokenizer-init"), PORT, node=0,
                         env=((CPU_KV_ENV, "1"),))
     with ServerPool(LaunchPlan("launch", BATCH, (server,)), 0, log_dir, 600, args=LaunchArgs(sys.executable)):
         model = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]

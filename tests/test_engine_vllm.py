@@ -153,7 +153,7 @@ def _served(run: Path, folder: Path) -> ServerSpec:
     argv = vllm_cpu_argv(serving)
     assert argv[:3] == list(VLLM_MODULE)
     return ServerSpec(f"http://{LOCAL_HOST}:{PORT}", 1, (*argv, "--port", str(PORT), "--enforce-eager"), PORT,
-                      env=(("VLLM_CPU_KVCACHE_SPACE", "1"),))
+                      node=0, env=(("VLLM_CPU_KVCACHE_SPACE", "1"),))
 
 
 def _heldout(run: Path) -> tuple[list[list[int]], list[int], Any]:
