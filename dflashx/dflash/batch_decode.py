@@ -206,7 +206,7 @@ class _Batch:
             width = max(lengths[i] for i in group)
             ids = torch.tensor([self.prompts[i] + [self.prompts[i][-1]] * (width - lengths[i]) for i in group],
                                device=device)
-            rows = torch.tensor(list(group), device=device)
+            rows = None if len(group) == len(self.prompts) else torch.tensor(list(group), device=device)
             zeros = torch.zeros(len(group), dtype=torch.long, device=device)
             last = torch.tensor([lengths[i] - 1 for i in group], device=device)
             logits, feats = self.dec.forward(self.cache, ids, zeros, width, rows, last)
