@@ -159,8 +159,9 @@ def test_a_hybrid_target_is_decoded_one_prompt_at_a_time():
 def test_sliding_window_targets_stay_refused_and_flash_attention_is_not_batched():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, sliding_window=8, use_sliding_window=True,
+    config = Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                         use_sliding_window=True,
                          layer_types=["sliding_attention", "full_attention"])
     torch.manual_seed(0)
     sliding = Qwen3ForCausalLM(config).eval()
