@@ -99,6 +99,7 @@ def batch_rows(target: PreTrainedModel, drafter: DFlashDrafter, prompts: Sequenc
     logits = 8 * cfg.block_size * cfg.vocab_size * 4  # fp32 [B, V] several times over
     per_row = (_kv_bytes_per_token(target.config, element) + drafter_kv) * slots + logits
     free, _total = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # cached by torch, reusable
     return max(1, min(len(prompts), int(MEMORY_SHARE * free // per_row)))
 
 
