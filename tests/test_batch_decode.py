@@ -182,3 +182,15 @@ def test_a_row_that_ends_at_once_and_one_new_token():
         single = [SpecDecoder(target, draft).generate(p, new, stop_token_ids=stops) for p in ps]
         _same(BatchDecoder(target, draft).generate(ps, new, stop_token_ids=stops), single)
     assert single[0].output_ids == [first] and not single[0].accepted
+
+
+def test_the_memory_estimate_counts_what_the_target_cache_holds(tilted):
+    """`batch_rows` sizes GPU batches from the target's cache bytes per token: what a real cache holds per token."""
+    from dflashx.dflash.batch_decode import _kv_bytes_per_token, batch_rows
+
+    target, tok = tilted
+    with torch.no_grad():
+        cache = target(torch.tensor([prompts()[3]]), use_cache=True).past_key_values
+    held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    assert held == _kv_bytes_per_token(target.config, 4) * len(prompts()[3])
+    assert batch_rows(target, drafter(target, tok, "dflash"), prompts(), NEW) == len(prompts())  # a CPU: all
