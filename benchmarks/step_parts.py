@@ -11,36 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.shapes import build_target  # noqa: F401  (read by other benchmarks through this module)
 from dflashx.dflash.anchors import build_block_batch, sample_anchors
 from dflashx.dflash.job import TrainJob
 from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.trainer import build_drafter
-
-
-def build_target(shape: dict[str, Any], layers: int, device: str, dtype: torch.dtype) -> nn.Module:
-    """A random target of `shape` with `layers` layers, built directly in `dtype` on `device` (a 30B-parameter
-    target never exists in fp32: 122 GB would not leave room for the bf16 copy on one H200)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
-    from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    fields = {k: v for k, v in shape.items() if k not in ("model_type", "mask_token_id")}
-    common = dict(num_hidden_layers=layers, max_position_embeddings=65536, tie_word_embeddings=False, **fields)
-    if shape["model_type"] == "qwen3":
-        config, cls = Qwen3Config(**common), Qwen3ForCausalLM
-    elif shape["model_type"] == "qwen3_moe":
-        config, cls = Qwen3MoeConfig(**common), Qwen3MoeForCausalLM
-    else:
-        types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
-        config, cls = Qwen3_5TextConfig(layer_types=types, **common), Qwen3_5ForCausalLM
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = cls(config).to(dtype)
-    finally:
-        torch.set_default_dtype(default)
-    return model.eval().requires_grad_(False)
-
 
 
 def random_batch(vocab: int, seq: int, seed: int = 0) -> dict[str, torch.Tensor]:

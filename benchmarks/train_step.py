@@ -49,6 +49,7 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
+from benchmarks.shapes import SHAPES, shape_of
 from benchmarks.step_parts import NaiveStep, sync, build_target, matmul_peak, random_batch, timed
 from dflashx.config.load import load_profile
 from dflashx.config.tree import merge
@@ -64,34 +65,6 @@ from dflashx.resolve.formulas import spread_layer_ids
 from dflashx.targets.read_config import facts_from_config
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_step.json"
-_LINEAR = {"linear_conv_kernel_dim": 4, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
-           "linear_key_head_dim": 128, "linear_value_head_dim": 128}
-SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3-32b-dense": {"model_type": "qwen3", "hidden_size": 5120, "num_attention_heads": 64,
-                        "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 25600,
-                        "vocab_size": 151936, "mask_token_id": 151669},
-    "qwen3.6-27b-hybrid": {"model_type": "qwen3_5_text", "hidden_size": 5120, "num_attention_heads": 24,
-                           "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 17408,
-                           "vocab_size": 248320, "mask_token_id": 248070, **_LINEAR},
-    # Qwen3-30B-A3B's published config.json (Qwen/Qwen3-30B-A3B): 128 experts, 8 active, expert FFN 768;
-    # run with --target-layers 48 it is the whole model (30.5B parameters, ~61 GB in bf16)
-    "qwen3-30b-a3b-moe": {"model_type": "qwen3_moe", "hidden_size": 2048, "num_attention_heads": 32,
-                          "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144,
-                          "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
-                          "norm_topk_prob": True, "vocab_size": 151936, "mask_token_id": 151669},
-}
-TINY = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2,
-        "vocab_size": 512, "mask_token_id": 511, "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16}
-
-
-def shape_of(name: str, tiny: bool) -> dict[str, Any]:
-    """The named shape, or (tiny) the same architecture at TINY's sizes for the keys it has."""
-    shape = SHAPES[name]
-    return shape | {k: v for k, v in TINY.items() if k in shape or k == "mask_token_id"} if tiny else shape
-
-
 # trainer rows: (name, recipe overrides); `target.precision: fp8` converts the target in place: last.
 # "varying lengths" (--vary) first steps two other lengths, so the timed graphs are the dynamic-shape
 # ones a run over real data settles on.

@@ -20,8 +20,9 @@ PR #35371, vLLM PR #52816); parameter names are the published checkpoints':
 
 Public API: `GroupedDynamicConv(hidden, kernel, group)` with `.prepare(x, block_size) -> (y,
 dynamic)` and `.finish(y, dynamic, block_size)`; `PathSelector(hidden, vocab, rank, top_k)` with
-`.pair_scores(hidden [N, H], predecessor [N], candidates [N, k]) -> [N, k]` and `.walk(hidden [L, H],
-logits [L, V], anchor_id, temperature, generator) -> (tokens [L], q [L, V] | None)`.
+`.pair_scores(hidden [N, H], predecessor [N], candidates [N, k]) -> [N, k]`, `.walk(hidden [L, H],
+logits [L, V], anchor_id, temperature, generator) -> (tokens [L], q [L, V] | None)` and `.walk_rows` (the
+same for b blocks at once: hidden [b, L, H], logits [b, L, V], anchor ids [b]).
 """
 
 from __future__ import annotations
@@ -108,18 +109,27 @@ class PathSelector(nn.Module):
         """The drafted path [L] for block rows hidden [L, H] with unary logits [L, V], left to right from
         the anchor: the best candidate (temperature <= 0) or one sampled from softmax(S / T); when
         sampling, also q [L, V], each row's draft distribution (zero outside its candidates)."""
+        anchor = torch.tensor([anchor_id], device=logits.device)
+        path, q = self.walk_rows(hidden[None], logits[None], anchor, temperature, generator)
+        return path[0], None if q is None else q[0]
+
+    @torch.no_grad()
+    def walk_rows(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor, temperature: float = 0.0,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`walk` for b blocks at once: hidden [b, L, H], logits [b, L, V], anchors [b] -> paths [b, L] and,
+        when sampling, q [b, L, V]; at each step one draw per block (row 0 first), as `walk` draws for one."""
         unary, candidates = torch.topk(logits.float(), self.top_k, dim=-1, sorted=False)  # as the reference
-        predecessor = torch.tensor([anchor_id], device=logits.device)
+        predecessor = anchor_ids
         tokens, q_rows = [], []
-        for t in range(logits.shape[0]):
-            scores = unary[t] + self.pair_scores(hidden[t : t + 1], predecessor, candidates[t : t + 1])[0].float()
+        for t in range(logits.shape[1]):
+            scores = unary[:, t] + self.pair_scores(hidden[:, t], predecessor, candidates[:, t]).float()
             if temperature > 0:
                 q = torch.softmax(scores / temperature, dim=-1)
                 index = torch.multinomial(q, 1, generator=generator)
-                q_rows.append(torch.zeros_like(logits[t], dtype=torch.float32).scatter(0, candidates[t], q))
+                q_rows.append(torch.zeros_like(logits[:, t], dtype=torch.float32).scatter(1, candidates[:, t], q))
             else:
                 index = scores.argmax(-1, keepdim=True)
-            predecessor = candidates[t].gather(0, index)
+            predecessor = candidates[:, t].gather(1, index)[:, 0]
             tokens.append(predecessor)
-        path = torch.cat(tokens) if tokens else candidates.new_zeros(0)
-        return path, (torch.stack(q_rows) if q_rows else None)
+        path = torch.stack(tokens, dim=1) if tokens else candidates.new_zeros(candidates.shape[0], 0)
+        return path, (torch.stack(q_rows, dim=1) if q_rows else None)

@@ -13,13 +13,17 @@ Rules (DFlash, arXiv 2602.06036; z-lab `dflash` inference code):
   - in a sliding-window layer, also (query position - key position) < window (and the reverse
     distance for bidirectional in-block keys), as the reference computes it.
 Padded anchors (anchor = -1) see only their own block, so no row is empty.
+Decoding many prompts at once (`dflashx.dflash.batch_decode`) gives each batch row its own anchor (its own
+context length) and, optionally, its own number of block slots in use (`rows`): in-block keys at slots
+>= rows[b] are invisible, so a block cut short at the end of generation drafts exactly what a block of
+that many rows drafts on its own.
 
 One predicate (`mask_mod`) serves both back-ends: torch flex attention (`create_block_mask`,
 no head dimension) on CUDA, and a dense boolean mask for SDPA elsewhere (flex attention without
 torch.compile materialises the scores anyway).
 
-Public API: `DraftMask` (built per batch; `.for_layer(causal, window)` gives the mask object for
-one layer kind) and `attend(q, k, v, mask, scale)`.
+Public API: `DraftMask(anchors, context_len, block_size, backend="auto", rows=None)` (built per batch;
+`.for_layer(causal, window)` gives the mask object for one layer kind) and `attend(q, k, v, mask, scale)`.
 """
 
 from __future__ import annotations
@@ -34,9 +38,11 @@ MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tor
 
 
 def make_mask_mod(
-    anchors: torch.Tensor, context_len: int, block_size: int, causal: bool, window: int | None
+    anchors: torch.Tensor, context_len: int, block_size: int, causal: bool, window: int | None,
+    rows: torch.Tensor | None = None,
 ) -> MaskMod:
-    """The visibility predicate `(b, h, q_idx, kv_idx) -> bool` for anchors [batch, n]. The context
+    """The visibility predicate `(b, h, q_idx, kv_idx) -> bool` for anchors [batch, n] (and, when given,
+    the block slots in use per batch row, rows [batch]). The context
     length is held as a tensor, not a Python int: compiled code guards on the ints a mask function
     closes over, so an int would recompile the drafter's layers for every new sequence length."""
     context = torch.tensor(context_len, device=anchors.device)
@@ -51,6 +57,8 @@ def make_mask_mod(
         in_block = (rel // block_size == block) & ~is_ctx
         if causal:
             in_block = in_block & (key_slot <= slot)
+        if rows is not None:
+            in_block = in_block & (key_slot < rows[b])
         visible = (is_ctx & (kv_idx < anchor)) | in_block
         if window is not None:
             distance = torch.where(is_ctx, anchor + slot - kv_idx, slot - key_slot)
@@ -80,6 +88,7 @@ class DraftMask:
     context_len: int
     block_size: int
     backend: str = "auto"  # "flex" | "sdpa" | "auto" (flex on CUDA)
+    rows: torch.Tensor | None = None  # block slots in use per batch row [batch] (None: all)
     _cache: dict[tuple[bool, int | None], Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -99,7 +108,7 @@ class DraftMask:
         """A flex `BlockMask` or a dense bool mask for a layer of this kind (cached)."""
         key = (causal, window)
         if key not in self._cache:
-            mod = make_mask_mod(self.anchors, self.context_len, self.block_size, causal, window)
+            mod = make_mask_mod(self.anchors, self.context_len, self.block_size, causal, window, self.rows)
             batch, device = self.anchors.shape[0], self.anchors.device
             if self.resolved_backend() == "flex":
                 from torch.nn.attention.flex_attention import create_block_mask

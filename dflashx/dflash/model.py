@@ -17,11 +17,14 @@ Public API:
   `forward(block_embeds [b, Q, H], context [b, T, H] (already fused), block_positions [b, Q],
            context_positions [b, T], mask: DraftMask) -> hidden [b, Q, H]` (after the final norm);
   `extend_context(ctx | None, features [1, n, k*H]) -> DraftContext` — decoding: the next n context
-  positions fused and projected to each layer's keys/values once (a cache that only grows);
+  positions fused and projected to each layer's keys/values once (a cache that only grows;
+  `project_context(features [b, n, k*H], positions [b, n])` is that projection, for any batch);
   `block_hidden(ctx, anchor_id, embed, rows=None) -> hidden [rows-1, H]` — one block
   [anchor, MASK x (rows-1)] at positions T..T+rows-1 over the T = ctx.length context positions
   (rows: the block size, or fewer for a block cut short at the end of generation, as the reference
   drafts it), the drafted rows' final hidden states (DFlash2's selector walks them);
+  `rows_hidden(context_kv, starts [b], anchor_ids [b], embed, rows, used=None) -> hidden [b, rows-1, H]` —
+  the same for b blocks at once, each over its own context length (batched decoding);
   `draft_block(ctx, anchor_id, embed, lm_head, rows=None) -> logits [rows-1, V]` — their logits;
   `block_input_ids(anchor_ids [..], block_size, mask_token_id)` — [anchor, MASK, ...] rows.
 """
@@ -199,29 +202,46 @@ class DFlashDrafter(nn.Module):
         return self.norm(hidden)
 
     @torch.no_grad()
+    def project_context(self, features: torch.Tensor, positions: torch.Tensor) -> list[KV]:
+        """Every layer's context keys and values [b, Hkv, n, d] of target features [b, n, k*H] at positions
+        [b, n] (fused, k-normed, RoPE'd: what a context position contributes to every later block)."""
+        fused = self.fuse(features)
+        rope = self.rotary_emb(fused, positions)
+        return [layer.self_attn.project_kv(fused, rope) for layer in self.decoder_layers]
+
+    @torch.no_grad()
     def extend_context(self, ctx: DraftContext | None, features: torch.Tensor) -> DraftContext:
         """`ctx` with the target features [1, n, k*H] of the next n positions appended (fused,
         projected to every layer's keys and values once, never recomputed)."""
         start = ctx.length if ctx is not None else 0
-        fused = self.fuse(features)
-        positions = torch.arange(start, start + fused.shape[1], device=fused.device)[None]
-        rope = self.rotary_emb(fused, positions)
-        new = [layer.self_attn.project_kv(fused, rope) for layer in self.decoder_layers]
+        positions = torch.arange(start, start + features.shape[1], device=features.device)[None]
+        new = self.project_context(features, positions)
         if ctx is not None:
             new = [(torch.cat([k0, k], dim=2), torch.cat([v0, v], dim=2)) for (k0, v0), (k, v) in zip(ctx.kv, new)]
-        return DraftContext(new, start + fused.shape[1])
+        return DraftContext(new, start + features.shape[1])
+
+    @torch.no_grad()
+    def rows_hidden(self, context_kv: list[KV], starts: torch.Tensor, anchor_ids: torch.Tensor,
+                    embed: Callable[[torch.Tensor], torch.Tensor], rows: int,
+                    used: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states [b, rows-1, H] of the drafted rows of b blocks [anchor, MASK x (rows-1)], block i
+        at positions starts[i].. over the first starts[i] of its context keys/values (`context_kv`: each
+        layer's [b, Hkv, T, d], T >= max(starts)); `used` [b]: the rows block i has (its drafted rows past
+        them are computed but see nothing of them: a shorter block drafts as it would alone)."""
+        ids = block_input_ids(anchor_ids, rows, self.config.mask_token_id)
+        positions = starts[:, None] + torch.arange(rows, device=starts.device)
+        # dense masks: cheaper than building a flex block mask every cycle
+        mask = DraftMask(starts[:, None], context_kv[0][0].shape[2], rows, backend="sdpa", rows=used)
+        return self._decode(embed(ids), positions, mask, context_kv)[:, 1:]
 
     @torch.no_grad()
     def block_hidden(self, ctx: DraftContext, anchor_id: int, embed: Callable[[torch.Tensor], torch.Tensor],
                      rows: int | None = None) -> torch.Tensor:
         """Final hidden states [rows-1, H] of the drafted rows of the block [anchor, MASK x (rows-1)]
         placed at position `ctx.length` (rows: the block size unless given)."""
-        cfg, t, rows = self.config, ctx.length, rows or self.config.block_size
         device = ctx.kv[0][0].device
-        ids = block_input_ids(torch.tensor([anchor_id], device=device), rows, cfg.mask_token_id)
-        # one block: a dense mask is cheaper than building a flex block mask every cycle
-        mask = DraftMask(torch.tensor([[t]], device=device), t, rows, backend="sdpa")
-        return self._decode(embed(ids), torch.arange(t, t + rows, device=device)[None], mask, ctx.kv)[0, 1:]
+        start, anchor = torch.tensor([ctx.length], device=device), torch.tensor([anchor_id], device=device)
+        return self.rows_hidden(ctx.kv, start, anchor, embed, rows or self.config.block_size)[0]
 
     @torch.no_grad()
     def draft_block(

@@ -21,8 +21,11 @@ logits over T, kept to the top_k highest (0: all), then to the smallest set of t
 tokens whose mass reaches top_p (the token that crosses it included), renormalized.
 
 Public API: `Sampling(temperature, top_p=1.0, top_k=0)`, `probs(logits, temperature, top_p=1.0,
-top_k=0)`, `sample(probs, generator)`, `propose(drafter, ctx, anchor, n, embed, lm_head,
-temperature=0.0, generator=None, top_p=1.0, top_k=0) -> (tokens [n], q [n, V] | None)`.
+top_k=0)`, `sample(probs, generator)`, `choose(logits, sampling, generator) -> (tokens, q | None)` (a DFlash
+drafter's pick), `propose(drafter, ctx, anchor, n, embed, lm_head, temperature=0.0, generator=None,
+top_p=1.0, top_k=0) -> (tokens [n], q [n, V] | None)`, `propose_rows(drafter, context_kv, starts, anchors,
+rows, used, embed, lm_head, sampling, generator=None) -> (tokens [b, rows-1], q [b, rows-1, V] | None)`
+(b blocks at once: `dflashx.dflash.batch_decode`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from dflashx.dflash.model import DFlashDrafter, DraftContext
+from dflashx.dflash.model import KV, DFlashDrafter, DraftContext
 
 Head = Callable[[torch.Tensor], torch.Tensor]
 
@@ -62,8 +65,20 @@ def probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: i
 
 
 def sample(distribution: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of `distribution` [..., V]."""
-    return torch.multinomial(distribution, 1, generator=generator).squeeze(-1)
+    """One token per row of `distribution` [..., V] (the rows drawn in order, first to last)."""
+    flat = distribution.reshape(-1, distribution.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).view(distribution.shape[:-1])
+
+
+def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A DFlash drafter's tokens from its logits [..., V]: the argmax (temperature <= 0), or a sample of the
+    serving distribution q, returned with it."""
+    logits = logits.float()
+    if sampling.temperature <= 0:
+        return logits.argmax(-1), None
+    q = probs(logits, *sampling)
+    return sample(q, generator), q
 
 
 @torch.no_grad()
@@ -73,10 +88,20 @@ def propose(drafter: DFlashDrafter, ctx: DraftContext, anchor: int, n: int, embe
     """n drafted tokens after `anchor` (a block of n + 1 rows) and their draft distributions q [n, V]
     (None when greedy)."""
     if drafter.candidate_selector is None:
-        logits = drafter.draft_block(ctx, anchor, embed, lm_head, rows=n + 1).float()
-        if temperature <= 0:
-            return logits.argmax(-1), None
-        q = probs(logits, temperature, top_p, top_k)
-        return sample(q, generator), q
+        return choose(drafter.draft_block(ctx, anchor, embed, lm_head, rows=n + 1), Sampling(temperature, top_p, top_k),
+                      generator)
     hidden = drafter.block_hidden(ctx, anchor, embed, n + 1)
     return drafter.candidate_selector.walk(hidden, lm_head(hidden), anchor, temperature, generator)
+
+
+@torch.no_grad()
+def propose_rows(drafter: DFlashDrafter, context_kv: list[KV], starts: torch.Tensor, anchors: torch.Tensor,
+                 rows: int, used: torch.Tensor, embed: Head, lm_head: Head, sampling: Sampling,
+                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`propose` for b blocks at once (`DFlashDrafter.rows_hidden`): block i of `used[i]` rows (at most
+    `rows`) after anchors[i] at positions starts[i]..; tokens [b, rows-1] and q [b, rows-1, V] (None when
+    greedy). Past a block's own rows the tokens are filler: what a decoder verifies there it discards."""
+    hidden = drafter.rows_hidden(context_kv, starts, anchors, embed, rows, used)
+    if drafter.candidate_selector is None:
+        return choose(lm_head(hidden), sampling, generator)
+    return drafter.candidate_selector.walk_rows(hidden, lm_head(hidden), anchors, sampling.temperature, generator)

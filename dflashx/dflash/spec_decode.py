@@ -49,6 +49,7 @@ from transformers.cache_utils import (
 from dflashx.dflash.capture import find_decoder_layers
 from dflashx.dflash.model import DFlashDrafter, DraftContext
 from dflashx.dflash.proposal import Sampling, probs, propose, sample
+from dflashx.dflash.verify import greedy_accept, rejection_accept
 
 
 @dataclass
@@ -76,7 +77,7 @@ class DecodeResult:
 
 
 @contextmanager
-def _tapped(model: nn.Module, layer_ids: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:
+def tapped(model: nn.Module, layer_ids: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:
     """Record the outputs of decoder layers `layer_ids` during forwards inside the block."""
     layers = find_decoder_layers(model)
     store: dict[int, torch.Tensor] = {}
@@ -101,23 +102,13 @@ def rejection_sample(
     target_probs: torch.Tensor,
     generator: torch.Generator | None = None,
 ) -> tuple[int, int]:
-    """Standard speculative sampling for one block.
+    """Standard speculative sampling for one block (`verify.rejection_accept` of a batch of one).
 
     draft_tokens [n], draft_probs [n, V] (q), target_probs [n + 1, V] (p at the anchor and each draft).
     Returns (accepted drafts, the next token): the output is distributed exactly as sampling from p.
     """
-    n = draft_tokens.shape[0]
-    idx = torch.arange(n, device=draft_tokens.device)
-    p = target_probs[idx, draft_tokens]
-    q = draft_probs[idx, draft_tokens]
-    u = torch.rand(n, generator=generator, device=draft_tokens.device)
-    accepted = int((u * q < p).int().cumprod(0).sum())
-    if accepted == n:
-        return n, int(sample(target_probs[n], generator))
-    residual = (target_probs[accepted] - draft_probs[accepted]).clamp_min(0)
-    total = residual.sum()
-    residual = residual / total if total > 0 else target_probs[accepted]
-    return accepted, int(sample(residual, generator))
+    accepted, nxt = rejection_accept(draft_tokens[None], draft_probs[None], target_probs[None], generator=generator)
+    return int(accepted[0]), int(nxt[0])
 
 
 class _CacheRollback:
@@ -173,39 +164,38 @@ class SpecDecoder:
         self.cfg = drafter.config
         self.layer_ids = list(self.cfg.target_layer_ids)
         self.device = next(target.parameters()).device
-        self._embed = target.get_input_embeddings()
-        self._head = target.get_output_embeddings()
+        self.embed = target.get_input_embeddings()
+        self.head = target.get_output_embeddings()
         # recent transformers name the cache argument `cache`, earlier 5.x releases `past_key_values`
         params = inspect.signature(target.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
 
-    def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._head(hidden.to(self._head.weight.dtype))
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden.to(self.head.weight.dtype))
 
     def _forward(self, ids: list[int], start: int, cache: DynamicCache, keep_all: bool = True):
         """Cached target forward of `ids` at positions start..; returns (logits [L, V], features [1, L, k*H])."""
         x = torch.tensor([ids], device=self.device)
         pos = torch.arange(start, start + len(ids), device=self.device)[None]
-        with _tapped(self.target, self.layer_ids) as store:
+        with tapped(self.target, self.layer_ids) as store:
             out = self.target(
                 input_ids=x, position_ids=pos, use_cache=True, logits_to_keep=0 if keep_all else 1,
-                **{self._cache_kw: cache},
+                **{self.cache_kw: cache},
             )
         feats = torch.cat([store[i] for i in self.layer_ids], dim=-1)
         return out.logits[0].float(), feats
 
     def _draft(self, context: DraftContext, anchor: int, n: int, sampling: Sampling, generator):
         """n drafted tokens after `anchor` and their proposal distributions (None when greedy)."""
-        return propose(self.drafter, context, anchor, n, self._embed, self._lm_head, sampling.temperature,
+        return propose(self.drafter, context, anchor, n, self.embed, self.lm_head, sampling.temperature,
                        generator, sampling.top_p, sampling.top_k)
 
     @staticmethod
     def _verify(drafts: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor, sampling: Sampling, generator):
         """(accepted drafts, next token) from the target's logits over anchor + drafts."""
         if sampling.temperature <= 0:
-            best = logits.argmax(-1)
-            accepted = int((drafts == best[: drafts.shape[0]]).int().cumprod(0).sum())
-            return accepted, int(best[accepted])
+            accepted, nxt = greedy_accept(drafts[None], logits[None])
+            return int(accepted[0]), int(nxt[0])
         assert q is not None  # a sampled proposal always has its distributions
         return rejection_sample(drafts, q.to(logits.device), probs(logits, *sampling), generator)
 

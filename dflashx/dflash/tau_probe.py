@@ -4,8 +4,9 @@ decodes the held-out slice greedily with the drafter as it stands.
 The slice (`TrainJob.heldout`) is the first `tau_prompts` prompts of the ingest stage's held-out split
 (the ones the eval stage's `heldout` suite starts with, unless `stages.eval.prompts` names another file),
 chat template applied, each decoded up to
-`tau_max_new_tokens` new tokens with the eval stage's decoder (`dflashx.dflash.spec_decode.SpecDecoder`,
-temperature 0, the same stop tokens); τ is pooled over the prompts as the eval stage counts it
+`tau_max_new_tokens` new tokens with the eval stage's decoder (`dflashx.dflash.batch_decode.BatchDecoder`:
+the slice as one batch, temperature 0, the same stop tokens; greedy, each prompt's output and cycles are
+`SpecDecoder`'s); τ is pooled over the prompts as the eval stage counts it
 (`dflashx.dflash.acceptance.summarize`). The measurement is one line of `logs/metrics.jsonl`
 (`heldout_tau`, ...; `dflashx.dflash.tau_record.tau_row`), logged like the windows (records, W&B).
 A measurement at least as high as the best so far, or one at or before the best's step (a resumed run
@@ -72,14 +73,14 @@ class TauProbe:
 
     def _decode(self) -> dict[str, Any]:
         from dflashx.dflash.acceptance import summarize
-        from dflashx.dflash.spec_decode import SpecDecoder
+        from dflashx.dflash.batch_decode import BatchDecoder
 
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         training = self.drafter.training
         with torch.random.fork_rng(devices=devices):
-            decoder = SpecDecoder(cast("PreTrainedModel", self.target), self.drafter)  # a loaded HF target (no shard)
-            results = [decoder.generate(ids, self.job.train.tau_max_new_tokens, 0.0, self.heldout.stop_ids)
-                       for ids in self.heldout.prompts]
+            decoder = BatchDecoder(cast("PreTrainedModel", self.target), self.drafter)  # a loaded HF target (no shard)
+            results = decoder.generate(self.heldout.prompts, self.job.train.tau_max_new_tokens, 0.0,
+                                       self.heldout.stop_ids)
         self.drafter.train(training)
         return summarize(results, self.drafter.config.block_size)
 

@@ -112,29 +112,30 @@ Decoded = dict[str, dict[str, list[list[Any]]]]  # {suite: {drafter: [[DecodeRes
 def _decode(ctx: StageContext, target: Any, drafters: list[EvalDrafter], suites: dict[str, dict[str, Any]],
             stops: list[int]) -> Decoded:
     """Run 0 greedy, and for the trained drafter runs 1..sampled_runs at the serving settings (seed = run - 1;
-    the baselines are compared greedily); one drafter in memory at a time."""
+    the baselines are compared greedily); each run decodes a suite's prompts as one batch (`BatchDecoder`: in
+    chunks where the GPU's memory asks for them; one prompt at a time for a hybrid target); one drafter in
+    memory at a time."""
     import torch
 
-    from dflashx.dflash.spec_decode import SpecDecoder
+    from dflashx.dflash.batch_decode import BatchDecoder
 
     cfg, device = ctx.config, next(target.parameters()).device
     greedy, served = [{"temperature": 0.0}], [{"temperature": 0.0}] + [_served(ctx)] * cfg.sampled_runs
     total, done = sum(len(s["encoded"]) for s in suites.values()) * (len(drafters) + cfg.sampled_runs), 0
     results: Decoded = {name: {} for name in suites}
     for drafter in drafters:
-        decoder = SpecDecoder(target, load(drafter, device))
+        decoder = BatchDecoder(target, load(drafter, device))
         for name, suite in suites.items():
             results[name][drafter.name] = []
             for run, setting in enumerate(served if drafter.name == TRAINED else greedy):
                 gen = torch.Generator(device=decoder.device).manual_seed(max(0, run - 1))
-                runs: list[Any] = []
+                runs = decoder.generate(suite["encoded"], cfg.max_new_tokens, stop_token_ids=stops, generator=gen,
+                                        **setting)
                 results[name][drafter.name].append(runs)
                 live = f"eval/{drafter.name}_tau" + ("_sampled" if run else "")  # the greedy figure stays apart
-                for ids in suite["encoded"]:
-                    runs.append(decoder.generate(ids, cfg.max_new_tokens, stop_token_ids=stops, generator=gen,
-                                                 **setting))
+                for result in runs:
                     done += 1
-                    ctx.log({live: runs[-1].tau, "eval/decoded": done, "eval/decodes": total})
+                    ctx.log({live: result.tau, "eval/decoded": done, "eval/decodes": total})
         del decoder
     return results
 
