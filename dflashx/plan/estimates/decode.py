@@ -156,5 +156,6 @@ def target_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, t
     sixteen = target_roofline(recipe, dev, b, sixteen_bit(dtype), tokens, state_passes)
     facts = recipe.target.facts
     calls, routed = facts.num_layers + 1, max(b.value, 1) * tokens
-    return Step(served, overhead_seconds(sixteen, row, calls), allreduce_seconds(recipe, routed),
+    per_step = row.step_latency.value if row.step_latency else 0.0
+    return Step(served, overhead_seconds(sixteen, row, calls) + per_step, allreduce_seconds(recipe, routed),
                 moe_forward(recipe, dev, row, routed, dtype, graphed=True), facts.num_moe_layers)

