@@ -13,7 +13,9 @@ values differ from the recipe being planned is not applied, and the plan says wh
             the servers reported (`stages.generate.serving.speculative.acceptance` becomes the geometric
             profile with that tau): the node, the target, the generation settings;
   training  `hardware.calibrated[CALIBRATED_MFU]`, the MFU the trainer measured (gradient sync
-            included): the node, the target, the drafter, the batch and lengths of training;
+            included), and `[CALIBRATED_TAU_PROBE]`, the seconds one held-out τ measurement took (its
+            batched decode is launch-bound on a GPU, which no roofline prices): the node, the target, the
+            drafter, the batch and lengths of training;
   tau       the pilot's held-out τ curve (`tau_curve`): what decides how the drafter learns and what is
             decoded, i.e. the data and training groups' values, the optimisation and objective (the
             `calibrates("tau")` fields: lr, optimizer, labels, loss, ...) and the held-out slice
@@ -39,7 +41,7 @@ from dflashx.config.schema import DatasetStats, Recipe
 from dflashx.config.tree import flatten
 from dflashx.resolve.tau import TauPoint, tau_slice
 from dflashx.plan.context import PlanContext, build_context
-from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
+from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING, CALIBRATED_TAU_PROBE
 from dflashx.resolve import resolve
 from dflashx.resolve.speculative import geometric_profile
 from dflashx.targets.registry import TargetFacts
@@ -65,6 +67,8 @@ class PilotCalibration(BaseModel):
                                             "servers reported while the pilot generated with the MTP head.")
     training_mfu: float | None = Field(None, gt=0, le=1, description="MFU the trainer measured.")
     training_mfu_rse: float | None = Field(None, ge=0, description="Relative standard error of the MFU.")
+    tau_probe_seconds: float | None = Field(None, gt=0, description="Seconds one held-out τ measurement took in "
+                                            "the pilot's training (the median of its measurements).")
     tau_curve: list[TauPoint] = Field(default_factory=list, description="Held-out τ the pilot's training measured, "
                                       "by optimizer step (the last at its last step); empty: none measured.")
     measured: dict[str, Any] = Field(default_factory=dict, description="The pilot's raw figures, for reports.")
@@ -189,7 +193,8 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, Ca
         "data": {f"dataset.stats.{k}": _shown(k, v) for k, v in cal.stats.items()},
         "serving": {f"hardware.calibrated.{CALIBRATED_SERVING}": cal.serving_ratio,
                     MTP_KEY: mtp_profile(recipe, cal.mtp_accept_length)},
-        "training": {f"hardware.calibrated.{CALIBRATED_MFU}": cal.training_mfu},
+        "training": {f"hardware.calibrated.{CALIBRATED_MFU}": cal.training_mfu,
+                     f"hardware.calibrated.{CALIBRATED_TAU_PROBE}": cal.tau_probe_seconds},
         "tau": {TAU_CURVE: cal.tau_curve or None},
     }
     applied: dict[str, Any] = {}
@@ -210,8 +215,10 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, Ca
                 calibrated[CALIBRATED_SERVING] = float(cal.serving_ratio)
             if cal.mtp_accept_length is not None:
                 recipe = with_mtp_accept_length(recipe, cal.mtp_accept_length)
-        elif group == "training" and cal.training_mfu is not None:
-            calibrated[CALIBRATED_MFU] = float(cal.training_mfu)
+        elif group == "training":
+            calibrated |= {key: float(value) for key, value in ((CALIBRATED_MFU, cal.training_mfu),
+                                                                (CALIBRATED_TAU_PROBE, cal.tau_probe_seconds))
+                           if value is not None}
     updated = recipe.model_copy(update={
         "dataset": recipe.dataset.model_copy(update={"stats": stats}),
         "hardware": recipe.hardware.model_copy(update={"calibrated": calibrated}),
@@ -228,7 +235,8 @@ def uncalibrated(recipe: Recipe, stats: dict[str, Any], **sections: dict[str, An
     MFU), and with these stage settings (`generate={...}`, `train={...}`): what the planner's own
     models predict for the conditions a measurement was taken under."""
     hardware = recipe.hardware.model_copy(update={"calibrated": {
-        k: v for k, v in recipe.hardware.calibrated.items() if k not in (CALIBRATED_SERVING, CALIBRATED_MFU)}})
+        k: v for k, v in recipe.hardware.calibrated.items()
+        if k not in (CALIBRATED_SERVING, CALIBRATED_MFU, CALIBRATED_TAU_PROBE)}})
     measured = DatasetStats.model_validate({**recipe.dataset.stats.model_dump(), **stats})
     stages = recipe.stages.model_copy(update={name: getattr(recipe.stages, name).model_copy(update=values)
                                               for name, values in sections.items()})

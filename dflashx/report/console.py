@@ -54,7 +54,7 @@ HEADLINES: dict[str, tuple[tuple[str, Spec], ...]] = {
     "tokenize": (("samples", "{:,} samples"), ("tokens", "{:,} tokens")),
     "train": (("loss", "loss {:.3f}"), ("acceptance_length", "acceptance length {:.2f}"), ("step", "{:,} steps"),
               ("tokens_per_s", "{:,.0f} tok/s"), ("heldout_tau_curve", tau_curve),
-              ("heldout_tau_best_step", "best at step {:,}")),
+              ("heldout_tau_best_step", "best at step {:,}"), ("tau_probe_share", "τ probe {:.1%} of the stage")),
     "eval": (("tau", "τ {:.2f} trained"), ("tau_untrained", "vs {:.2f} untrained"),
              ("tau_by_suite", suite_taus), ("tau_sampled_text", "served: {}"),
              ("greedy_agreement", "greedy agreement {:.0%}"),

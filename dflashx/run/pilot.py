@@ -212,7 +212,8 @@ class Pilot:
             serving_ratio=serving.get("ratio"), serving_ratio_rse=serving.get("ratio_rse"),
             mtp_accept_length=serving.get("mtp_accept_length"),
             training_mfu=min(trained["mfu"], 1.0) if trained else None,
-            training_mfu_rse=trained.get("mfu_rse") if trained else None, tau_curve=curve, measured=measured)
+            training_mfu_rse=trained.get("mfu_rse") if trained else None,
+            tau_probe_seconds=trained.get("tau_probe_s") if trained else None, tau_curve=curve, measured=measured)
 
     def _attempt(self, count: int) -> dict[str, Any]:
         """This pilot attempt (pilot/attempt.json): the one a killed attempt under the same conditions left
@@ -273,7 +274,8 @@ class Pilot:
         metrics = self.dir / "train" / "logs" / "metrics.jsonl"
         rows = list(iter_jsonl(metrics)) if metrics.is_file() else []
         self._drop_states()
-        trained = training_stats([r for r in rows if not is_tau_row(r)], train.world_size)  # the windows
+        trained = training_stats([r for r in rows if not is_tau_row(r)], train.world_size,  # the windows
+                                 [r for r in rows if is_tau_row(r)])
         return trained and trained | self._predicted_training(train.max_steps or 1, stats), curve_of(metrics)
 
     def _drop_states(self) -> None:

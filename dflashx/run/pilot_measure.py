@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dflashx.data.jsonl import dumps
@@ -84,8 +84,11 @@ def length_stats(completions: list[dict[str, Any]], weights: dict[str, float], m
     return stats, report
 
 
-def training_stats(windows: list[dict[str, Any]], world: int) -> dict[str, Any] | None:
-    """The trainer's figures over its logged windows (the first left out when there are more)."""
+def training_stats(windows: list[dict[str, Any]], world: int,
+                   probes: Sequence[dict[str, Any]] = ()) -> dict[str, Any] | None:
+    """The trainer's figures over its logged windows (the first left out when there are more), and the median
+    seconds of its held-out τ measurements (`probes`, its τ lines; the first left out when there are more: it
+    pays the decoder's first use)."""
     used = windows[1:] if len(windows) > 1 else windows
     used = [w for w in used if w.get("mfu")]
     if not used:
@@ -97,4 +100,12 @@ def training_stats(windows: list[dict[str, Any]], world: int) -> dict[str, Any] 
     return {"mfu": statistics.median(mfu), "mfu_rse": rse, "windows": len(used), "steps": windows[-1].get("step"),
             "tokens_per_s_per_gpu": statistics.median(w["tokens_per_s"] for w in used) / world,
             "tflops_per_gpu": statistics.median(w["tflops"] for w in used) / world,
-            "step_s": statistics.median(step_s) if step_s else None}
+            "step_s": statistics.median(step_s) if step_s else None,
+            "tau_probe_s": probe_seconds(probes)}
+
+
+def probe_seconds(probes: Sequence[dict[str, Any]]) -> float | None:
+    """The median seconds of the held-out τ measurements (the first left out when there are more)."""
+    seconds = [float(p["heldout_seconds"]) for p in (probes[1:] if len(probes) > 1 else probes)
+               if p.get("heldout_seconds")]
+    return statistics.median(seconds) if seconds else None

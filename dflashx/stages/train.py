@@ -23,11 +23,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflashx.backends.nodes import NodeAddressError, node_address
-from dflashx.dflash.tau_record import HeldOutTau
+from dflashx.dflash.tau_record import HeldOutTau, is_tau_row
 from dflashx.plan.launch import TrainLaunch
 from dflashx.resolve.deepspeed import RUN_DIR
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
@@ -158,6 +159,7 @@ def run(ctx: StageContext) -> StageResult:
         raise StageFailed(str(e)) from None
     job.save()
     argv, world = launch_command(ctx)
+    started = time.monotonic()
     if world > 1:
         write_hostfile(ctx)
         _launch(ctx, argv)
@@ -169,7 +171,7 @@ def run(ctx: StageContext) -> StageResult:
             raise StageFailed(str(e)) from None
     chat_contract.write(ctx.out_dir / "checkpoint", contract)  # what the drafter was trained for
     kept = ("loss", "acceptance_length", "accuracy", "tokens_per_s", "tflops", "mfu", "step", "kernels")
-    metrics: dict[str, Any] = {k: last[k] for k in kept if k in last}
+    metrics: dict[str, Any] = {k: last[k] for k in kept if k in last} | probe_share(ctx, time.monotonic() - started)
     tau = HeldOutTau.read(ctx.out_dir / "checkpoint")
     if tau is not None:
         metrics |= tau.summary()
@@ -181,6 +183,16 @@ def run(ctx: StageContext) -> StageResult:
         },
         metrics=metrics | {"world_size": world},
     )
+
+
+def probe_share(ctx: StageContext, seconds: float) -> dict[str, Any]:
+    """What the held-out τ measurements took (`heldout_seconds` of logs/metrics.jsonl; after a resume, the killed
+    attempt's kept lines too), and their share of this attempt's training wall time `seconds` (the plan sizes
+    `tau_every` for at most `resolve.tau.TAU_SHARE`)."""
+    metrics_file = ctx.out_dir / "logs" / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.is_file() else []
+    probe = sum(float(r.get("heldout_seconds") or 0.0) for r in rows if is_tau_row(r))
+    return {"tau_probe_seconds": probe, "tau_probe_share": probe / seconds} if probe and seconds > 0 else {}
 
 
 def main(argv: list[str] | None = None) -> None:

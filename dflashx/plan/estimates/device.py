@@ -8,9 +8,11 @@ from dflashx.config.gpus import gpu_model
 from dflashx.config.schema import HardwareProfile
 
 # Keys `dflashx calibrate` and `dflashx pilot` write into `hardware.calibrated`: measured generation
-# tokens/s over the serving model's prediction for the same conditions, and the MFU the trainer measured.
+# tokens/s over the serving model's prediction for the same conditions, the MFU the trainer measured, and the
+# seconds one held-out τ measurement took (the pilot's training, the same slice).
 CALIBRATED_SERVING = "serving_ratio"
 CALIBRATED_MFU = "training_mfu"
+CALIBRATED_TAU_PROBE = "tau_probe_seconds"
 
 
 @dataclass(frozen=True)

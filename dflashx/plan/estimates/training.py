@@ -28,7 +28,7 @@ from typing import Any
 
 from dflashx.plan.estimates.decode import dense_read_bytes
 from dflashx.plan.estimates.speculative import drafter_window
-from dflashx.plan.estimates.device import CALIBRATED_MFU, device_of, factor
+from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_TAU_PROBE, device_of, factor
 from dflashx.plan.estimates.gather import target_gather
 from dflashx.plan.estimates.gradsync import grad_sync
 from dflashx.plan.estimates.host import batch1_seconds_per_token, in_process_tokens_per_s
@@ -92,6 +92,12 @@ def tau_probe(recipe: ResolvedRecipe, lengths: Lengths) -> Term:
     drafter's weights), on the CPU the in-process decoder."""
     train, block = recipe.stages.train, recipe.drafter.block_size
     output = lengths.clipped_moment(1, train.tau_max_new_tokens)
+    measured, calibrated = factor(recipe.hardware, CALIBRATED_TAU_PROBE, 0.0)
+    if calibrated:
+        return term("train.tau_probe_seconds", measured, "s", "measured on this node by the pilot's training: the "
+                    "median seconds of one held-out τ measurement (hardware.calibrated.tau_probe_seconds; a "
+                    "batched decode of small models is launch-bound on a GPU, which no roofline prices)",
+                    tau_prompts=train.tau_prompts, output_tokens=output, calibrated=True)
     if recipe.hardware.gpu is None:
         per_token = 1 / in_process_tokens_per_s(recipe, [0.0] * (block - 1))
         inputs: dict[str, Any] = {}
