@@ -192,6 +192,7 @@ class Step:
     allreduce_s: float
     moe: MoeLayer | None = None
     moe_layers: int = 0
+    mixer_s: float = 0.0  # a verify's linear-attention scan over its tokens beyond one per sequence (prefill.py)
 
     @property
     def moe_s(self) -> float:
@@ -199,7 +200,7 @@ class Step:
 
     @property
     def seconds(self) -> float:
-        return self.served.seconds + self.overhead_s + self.allreduce_s + self.moe_s
+        return self.served.seconds + self.overhead_s + self.allreduce_s + self.moe_s + self.mixer_s
 
 
 def moe_forward(recipe: ResolvedRecipe, dev: Device, row: EngineRow, tokens: float, dtype: str,

@@ -5,7 +5,9 @@ sequence (the target's MTP head: num_steps forwards of one token; a DFlash draft
 block), then one target forward verifying `verify_tokens` tokens per sequence. Per replica of batch b:
   verify  = the target step (decode.py) over verify_tokens tokens per sequence; with linear-attention
             layers each sequence's state is read once and written per verified token (SGLang keeps one
-            state per draft token to roll back to) and once more when the accepted one is kept
+            state per draft token to roll back to) and once more when the accepted one is kept, and on SGLang's
+            GPUs their scan runs over the verified tokens beyond one per sequence at the prefill's measured rate
+            (prefill.py `scan_seconds`)
   draft   = forwards x (the draft's weight GEMMs (16-bit weights + LM head read once, its FLOPs at the GEMM
             efficiency of b x tokens rows) + its attention over b x its KV at the context, each at its own
             roofline, routed experts aside) + the engine overhead at the same decode share as the target's; an
@@ -27,7 +29,7 @@ Speculation pays at a batch when the first is larger; the plan says which at its
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from dflashx.plan.estimates.decode import (
@@ -36,7 +38,7 @@ from dflashx.plan.estimates.decode import (
 )
 from dflashx.plan.estimates.device import Device
 from dflashx.plan.estimates.engine import EngineRow
-from dflashx.plan.estimates.prefill import DraftPass, Prefill, mtp_prompt_pass, prefill
+from dflashx.plan.estimates.prefill import DraftPass, Prefill, mtp_prompt_pass, prefill, scan_seconds
 from dflashx.plan.estimates.serving import Batch, SpecMemory, drafter_on, mtp_on
 from dflashx.resolve.flops import DrafterDims, dflash2_layer_flops_per_token
 from dflashx.resolve.model import ResolvedRecipe
@@ -209,6 +211,10 @@ def replica_rate(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, 
         return Rate(out / (out * step.seconds / batch + pre), step.seconds, 1.0, first, reduce)
     passes = 2.0 + drafter.verify_tokens if recipe.target.facts.recurrent_state_bytes else 2.0
     verify = target_step(recipe, dev, b, row, drafter.verify_tokens, passes)
+    if row.engine == "sglang" and recipe.hardware.gpu is not None:  # the prefill's mixer term applies (prefill.py)
+        extra = batch * (drafter.verify_tokens - 1)
+        verify = replace(verify, mixer_s=scan_seconds(recipe.target.facts, dev, recipe.stages.generate.serving.tp,
+                                                      extra))
     draft = draft_step(recipe, dev, b, row, drafter)
     cycle = verify.seconds + drafter.forwards * draft.seconds
     tau = accepted_length(acceptance, drafter.drafts)
