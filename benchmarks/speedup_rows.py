@@ -61,9 +61,31 @@ class Curve:
 
 def _tau_lengths(dataset: str) -> tuple[float, float, float]:
     """(tau at 3 draft tokens, mean prompt, mean generated) of one SpecDecode-Bench dataset, computed once from the
-    simulator's data (`benchmarks.speedup_rows --sdb-data DIR` prints them; copied here)."""
+    simulator's data (`python -m benchmarks.speedup_rows DIR`, DIR holding its combined_*.jsonl, prints them)."""
     return {"gsm8k": (2.394, 94, 165), "cnn": (2.331, 838, 322), "sharegpt": (2.255, 355, 740),
             "instructcoder": (2.352, 171, 250)}[dataset]
+
+
+def sdb_acceptance(path: Path, drafts: int = 3) -> tuple[float, float, float]:
+    """tau, mean prompt and mean generated tokens of one simulator file: each request's profiled EAGLE-3
+    acceptance (`acc_eagle.acc_len`: tokens accepted from each position, the bonus included) walked as the
+    simulator walks it at `drafts` draft tokens (min(acc_len, drafts + 1) per step from the first generated
+    token on), tau = tokens / steps pooled over requests."""
+    import json
+    import statistics
+
+    tokens = steps = 0
+    prompts, outputs = [], []
+    for line in path.read_text().splitlines():
+        request = json.loads(line)
+        accepted = request["acc_eagle"]["acc_len"]
+        done = 1
+        while done < len(accepted):
+            step = min(accepted[done - 1], drafts + 1)
+            done, tokens, steps = done + step, tokens + step, steps + 1
+        prompts.append(len(request["prompt_token_ids"]))
+        outputs.append(len(accepted))
+    return tokens / steps, statistics.fmean(prompts), statistics.fmean(outputs)
 
 
 def _sdb_llama(dataset: str, label: str, published: dict[int, float]) -> Curve:
@@ -218,3 +240,11 @@ def measured_here_rows(make_row: Callable[..., Any]) -> list[Any]:
                             f"{m['tau']:.2f}, {m['recipe']} {' '.join(m.get('overrides', ()))}", m["source"],
                             "validation", "x (speed-up)", m["speedup"], predicted))
     return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    for name in ("gsm8k", "cnn", "sharegpt", "instructcoder"):
+        tau, prompt, output = sdb_acceptance(Path(sys.argv[1]) / f"combined_{name}.jsonl")
+        print(f"{name}: tau {tau:.3f}, prompt {prompt:.0f}, generated {output:.0f}")
