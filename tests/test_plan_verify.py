@@ -110,8 +110,10 @@ def test_a_drafter_that_pays_everywhere_reports_no_crossover():
     r = resolved()
     drafter = eagle_drafter(r.target.facts, True, 3, 1, 4, 2.4)
     d = predict_with(r, drafter, geometric_profile(2.4, 3), 4, [1, 8, 32], "test")
-    assert d.switch_off_above is None and d.switch_off == []
-    assert "no crossover inside it" in d.crossover
+    assert d.switch_off_above is None and "no crossover inside it" in d.crossover
+    assert [s.engine for s in d.switch_off] == ["vLLM 0.32.0", "SGLang 0.5.23"]
+    assert all(s.text.startswith("none needed on this grid") for s in d.switch_off)
+    assert "[[1, N, 3], [N + 1, 65536, 0]]" in d.switch_off[0].text
 
 
 def test_vllms_switch_is_its_dynamic_schedule_and_validates_in_vllm():

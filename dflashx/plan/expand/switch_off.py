@@ -69,11 +69,22 @@ def _sglang(method: str, above: int, steps: int) -> SwitchOff:
                      f"{above} requests per server to servers started without the drafter")
 
 
+def _not_needed(method: str, block: int) -> list[SwitchOff]:
+    """The engines' settings in general form, for a grid on which the drafter pays everywhere."""
+    vllm = (f"none needed on this grid; the setting: \"num_speculative_tokens_per_batch_size\": [[1, N, {block - 1}], "
+            f"[N + 1, {VLLM_SCHEDULE_END}, 0]] in --speculative-config (N: the last batch size to draft at)")
+    sglang = ("none needed on this grid; --speculative-adaptive with a FILE whose slot above N has candidate_steps "
+              "[0] (EAGLE/EAGLE3, top-k 1)" if method in ("mtp", "eagle", "eagle3") else
+              "none needed on this grid; DFLASH has no switch (--speculative-adaptive takes EAGLE/EAGLE3 only)")
+    return [SwitchOff(f"vLLM {CHECKED['vllm']}", vllm), SwitchOff(f"SGLang {CHECKED['sglang']}", sglang)]
+
+
 def switch_off_settings(method: str, block: int, above: int | None, steps: int = 0) -> list[SwitchOff]:
-    """Each engine's way to stop drafting above `above` requests in flight (None: it pays on the whole grid; 0: it
-    pays nowhere, serve without it). `block`: tokens verified per cycle; `steps`: an EAGLE-style draft's steps."""
+    """Each engine's way to stop drafting above `above` requests in flight (None: it pays on the whole grid, the
+    settings in general form; 0: it pays nowhere, serve without it). `block`: tokens verified per cycle; `steps`:
+    an EAGLE-style draft's steps."""
     if above is None:
-        return []
+        return _not_needed(method, block)
     if above == 0:
         return [SwitchOff("any engine", "the drafter does not pay at any concurrency of the grid: serve without it")]
     return [_vllm(method, block, above), _sglang(method, above, steps or block - 1)]
