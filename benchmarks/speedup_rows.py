@@ -109,6 +109,7 @@ CURVES: list[Curve] = [
           "h100_x8", "Qwen/Qwen3-8B", "eagle3", 2.92, "the same blog text (tree k=21)", 94, 165,
           {1: 1.848, 16: 1.336, 64: 0.584, 128: 0.557}, topk=4, verify=22,
           lengths_source="as the chain curve"),
+    # Qwen3.5-27B is planned with the registry's Qwen3.6-27B facts: the same config.json text stack (registry ALIASES)
     Curve("Qwen3.5-27B (hybrid), DFlash block 16, Math500, SGLang, 1x B200", ZLAB.format("Qwen3.5-27B-DFlash"),
           "sglang", "b200_nvl8", "Qwen/Qwen3.6-27B", "dflash", 7.93, "the card's tau (Math500, block 16)", 128, 4096,
           {1: 397 / 84, 8: 2270 / 625, 16: 3135 / 1121, 32: 3712 / 1949}, verify=16,
