@@ -93,7 +93,9 @@ def deploy_lines(deploy: Deployment | None) -> list[str]:
         return []
     cells = " · ".join(f"{r.speedup:.2f}x @{r.concurrency}" for r in deploy.rows)
     return [f"serving the drafter on {deploy.profile} at expected tau {deploy.tau:.2f} (block "
-            f"{deploy.block_size}): {cells} (requests in flight per server; --explain: deploy.speedup)"]
+            f"{deploy.block_size}): {cells} (requests in flight per server; --explain: deploy.speedup)",
+            f"  the drafter {deploy.crossover}",
+            *(f"  {s.engine}: {s.text}" for s in deploy.switch_off)]
 
 
 def _short(value: Any) -> str:

@@ -203,6 +203,17 @@ def prefill_of(facts: TargetFacts, dev: Device, tp: int, dtype: str, prompt: flo
     return replace(base, mixer_s=rest * scale, mixer_rest_s=rest)
 
 
+def scan_seconds(facts: TargetFacts, dev: Device, tp: int, tokens: float) -> float:
+    """The linear-attention layers' mixer term (module doc) over `tokens` tokens: what a speculative verify's
+    tokens beyond one per sequence cost in the scan, the short convolution and the gating, which a decode step's
+    engine share (measured at one token per sequence) does not hold (speculative.py); 0 for attention-only
+    targets (attention's rest was measured at 8,192 tokens of context, not a verify's)."""
+    if not facts.num_linear_layers or tokens <= 0:
+        return 0.0
+    rest = facts.num_linear_layers * rest_per_token(facts, LINEAR) * tokens
+    return rest * mixer_factor().value * SOURCE_DEVICE.bandwidth_bps / (dev.bandwidth_bps * tp)
+
+
 def prefill(recipe: ResolvedRecipe, dev: Device, prompt: float, dtype: str, row: EngineRow,
             draft: DraftPass = DraftPass(), fixed_s: float = 0.0) -> Prefill:
     """The resolved recipe's prefill of a `prompt`-token prompt on the engine of `row` (module doc)."""

@@ -5,10 +5,13 @@ sequence (the target's MTP head: num_steps forwards of one token; a DFlash draft
 block), then one target forward verifying `verify_tokens` tokens per sequence. Per replica of batch b:
   verify  = the target step (decode.py) over verify_tokens tokens per sequence; with linear-attention
             layers each sequence's state is read once and written per verified token (SGLang keeps one
-            state per draft token to roll back to) and once more when the accepted one is kept
-  draft   = forwards x (roofline of the draft's weights (16-bit) + LM head + b x its KV at the context,
-            and its FLOPs, routed experts aside) + the engine overhead at the same decode share as the
-            target's; an MoE MTP layer's routed experts are `moe.moe_layer` at the batch's draft tokens
+            state per draft token to roll back to) and once more when the accepted one is kept, and on SGLang's
+            GPUs their scan runs over the verified tokens beyond one per sequence at the prefill's measured rate
+            (prefill.py `scan_seconds`)
+  draft   = forwards x (the draft's weight GEMMs (16-bit weights + LM head read once, its FLOPs at the GEMM
+            efficiency of b x tokens rows) + its attention over b x its KV at the context, each at its own
+            roofline, routed experts aside) + the engine overhead at the same decode share as the target's; an
+            MoE MTP layer's routed experts are `moe.moe_layer` at the batch's draft tokens
   DFlash2   the DFlash forward plus, per block token, each layer's two convolutions (resolve.flops,
             `dflash2_layer_flops_per_token`) and, per drafted position, the path selector as vLLM
             serves it (PR #52816, `qwen3_dflash2.py` `_score_edges`: the whole k x k lattice of
@@ -26,15 +29,16 @@ Speculation pays at a batch when the first is larger; the plan says which at its
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from dflashx.plan.estimates.decode import (
-    Step, allreduce_seconds, head_bytes, moe_forward, overhead_seconds, roofline, sixteen_bit, target_step,
+    Roofline, Step, allreduce_seconds, gemm, gemm_efficiency, head_bytes, moe_forward, overhead_seconds, part,
+    sixteen_bit, target_step,
 )
 from dflashx.plan.estimates.device import Device
 from dflashx.plan.estimates.engine import EngineRow
-from dflashx.plan.estimates.prefill import DraftPass, Prefill, mtp_prompt_pass, prefill
+from dflashx.plan.estimates.prefill import DraftPass, Prefill, mtp_prompt_pass, prefill, scan_seconds
 from dflashx.plan.estimates.serving import Batch, SpecMemory, drafter_on, mtp_on
 from dflashx.resolve.flops import DrafterDims, dflash2_layer_flops_per_token
 from dflashx.resolve.model import ResolvedRecipe
@@ -46,8 +50,8 @@ from dflashx.resolve.speculative import accepted_length
 # MTP head; for a DFlash drafter the embedding with its norm and the LM head of the block forward, plus the
 # context projection of the accepted features (`fc` and k/v, `DFlashDrafter.extend_context`, its own pass).
 # DFlash2: the same three, plus the selector (`Drafter.extra_calls`: the in-process walk scores one drafted
-# position per call, `dflash.dflash2.PathSelector.walk`).
-DRAFT_EXTRA_CALLS = {"mtp": 1, "dflash": 3, "dflash2": 3}
+# position per call, `dflash.dflash2.PathSelector.walk`). EAGLE / EAGLE-3 (`drafters.py`): `fc` and the LM head.
+DRAFT_EXTRA_CALLS = {"mtp": 1, "dflash": 3, "dflash2": 3, "eagle": 2, "eagle3": 2}
 
 
 @dataclass(frozen=True)
@@ -154,19 +158,23 @@ def generation_draft(recipe: ResolvedRecipe) -> GenerationDraft | None:
 
 
 def draft_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, d: Drafter) -> Step:
-    """One draft forward for the batch, in 16 bits, with the engine overhead of its decode share."""
+    """One draft forward for the batch, in 16 bits, as two kinds of kernel (decode.py): its weight GEMMs (weights
+    and table rows read, FLOPs at the GEMM efficiency of its tokens) and its attention over its own KV; with the
+    engine overhead of its decode share."""
     batch = max(b.value, 1)
     context = min(b.mean_context, d.context_cap) if d.context_cap else b.mean_context
-    step_bytes = (d.weight_bytes + batch * d.kv_bytes_per_context * context
-                  + min(batch * d.row_bytes, d.table_bytes))
-    flops = batch * (d.tokens * (d.flops_per_token + d.attention_flops_per_context * context)
-                     + d.cycle_flops / d.forwards)
     dtype = sixteen_bit(recipe.stages.generate.serving.weight_dtype)
-    r = roofline(recipe, dev, step_bytes, flops, dtype)
+    rows = batch * d.tokens
+    weights = part(recipe, dev, "weights", d.weight_bytes + min(batch * d.row_bytes, d.table_bytes),
+                   batch * (d.tokens * d.flops_per_token + d.cycle_flops / d.forwards), dtype,
+                   gemm_efficiency(recipe, rows))
+    attention = part(recipe, dev, "attention", batch * d.kv_bytes_per_context * context,
+                     rows * d.attention_flops_per_context * context, dtype)
+    r = Roofline((weights, attention), dev.peak_flops(dtype), gemm(recipe, dtype), gemm_efficiency(recipe, rows))
     share = d.layers / recipe.target.facts.num_layers
-    moe = moe_forward(recipe, dev, row, batch * d.tokens, dtype, graphed=True) if d.moe_layers else None
+    moe = moe_forward(recipe, dev, row, rows, dtype, graphed=True) if d.moe_layers else None
     return Step(r, overhead_seconds(r, row, d.layers + DRAFT_EXTRA_CALLS[d.method] + d.extra_calls),
-                allreduce_seconds(recipe, batch * d.tokens) * share, moe, d.moe_layers)
+                allreduce_seconds(recipe, rows) * share, moe, d.moe_layers)
 
 
 @dataclass(frozen=True)
@@ -203,6 +211,10 @@ def replica_rate(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, 
         return Rate(out / (out * step.seconds / batch + pre), step.seconds, 1.0, first, reduce)
     passes = 2.0 + drafter.verify_tokens if recipe.target.facts.recurrent_state_bytes else 2.0
     verify = target_step(recipe, dev, b, row, drafter.verify_tokens, passes)
+    if row.engine == "sglang" and recipe.hardware.gpu is not None:  # the prefill's mixer term applies (prefill.py)
+        extra = batch * (drafter.verify_tokens - 1)
+        verify = replace(verify, mixer_s=scan_seconds(recipe.target.facts, dev, recipe.stages.generate.serving.tp,
+                                                      extra))
     draft = draft_step(recipe, dev, b, row, drafter)
     cycle = verify.seconds + drafter.forwards * draft.seconds
     tau = accepted_length(acceptance, drafter.drafts)
