@@ -162,7 +162,7 @@ def test_the_tutorial_runs_top_to_bottom(tmp_path: Path) -> None:
 
     # step 4-5: the seeds' plan and the B200 node
     plan = _output_of(outputs, r"^dflashx plan recipes/qwen36_27b\.yaml$")
-    assert "train_truncation" in plan and "(acknowledged in the recipe)" in plan and "9.3 d" in plan, plan
+    assert "train_truncation" in plan and "(acknowledged in the recipe)" in plan and "9.6 d" in plan, plan
     assert "0 error(s)" in plan
     assert "error [train_truncation]" in _output_of(outputs, r"acknowledge=\[\]")
     assert "offline_over_budget" in _output_of(outputs, r"train\.mode=offline")
