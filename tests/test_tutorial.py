@@ -167,7 +167,7 @@ def test_the_tutorial_runs_top_to_bottom(tmp_path: Path) -> None:
     assert "error [train_truncation]" in _output_of(outputs, r"acknowledge=\[\]")
     assert "offline_over_budget" in _output_of(outputs, r"train\.mode=offline")
     b200 = _output_of(outputs, r"^dflashx plan recipes/qwen36_27b\.yaml hardware=b200_nvl8$")
-    assert "b200_nvl8" in b200 and "10.2 h" in b200 and "--dp-size 8" in b200, b200
+    assert "b200_nvl8" in b200 and "10.9 h" in b200 and "--dp-size 8" in b200, b200
 
     # step 6: the comparison names both runs and the one key that differs
     compare = _output_of(outputs, r"^dflashx compare runs/tutorial-a runs/tutorial-b")
