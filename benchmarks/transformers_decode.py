@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -64,10 +65,7 @@ def main() -> None:
         model = target(layers)
         step[layers] = (generate_seconds(model, LONG) - generate_seconds(model, SHORT)) / (LONG - SHORT)
         print(f"{layers} layers: {step[layers] * 1e3:.2f} ms per step of {BATCH} sequences", flush=True)
-    n = len(LAYERS)
-    mx, my = sum(LAYERS) / n, sum(step.values()) / n
-    slope = sum((x - mx) * (step[x] - my) for x in LAYERS) / sum((x - mx) ** 2 for x in LAYERS)
-    intercept = my - slope * mx
+    slope, intercept = statistics.linear_regression(list(step), list(step.values()))
     print(f"per layer call: {slope * 1e3:.3f} ms, intercept {intercept * 1e3:.3f} ms")
     result = {"step_s": {str(k): v for k, v in step.items()}, "per_layer_call_s": slope, "intercept_s": intercept,
               "batch": BATCH, "prompt_tokens": PROMPT, "new_tokens": [SHORT, LONG], "repeats": REPEATS, "threads": 1,

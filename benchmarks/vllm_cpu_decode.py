@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -89,10 +90,7 @@ def main() -> None:
             folder = save_target(layers, Path(tmp) / f"target-{layers}")
             step[layers] = step_seconds(folder, Path(tmp) / f"logs-{layers}")
             print(f"{layers} layers: {step[layers] * 1e3:.2f} ms per step of {BATCH} sequences", flush=True)
-    n = len(LAYERS)
-    mx, my = sum(LAYERS) / n, sum(step.values()) / n
-    slope = sum((x - mx) * (step[x] - my) for x in LAYERS) / sum((x - mx) ** 2 for x in LAYERS)
-    intercept = my - slope * mx
+    slope, intercept = statistics.linear_regression(list(step), list(step.values()))
     print(f"per layer call: {slope * 1e3:.3f} ms, intercept {intercept * 1e3:.3f} ms")
     result = {"step_s": {str(k): v for k, v in step.items()}, "per_layer_call_s": slope, "intercept_s": intercept,
               "batch": BATCH, "prompt_tokens": PROMPT, "new_tokens": [SHORT, LONG], "repeats": REPEATS,
