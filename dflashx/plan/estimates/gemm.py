@@ -9,8 +9,7 @@ measurement is in (benchmarks/results/dense_gemm.json), every row count gets the
 
 from __future__ import annotations
 
-import itertools
-import math
+from dflashx.plan.estimates.interpolate import log_interpolate
 
 # (rows, efficiency against the dense 8,192^3 bf16 GEMM of the same run): not measured yet (module doc)
 DENSE_EFFICIENCY: tuple[tuple[float, float], ...] = ((1, 1.0), (8192, 1.0))
@@ -18,10 +17,4 @@ DENSE_EFFICIENCY: tuple[tuple[float, float], ...] = ((1, 1.0), (8192, 1.0))
 
 def dense_efficiency(rows: float) -> float:
     """DENSE_EFFICIENCY interpolated in log(rows), held at its ends."""
-    points = DENSE_EFFICIENCY
-    if rows <= points[0][0]:
-        return points[0][1]
-    for (r0, e0), (r1, e1) in itertools.pairwise(points):
-        if rows <= r1:
-            return e0 + (e1 - e0) * math.log(rows / r0) / math.log(r1 / r0)
-    return points[-1][1]
+    return log_interpolate(DENSE_EFFICIENCY, rows)

@@ -34,14 +34,13 @@ rows carry their own per-call latency).
 
 from __future__ import annotations
 
-import itertools
-import math
 from dataclasses import dataclass
 
 from dflashx.plan.estimates.device import Device
 from dflashx.plan.estimates.engine import COPY_BANDWIDTH, Measured, gemm_share
 from dflashx.resolve.serving import expert_elem_bytes
 from dflashx.targets.registry import TargetFacts
+from dflashx.plan.estimates.interpolate import log_interpolate
 
 _JSON = "benchmarks/results/moe_layer.json (python -m benchmarks.moe_layer; reduced by benchmarks/moe_constants.py)"
 _H200 = "1x NVIDIA H200, torch 2.11 + CUDA 13, transformers 5.17, 2026-12-06"
@@ -115,13 +114,7 @@ ROOFLINE = MoePath("roofline (no GPU)", 0, 0, 0, False, 0.0, 0.0, "no GPU: the e
 def efficiency(rows: float) -> float:
     """The grouped GEMM's efficiency at `rows` per expert: EFFICIENCY interpolated in log(rows), held at its
     ends (below 64 rows memory binds: module doc)."""
-    points = EFFICIENCY
-    if rows <= points[0][0]:
-        return points[0][1]
-    for (r0, e0), (r1, e1) in itertools.pairwise(points):
-        if rows <= r1:
-            return e0 + (e1 - e0) * math.log(rows / r0) / math.log(r1 / r0)
-    return points[-1][1]
+    return log_interpolate(EFFICIENCY, rows)
 
 
 @dataclass(frozen=True)
