@@ -222,3 +222,41 @@ def test_sampled_acceptance_through_vllm_agrees_with_ours(engine_run, tmp_path):
 
 
 EXPECTED_FAILURE = "is out of bounds for dimension 1 with size"
+
+
+def _triton_gpu() -> bool:
+    import importlib.util
+
+    import torch
+
+    return torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
+
+
+@pytest.mark.skipif(not _triton_gpu(), reason="vLLM serves DFlash2 only on its V2 model runner, which needs Triton "
+                    "and a GPU (its CPU build refuses DFlash2: docs/export.md); ready for a GPU node with vLLM")
+def test_a_dflash2_export_is_served_by_vllm_as_our_eval_measured(tmp_path):
+    """A tiny DFlash2 run on this GPU, its export served with the README's vLLM command (the V2 model runner):
+    the output is the target's greedy output and vLLM's acceptance per position is within 0.02 of our eval's."""
+    from dflashx.export.serve import vllm_argv, vllm_env
+
+    run = tmp_path / "tiny2"
+    done = subprocess.run([sys.executable, "-m", "dflashx.cli.main", "run", "recipes/tiny.yaml", "--run-dir", str(run),
+                           "hardware=local", "drafter.architecture=dflash2", "--skip-pilot"], cwd=REPO,
+                          capture_output=True, text=True, timeout=3000)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    prompts, stops, recipe = _heldout(run)
+    config = json.loads((run / "export" / "drafter" / "config.json").read_text())
+    from dflashx.targets.locate import locate_target
+
+    located = str(locate_target(recipe.target))
+    serving = Serving.of(config, recipe.target.facts, located, str(run / "export" / "drafter"),
+                         str(run / "export" / "drafter"))
+    argv = vllm_argv(serving)
+    assert argv[:2] == ["vllm", "serve"] and vllm_env(serving) == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+    server = ServerSpec(f"http://{LOCAL_HOST}:{PORT}", 1, (*argv, "--port", str(PORT)), PORT, (0,), 0,
+                        tuple(vllm_env(serving).items()))
+    (served,) = decode_through(server, prompts, recipe.stages.eval.max_new_tokens, stops, tmp_path / "logs",
+                               LaunchArgs(sys.executable))
+    _within(served.counters.acceptance_by_position,
+            _our_eval(run)["suites"]["heldout"]["trained"]["acceptance_by_position"])
+    assert served.outputs == _target_greedy(recipe, prompts, stops, recipe.stages.eval.max_new_tokens)
