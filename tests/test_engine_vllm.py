@@ -213,9 +213,14 @@ def test_sampled_acceptance_through_vllm_agrees_with_ours(engine_run, tmp_path):
     deploy = recipe.deploy
     settings = {"temperature": deploy.temperature, "top_p": deploy.top_p, "top_k": deploy.top_k}
     seeds = [settings | {"seed": seed} for seed in range(recipe.stages.eval.sampling_seeds)]
-    taus = [served.counters.tau for served in decode_through(
-        _served(run, run / "export" / "drafter"), prompts, recipe.stages.eval.max_new_tokens, stops, tmp_path,
-        LaunchArgs(sys.executable), seeds, expect=EXPECTED_FAILURE)]
+    served = decode_through(_served(run, run / "export" / "drafter"), prompts, recipe.stages.eval.max_new_tokens,
+                            stops, tmp_path, LaunchArgs(sys.executable), seeds, expect=EXPECTED_FAILURE)
+    drafts = sum(s.counters.drafts for s in served)
+    accepted = [sum(s.counters.accepted_per_pos[i] for s in served if len(s.counters.accepted_per_pos) > i)
+                for i in range(recipe.drafter.block_size - 1)]
+    if drafts and not any(accepted[1:]):  # the fault's other face: garbage settings that accept nothing past 1
+        raise EngineFailed(f"no draft accepted past position 1 over {drafts:.0f} drafts: {accepted}")
+    taus = [s.counters.tau for s in served]
     ours = _our_eval(run)["suites"]["heldout"]["trained"]["sampled"]
     se = (statistics.stdev(taus) ** 2 / len(taus) + ours["tau_se"] ** 2) ** 0.5
     assert abs(statistics.mean(taus) - ours["tau"]) <= 2 * se, (taus, ours)

@@ -81,13 +81,18 @@ class EngineFailed(RuntimeError):
     engine fault, named by its log line."""
 
 
-def _failure(resp: httpx.Response, log_dir: Path, expect: str | None) -> Exception:
-    """An engine's refusal as an exception: EngineFailed when its log holds `expect`, else a RuntimeError."""
-    logs = "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("server-*.log")))
-    found = [line.strip() for line in logs.splitlines() if expect and expect in line]
-    if found:
-        return EngineFailed(f"HTTP {resp.status_code}: {found[-1]}")
-    return RuntimeError(f"the engine answered HTTP {resp.status_code}: {resp.text[:500]} (logs in {log_dir})")
+def _failure(resp: httpx.Response, log_dir: Path, expect: str | None, wait_s: float = 10.0) -> Exception:
+    """An engine's refusal as an exception: EngineFailed when its log holds `expect` (the worker may still be
+    writing its traceback: read for up to `wait_s`), else a RuntimeError."""
+    deadline = time.monotonic() + (wait_s if expect else 0.0)
+    while True:
+        logs = "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("server-*.log")))
+        found = [line.strip() for line in logs.splitlines() if expect and expect in line]
+        if found:
+            return EngineFailed(f"HTTP {resp.status_code}: {found[-1]}")
+        if time.monotonic() >= deadline:
+            return RuntimeError(f"the engine answered HTTP {resp.status_code}: {resp.text[:500]} (logs in {log_dir})")
+        time.sleep(0.5)
 
 
 def decode_through(server: ServerSpec, prompts: Sequence[Sequence[int]], max_tokens: int, stops: Sequence[int],
