@@ -38,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -51,18 +52,12 @@ sys.path.insert(0, str(_HERE.parent))
 
 from benchmarks.shapes import SHAPES, shape_of
 from benchmarks.step_parts import NaiveStep, sync, build_target, matmul_peak, random_batch, timed
-from dflashx.config.load import load_profile
-from dflashx.config.tree import merge
-from dflashx.config.schema import Recipe
 from dflashx.dflash.distributed import setup_distributed
 from dflashx.dflash.fp8 import target_to_fp8
 from dflashx.dflash.job import TrainJob
 from dflashx.dflash.metrics import step_flops
 from dflashx.dflash.step import TrainStep
 from dflashx.dflash.trainer import build_drafter
-from dflashx.resolve import resolve
-from dflashx.resolve.formulas import spread_layer_ids
-from dflashx.targets.read_config import facts_from_config
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_step.json"
 # trainer rows: (name, recipe overrides); `target.precision: fp8` converts the target in place: last.
@@ -85,9 +80,25 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+def code_of(package: str) -> SimpleNamespace:
+    """What a trainer row calls, from `package`: `dflashx`, or an older checkout imported under another
+    name (`benchmarks/train_step_vs.py`)."""
+    mod = importlib.import_module
+    return SimpleNamespace(
+        load_profile=mod(f"{package}.config.load").load_profile, merge=mod(f"{package}.config.tree").merge,
+        Recipe=mod(f"{package}.config.schema").Recipe, resolve=mod(f"{package}.resolve").resolve,
+        spread_layer_ids=mod(f"{package}.resolve.formulas").spread_layer_ids,
+        facts_from_config=mod(f"{package}.targets.read_config").facts_from_config,
+        TrainJob=mod(f"{package}.dflash.job").TrainJob, build_drafter=mod(f"{package}.dflash.trainer").build_drafter,
+        TrainStep=mod(f"{package}.dflash.step").TrainStep)
+
+
 def make_job(name: str, shape: dict[str, Any], target: nn.Module, args, overrides: dict[str, Any],
-             stage_dir: str) -> TrainJob:
-    """The TrainJob the train stage would build for this shape and variant (resolved recipe)."""
+             stage_dir: str, code: SimpleNamespace | None = None) -> TrainJob:
+    """The TrainJob the train stage of `code` (default: this checkout's) would build for this shape and
+    variant (resolved recipe)."""
+    code = code or code_of("dflashx")
+    load_profile, merge, spread_layer_ids = code.load_profile, code.merge, code.spread_layer_ids
     hardware = load_profile("h200_x1").model_dump() if torch.cuda.is_available() else {"name": "cpu", "cpu_tflops": 0.1}
     recipe = merge({
         "name": name, "dataset": {"sources": [{"name": "random", "path": "unused.jsonl"}]},
@@ -97,8 +108,8 @@ def make_job(name: str, shape: dict[str, Any], target: nn.Module, args, override
                     "target_layer_ids": spread_layer_ids(args.target_layers, 5)},
         "stages": {"train": {"zero_stage": 2, "anchors_per_seq": args.anchors, "max_length": args.seq,
                              }}}, overrides)
-    resolved = resolve(Recipe.model_validate(recipe), facts_from_config(target.config.to_dict(), name=name))
-    return TrainJob.of(resolved, stage_dir, "-", "-", "-")
+    resolved = code.resolve(code.Recipe.model_validate(recipe), code.facts_from_config(target.config.to_dict(), name=name))
+    return code.TrainJob.of(resolved, stage_dir, "-", "-", "-")
 
 
 def _free() -> None:
