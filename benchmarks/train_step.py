@@ -108,7 +108,8 @@ def make_job(name: str, shape: dict[str, Any], target: nn.Module, args, override
                     "target_layer_ids": spread_layer_ids(args.target_layers, 5)},
         "stages": {"train": {"zero_stage": 2, "anchors_per_seq": args.anchors, "max_length": args.seq,
                              }}}, overrides)
-    resolved = code.resolve(code.Recipe.model_validate(recipe), code.facts_from_config(target.config.to_dict(), name=name))
+    facts = code.facts_from_config(target.config.to_dict(), name=name)
+    resolved = code.resolve(code.Recipe.model_validate(recipe), facts)
     return code.TrainJob.of(resolved, stage_dir, "-", "-", "-")
 
 

@@ -69,7 +69,7 @@ def one_repeat(code, label: str, variant: str, shape_name: str, target, batch, a
             t0 = time.perf_counter()
             first, seconds = timed(lambda: trainer.step(batch, 0), args.warmup, args.iters)
             trainer.engine.destroy()
-            del trainer, drafter
+            trainer = drafter = None  # frees the engine before the next trainer builds one
     finally:
         if arch_list is not None:
             os.environ.pop("TORCH_CUDA_ARCH_LIST", None) if saved is None else os.environ.update(
