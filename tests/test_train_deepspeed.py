@@ -157,8 +157,8 @@ def test_speed_switches_run_on_cpu_and_say_what_ran(paths, tmp_path):
     last = run_training(_job(paths, tmp_path, max_steps=24, log_every=8, compile=True, loss_kernel="liger",
                              drafter={"precision": "fp8"}), log=_collect(logs))
     ran = json.loads((tmp_path / "logs" / "kernels.json").read_text())
-    assert ran == last["kernels"] == {"compile": True, "fp8_linears": 7 + 1, "loss_kernel": "torch",
-                                      "linear_attention": None, "target_sharding": "none"}
+    assert ran == last["kernels"] == {"compile": True, "attention": "sdpa", "fp8_linears": 7 + 1,
+                                      "loss_kernel": "torch", "linear_attention": None, "target_sharding": "none"}
     assert logs[24]["loss"] < logs[8]["loss"]
     exported = load_drafter(tmp_path / "checkpoint").state_dict()  # float8 linears export the plain layout
     assert "layers.0.self_attn.q_proj.weight" in exported and not any("float8" in k for k in exported)

@@ -7,7 +7,9 @@ continuation of a prompt, a drafter overfitted on a few such samples, and the τ
   training objective (`dflashx.dflash.step.TrainModule`: the drafter, the DFlash loss, DFlash2's
   selector loss) on every anchor of every sample (`valid_anchor_positions`), the target's features
   captured once (`FeatureCapture`, as the train stage captures them). Plain torch, not the DeepSpeed
-  engine: the gate checks what is exported and decoded, the pilot's training measures the engine.
+  engine: the gate checks what is exported and decoded, the pilot's training measures the engine. Eager
+  attention with the dense mask (SDPA) on every device: two short samples, and compiling flex attention
+  for them would cost the gate more than its whole overfit.
 - `decode_tau(target, drafter, samples, stop_ids)`: greedy speculative decoding of each sample's
   prompt (`SpecDecoder`, the eval stage's loop) for as many tokens as the target produced; the mean τ.
 
@@ -75,7 +77,7 @@ def overfit(drafter: DFlashDrafter, target: PreTrainedModel, samples: Sequence[S
         with torch.no_grad():
             block_embeds = embed(blocks.block_ids)
         batches.append((block_embeds, features, blocks, torch.arange(ids.shape[1], device=device)[None],
-                        DraftMask(blocks.anchors, ids.shape[1], cfg.block_size)))
+                        DraftMask(blocks.anchors, ids.shape[1], cfg.block_size, backend="sdpa")))
     scale = selector_weight if drafter.candidate_selector is not None else 0.0
     optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     drafter.train()

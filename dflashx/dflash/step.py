@@ -137,8 +137,11 @@ class TrainStep:
         if train.compile:
             compile_layers(drafter)
         self.buckets = (CONTEXT_BUCKET, BLOCK_BUCKET) if train.compile else (1, 1)
-        self.kernels: dict[str, Any] = {"compile": train.compile, "fp8_linears": fp8, "loss_kernel": loss_kernel,
-                                        "linear_attention": linear_attention_kernel(target),
+        # flex attention pays only compiled (uncompiled it materialises the scores, as SDPA's dense mask does):
+        # an eager step has no compile to wait for, the mask's dense form instead
+        self.attention = "flex" if train.compile and device.type == "cuda" else "sdpa"
+        self.kernels: dict[str, Any] = {"compile": train.compile, "attention": self.attention, "fp8_linears": fp8,
+                                        "loss_kernel": loss_kernel, "linear_attention": linear_attention_kernel(target),
                                         "target_sharding": "zero3" if is_sharded(target) else "none"}
         self.engine = make_engine(train, TrainModule(drafter, LM_HEAD_CHUNK, loss_kernel, train.loss,
                                                      train.dpace_alpha), drafter, total_steps)
@@ -179,7 +182,7 @@ class TrainStep:
         if width > features.shape[1]:  # padded context keys are never visible (p < anchor)
             features = F.pad(features, (0, 0, 0, width - features.shape[1]))
         positions = torch.arange(width, device=self.device).expand(len(lengths), -1)
-        mask = DraftMask(blocks.anchors, width, self.cfg.block_size)
+        mask = DraftMask(blocks.anchors, width, self.cfg.block_size, backend=self.attention)
         scale = self.selector_scale()
         total, out, sel = self.engine(self.embed(blocks.block_ids), features, blocks, positions, mask,
                                       self.lm_head_w, scale, self.job.train.selector_gold_missing)

@@ -77,7 +77,10 @@ class TauProbe:
 
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         training = self.drafter.training
-        with torch.random.fork_rng(devices=devices):
+        # eager: a compiled drafter's layers would recompile for decoding's shapes and grad mode (on an H100 the
+        # tiny recipe's first probe took 19 s compiling, the next ones 0.2-0.3 s each), and decoding is the
+        # eval stage's eager loop anyway
+        with torch.random.fork_rng(devices=devices), torch.compiler.set_stance("force_eager"):
             decoder = BatchDecoder(cast("PreTrainedModel", self.target), self.drafter)  # a loaded HF target (no shard)
             results = decoder.generate(self.heldout.prompts, self.job.train.tau_max_new_tokens, 0.0,
                                        self.heldout.stop_ids)
