@@ -106,8 +106,10 @@ def make_job(name: str, shape: dict[str, Any], target: nn.Module, args, override
         "drafter": {"num_layers": args.drafter_layers, "block_size": args.block,
                     "mask_token_id": shape["mask_token_id"],
                     "target_layer_ids": spread_layer_ids(args.target_layers, 5)},
+        # `compile: true`: a real run's steps pay for the compile (`auto` compiles when they do,
+        # dflashx.resolve.compile_rule), a benchmark's few never would
         "stages": {"train": {"zero_stage": 2, "anchors_per_seq": args.anchors, "max_length": args.seq,
-                             }}}, overrides)
+                             "compile": True}}}, overrides)
     facts = code.facts_from_config(target.config.to_dict(), name=name)
     resolved = code.resolve(code.Recipe.model_validate(recipe), facts)
     return code.TrainJob.of(resolved, stage_dir, "-", "-", "-")

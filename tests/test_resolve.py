@@ -124,19 +124,19 @@ def test_fp16_target_trains_the_drafter_in_bf16_as_the_plan_shows():
 
 
 def test_speed_switches_resolve_once_by_the_hardware():
-    """`auto` compiles and takes liger on a GPU profile, neither on CPU; explicit values pass through;
+    """`auto` compiles when it pays and takes liger on a GPU profile, neither on CPU; explicit values pass through;
     bf16 master weights reach the DeepSpeed config only where training runs in bf16."""
     gpu = resolve(seeds_recipe("h200_x1", stages__train__loss="decay_ce"), lookup("Qwen/Qwen3.6-27B"))
     cpu = resolve(tiny_recipe(), lookup("builtin:tiny-qwen3"))
-    assert (gpu.stages.train.compile, gpu.stages.train.loss_kernel) == (True, "liger")
-    assert (cpu.stages.train.compile, cpu.stages.train.loss_kernel) == (False, "torch")
+    assert (gpu.stages.train.compile, gpu.stages.train.loss_kernel) == ("when_it_pays", "liger")
+    assert (cpu.stages.train.compile, cpu.stages.train.loss_kernel) == ("off", "torch")
     assert gpu.drafter.precision == "bf16" and gpu.stages.train.master_weights == "fp32"
     assert gpu.stages.train.deepspeed_config["bf16"] == {"enabled": True}
     chosen = resolve(seeds_recipe("h200_x1", stages__train__compile=False, stages__train__loss_kernel="torch",
                                   stages__train__master_weights="bf16", stages__train__zero_stage=2,
                                   drafter__precision="fp8"), lookup("Qwen/Qwen3.6-27B"))
     train = chosen.stages.train
-    assert (train.compile, train.loss_kernel, chosen.drafter.precision) == (False, "torch", "fp8")
+    assert (train.compile, train.loss_kernel, chosen.drafter.precision) == ("off", "torch", "fp8")
     assert chosen.stages.train.deepspeed_config["bf16"] == {
         "enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
     cpu_bf16_master = resolve(tiny_recipe(stages__train__master_weights="bf16"), lookup("builtin:tiny-qwen3"))

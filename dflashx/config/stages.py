@@ -266,8 +266,9 @@ class TrainStage(StageBase):
     seed: int = Field(0, description="Random seed.", json_schema_extra=OUTPUT | UNCALIBRATED)
     compile: bool | Literal["auto"] = Field(
         "auto",
-        description="torch.compile the drafter's layers (fuses norms, RoPE, SwiGLU and FP8 casts); `auto`: on GPUs "
-                    "only. Context lengths and block counts are padded to buckets so lengths do not recompile.",
+        description="torch.compile the drafter's layers (fuses norms, RoPE, SwiGLU and FP8 casts); `auto`: on a GPU, "
+                    "when the steps left pay for a cold compile (measured on the first eager steps; never on a CPU). "
+                    "Context lengths and block counts are padded to buckets so lengths do not recompile.",
         json_schema_extra=OPERATIONAL | UNCALIBRATED,
     )
     loss_kernel: Literal["auto", "liger", "torch"] = Field(

@@ -15,8 +15,9 @@ AdamW, or Muon per matrix shape) are the resolved recipe's too.
 
 The switches are the resolved recipe's, read as they are: `drafter.precision: fp8` (torchao float8
 linears), `stages.train.compile` (compiled drafter layers; context widths and block counts padded
-to buckets), `stages.train.loss_kernel` (liger or torch; liger falls back to torch where liger-kernel
-or CUDA is missing), and the DeepSpeed config. With `compile` off nothing is compiled, DeepSpeed's
+to buckets; `when_it_pays`: the trainer measures the first eager steps and calls `compile_if_it_pays`),
+`stages.train.loss_kernel` (liger or torch; liger falls back to torch where liger-kernel
+or CUDA is missing), and the DeepSpeed config. Until it compiles nothing is compiled, DeepSpeed's
 Muon Newton-Schulz kernels included (their first inductor compile costs minutes on a CPU).
 
 Public API: `make_engine(train, module, drafter, total_steps)` (the engine, as the trainer builds it;
@@ -46,6 +47,7 @@ from dflashx.dflash.metrics import step_flops
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.dflash.selector_loss import SelectorOutput, selector_loss, selector_ramp, teacher_predecessors
 from dflashx.dflash.target_shard import frozen_io, is_sharded
+from dflashx.resolve.compile_rule import compile_pays
 from dflashx.resolve.model import ResolvedTrainStage
 
 LM_HEAD_CHUNK = 4096  # supervised tokens per chunk of the torch fused LM-head cross-entropy
@@ -134,19 +136,39 @@ class TrainStep:
             log.warning("stages.train.loss_kernel is liger but liger-kernel or CUDA is missing: torch fused loss")
             loss_kernel = "torch"
         fp8 = to_float8_training(drafter) if job.drafter.precision == "fp8" else 0
-        if train.compile:
-            compile_layers(drafter)
-        self.buckets = (CONTEXT_BUCKET, BLOCK_BUCKET) if train.compile else (1, 1)
-        # flex attention pays only compiled (uncompiled it materialises the scores, as SDPA's dense mask does):
-        # an eager step has no compile to wait for, the mask's dense form instead
-        self.attention = "flex" if train.compile and device.type == "cuda" else "sdpa"
-        self.kernels: dict[str, Any] = {"compile": train.compile, "attention": self.attention, "fp8_linears": fp8,
+        self.drafter, self.compiled = drafter, False
+        self.buckets, self.attention = (1, 1), "sdpa"
+        self.kernels: dict[str, Any] = {"compile": False, "attention": "sdpa", "fp8_linears": fp8,
                                         "loss_kernel": loss_kernel, "linear_attention": linear_attention_kernel(target),
                                         "target_sharding": "zero3" if is_sharded(target) else "none"}
+        if train.compile == "on":
+            self.compile()
         self.engine = make_engine(train, TrainModule(drafter, LM_HEAD_CHUNK, loss_kernel, train.loss,
                                                      train.dpace_alpha), drafter, total_steps)
         drafter.restore_rope()
         self.features_of: Callable[[dict[str, torch.Tensor]], torch.Tensor] = self.online_features
+
+    def compile(self) -> None:
+        """Compile the drafter's layers in place (before or after the engine is built: same parameters), pad
+        lengths to buckets, and attend through compiled flex attention on CUDA. Flex attention pays only
+        compiled (uncompiled it materialises the scores, as SDPA's dense mask does), so an eager step uses
+        the dense mask and compiles nothing."""
+        compile_layers(self.drafter)
+        self.compiled, self.buckets = True, (CONTEXT_BUCKET, BLOCK_BUCKET)
+        self.attention = "flex" if self.device.type == "cuda" else "sdpa"
+        self.kernels |= {"compile": True, "attention": self.attention}
+
+    def compile_if_it_pays(self, eager_step_seconds: float, remaining_steps: int) -> bool:
+        """`compile: when_it_pays`: compile now if the steps left pay for it (`resolve.compile_rule`);
+        True when it compiled."""
+        if self.job.train.compile != "when_it_pays" or self.compiled:
+            return False
+        pays = compile_pays(eager_step_seconds, remaining_steps)
+        self.kernels["compile_rule"] = {"eager_step_s": eager_step_seconds, "remaining_steps": remaining_steps,
+                                        "pays": pays}
+        if pays:
+            self.compile()
+        return pays
 
     def online_features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The target's tapped features [b, L, k*H] of the batch (forward stopped after the deepest layer)."""
@@ -187,7 +209,7 @@ class TrainStep:
         total, out, sel = self.engine(self.embed(blocks.block_ids), features, blocks, positions, mask,
                                       self.lm_head_w, scale, self.job.train.selector_gold_missing)
         self.engine.backward(total)
-        with torch._dynamo.config.patch(disable=not self.job.train.compile):  # DeepSpeed's Muon kernels too
+        with torch._dynamo.config.patch(disable=not self.compiled):  # DeepSpeed's Muon kernels too
             self.engine.step()
         flops = step_flops(self.job.target.facts, self.cfg, lengths, blocks, labels,
                            int(batch["loss_mask"][:, 1:].sum()))

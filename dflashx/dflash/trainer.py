@@ -32,6 +32,7 @@ import argparse
 import json
 import logging
 import random
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,6 +51,7 @@ from dflashx.dflash.step import TrainStep
 from dflashx.dflash.target_shard import shard_target
 from dflashx.dflash.tau_probe import TauProbe
 from dflashx.dflash.window import Window
+from dflashx.resolve.compile_rule import DECIDE_AFTER_STEPS, WARMUP_STEPS
 from dflashx.resolve.formulas import optimizer_steps, steps_per_epoch
 from dflashx.store.atomic import atomic_write_text
 from dflashx.targets.load import model_from, tokenizer_from
@@ -142,6 +144,28 @@ def _offline_features(job: TrainJob, capture: FeatureCapture, ds: Any, rank: int
     return lambda batch: store.batch(batch["index"].tolist(), batch["input_ids"].shape[1]).to(device)
 
 
+class EagerClock:
+    """Times this process's first eager optimizer steps for `compile: when_it_pays`: `tick(step)` after each
+    step returns, once, the mean seconds of the steps after `WARMUP_STEPS` up to `DECIDE_AFTER_STEPS` (counted
+    from where this process started, so a resumed run decides again on its own steps)."""
+
+    def __init__(self, first_step: int):
+        self.first, self.start, self.done = first_step, 0.0, False
+
+    def tick(self, step: int) -> float | None:
+        n = step - self.first
+        if self.done or n not in (WARMUP_STEPS, DECIDE_AFTER_STEPS):
+            return None
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        if n == WARMUP_STEPS:
+            self.start = now
+            return None
+        self.done = True
+        return (now - self.start) / (DECIDE_AFTER_STEPS - WARMUP_STEPS)
+
+
 def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     """Train one process's part of the job; rank 0 exports the drafter and returns the metrics."""
     rank, world, local = setup_distributed()
@@ -161,8 +185,12 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     total = optimizer_steps(per_epoch, train.epochs, train.max_steps)
     trainer = TrainStep(job, target, drafter, total, device)
     engine = trainer.engine
-    if rank == 0:
-        atomic_write_text(stage / "logs" / "kernels.json", json.dumps(trainer.kernels, indent=2) + "\n")
+
+    def write_kernels() -> None:
+        if rank == 0:
+            atomic_write_text(stage / "logs" / "kernels.json", json.dumps(trainer.kernels, indent=2) + "\n")
+
+    write_kernels()
 
     g = 0  # micro batches consumed (per rank)
     resumed = ckpt.load_training_state(engine, stage / "checkpoints", rank)
@@ -179,6 +207,7 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     probe = TauProbe.of(job, target, drafter, rank, log)
 
     epoch_micro = per_epoch * accum
+    clock = EagerClock(step)
     if train.mode == "offline":
         trainer.features_of = _offline_features(job, trainer.capture, ds, rank, world, pad_id, device)
     while step < total:
@@ -191,6 +220,10 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
             if g % accum:
                 continue
             step += 1
+            eager_s = clock.tick(step) if train.compile == "when_it_pays" else None
+            if eager_s is not None:
+                trainer.compile_if_it_pays(eager_s, total - step)
+                write_kernels()
             if step % train.log_every == 0 or step == total:
                 last = window.read(engine.get_lr()[0]) | {"step": step, "epoch": epoch, "total_steps": total}
                 if rank == 0:

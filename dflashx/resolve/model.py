@@ -78,8 +78,11 @@ class ResolvedTrainStage(TrainStage):
         json_schema_extra=OPERATIONAL)
     peak_flops: float = Field(gt=0, description="Dense peak FLOP/s of one device (MFU's denominator).",
                               json_schema_extra=OPERATIONAL)
-    compile: bool = Field(description="torch.compile the drafter's layers (`auto`: on GPUs).",
-                          json_schema_extra=OPERATIONAL)
+    # the recipe's bool | "auto", resolved into the trainer's three cases: a type of its own, narrower in meaning
+    compile: Literal["on", "off", "when_it_pays"] = Field(  # type: ignore[assignment]
+        description="torch.compile the drafter's layers: `on`/`off` as the recipe says; `when_it_pays` (`auto` on "
+                    "a GPU): after the first eager steps, if the steps left save more than a cold compile costs "
+                    "(`dflashx.resolve.compile_rule`).", json_schema_extra=OPERATIONAL)
     loss_kernel: Literal["liger", "torch"] = Field(
         description="Fused LM-head cross-entropy (`auto`: liger on GPUs for decay_ce, else torch).",
         json_schema_extra=OPERATIONAL)

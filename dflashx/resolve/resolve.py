@@ -33,6 +33,7 @@ given and reported by the plan's rules; only a value that cannot be decided at a
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from dflashx.config.fields import Precision
 from dflashx.config.problem import describe
@@ -143,7 +144,7 @@ def _train(recipe: Recipe, facts: TargetFacts, drafter: ResolvedDrafter, load_pr
         "grad_accum": accum,
         "precision": precision,
         "peak_flops": peak,
-        "compile": on_gpu if train.compile == "auto" else train.compile,
+        "compile": compile_mode(train.compile, on_gpu),
         "loss_kernel": loss_kernel(train, on_gpu),
         "muon_lr": muon_lr(train.lr, train.muon_lr) if train.optimizer == "muon" else None,
         "deepspeed_config": deepspeed_config(train, micro, accum, zero, world, bf16, on_gpu),
@@ -151,6 +152,13 @@ def _train(recipe: Recipe, facts: TargetFacts, drafter: ResolvedDrafter, load_pr
         "tau_prompts": prompts,
         "tau_max_new_tokens": new_tokens,
     })
+
+
+def compile_mode(compile: bool | Literal["auto"], on_gpu: bool) -> Literal["on", "off", "when_it_pays"]:
+    """`stages.train.compile` resolved: `auto` compiles on a GPU when it pays (decided by the train stage)."""
+    if compile == "auto":
+        return "when_it_pays" if on_gpu else "off"
+    return "on" if compile else "off"
 
 
 def load_precision(precision: Precision, on_gpu: bool) -> Precision:
