@@ -3,6 +3,7 @@
     python -m benchmarks.tiny_run                      # run recipes/tiny.yaml cold in a temporary folder
     python -m benchmarks.tiny_run --from RUN_DIR       # read a finished run of it instead
     python -m benchmarks.tiny_run --pilot              # also `dflashx pilot recipes/tiny.yaml`
+    python -m benchmarks.tiny_run --from RUN_DIR --tolerance 1.25 --out F   # a GPU run (issue 38: +-25%)
 
 Cold: a new run folder, an empty dflashx cache (`DFLASHX_CACHE`) and torch-extensions folder, as
 benchmarks/cold_start.py. Prints, per stage, the plan's seconds (the run's own plan.json: work and fixed
@@ -51,27 +52,28 @@ def dflashx(*args: str, cwd: Path) -> float:
     return time.perf_counter() - start
 
 
-def read_run(run: Path) -> dict[str, Any]:
+def read_run(run: Path, tolerance: float = TOLERANCE) -> dict[str, Any]:
     plan = json.loads((run / "plan.json").read_text())
     planned = {s["name"]: s["estimates"]["seconds"] for s in plan["stages"] if s["enabled"]}
     ends = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
     measured = {r["stage"]: r["duration_s"] for r in ends if r.get("event") == "stage_end"}
-    windows = [json.loads(line) for line in (run / "train/logs/metrics.jsonl").read_text().splitlines()]
-    mfu = [w["mfu"] for w in windows]
+    rows = [json.loads(line) for line in (run / "train/logs/metrics.jsonl").read_text().splitlines()]
+    mfu = [w["mfu"] for w in rows if "mfu" in w]  # the held-out τ rows between the training windows have none
     provenance = json.loads((run / "train/provenance.json").read_text())
     return {
         "run_dir": str(run), "commit": provenance["dflashx"]["git"],
-        "stages": {n: compare(planned[n], measured.get(n)) for n in planned},
+        "stages": {n: compare(planned[n], measured.get(n), tolerance) for n in planned},
         "train_mfu": {"windows": len(mfu), "median": statistics.median(mfu), "min": min(mfu), "max": max(mfu),
                       "reference_tflops": plan["resolved"]["stages"]["train"]["peak_flops"] / 1e12},
     }
 
 
-def compare(planned: float, measured: float | None) -> dict[str, Any]:
-    """One stage: planned and measured seconds, measured / planned, and whether that is within TOLERANCE."""
+def compare(planned: float, measured: float | None, tolerance: float = TOLERANCE) -> dict[str, Any]:
+    """One stage: planned and measured seconds, measured / planned, and whether that is within `tolerance`
+    (a ratio, e.g. 2: [1/2, 2])."""
     ratio = measured / planned if measured is not None and planned > 0 else None
     return {"planned_s": planned, "measured_s": measured, "ratio": ratio,
-            "within": ratio is not None and 1 / TOLERANCE <= ratio <= TOLERANCE}
+            "within": ratio is not None and 1 / tolerance <= ratio <= tolerance}
 
 
 def pilot(folder: Path) -> dict[str, Any]:
@@ -89,7 +91,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from", dest="run", type=Path, help="a finished run of recipes/tiny.yaml")
     parser.add_argument("--pilot", action="store_true", help="also run `dflashx pilot` on the tiny recipe")
+    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="measured / planned within [1/T, T]")
+    parser.add_argument("--out", type=Path, default=RESULT)
     args = parser.parse_args()
+    tolerance = args.tolerance
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         run = args.run
@@ -101,7 +106,7 @@ def main() -> None:
         load = os.getloadavg()[0] if wall is not None else None  # a run read --from ran at another time
         result = {"cpu_count": os.cpu_count(), "load_avg_1m_before": before, "load_avg_1m": load, "run_wall_s": wall,
                   "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                  **read_run(run.resolve())}
+                  "tolerance": tolerance, **read_run(run.resolve(), tolerance)}
         if args.pilot:
             result["pilot"] = pilot(folder)
     busy = max(x for x in (result["load_avg_1m_before"], result["load_avg_1m"], 0.0) if x is not None)
@@ -112,7 +117,7 @@ def main() -> None:
     for name, s in result["stages"].items():
         ratio = f"{s['ratio']:7.2f}" if s["ratio"] is not None else f"{'-':>7}"
         print(f"{name:10} {s['planned_s']:10.2f} {s['measured_s'] or 0:11.2f} {ratio}"
-              f"{'' if s['within'] else f'  OUTSIDE {TOLERANCE:g}x'}")
+              f"{'' if s['within'] else f'  OUTSIDE {tolerance:g}x'}")
     m = result["train_mfu"]
     print(f"train MFU over {m['windows']} windows: median {m['median']:.3f} (min {m['min']:.3f}, max {m['max']:.3f}) "
           f"of {m['reference_tflops']:g} TFLOP/s")
@@ -123,10 +128,10 @@ def main() -> None:
               f"(model {p['generation']['predicted_tokens_per_s']:.0f}, ratio {p['serving_ratio']:.3f})")
     outside = [n for n, s in result["stages"].items() if not s["within"]]
     result["all_within"] = not outside
-    atomic_write_text(RESULT, json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULT.relative_to(REPO)}")
+    atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
     if outside:
-        raise SystemExit(f"outside {TOLERANCE:g}x of the plan: {', '.join(outside)}")
+        raise SystemExit(f"outside {tolerance:g}x of the plan: {', '.join(outside)}")
 
 
 if __name__ == "__main__":
