@@ -1,0 +1,118 @@
+"""Arrows that show (issue 39): no import cycle among dflashx's modules, counting the imports made inside
+functions, which run as surely as the others (only `if TYPE_CHECKING:` blocks are left out: they never run).
+
+import-linter checks the config layer the same way (`acyclic_siblings` in pyproject.toml, run by
+tests/test_layers.py); this test reads every module itself so the whole package is covered module by module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "dflashx"
+
+# Where a cycle is still allowed, each with its reason. Empty: every cycle found is a failure.
+KNOWN_CYCLES: list[frozenset[str]] = []
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside `if TYPE_CHECKING:` blocks."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(inner) for inner in ast.walk(node))
+    return skip
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The dflashx modules `path` imports, at module level or in a function (`from pkg import mod` counts
+    the module)."""
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_only(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+    return {name for name in found if name in modules}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: imports_of(path, modules) - {name} for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[frozenset[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(frozenset(component))
+    return found
+
+
+def test_the_reader_sees_a_function_level_cycle(tmp_path: Path) -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [frozenset({"a", "b", "c"})]
+    modules = {"dflashx.config.schema": PACKAGE / "config" / "schema.py"}
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from dflashx.config import schema\n")
+    assert imports_of(probe, modules) == {"dflashx.config.schema"}
+    probe.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dflashx.config import schema\n")
+    assert imports_of(probe, modules) == set()
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    found = set(cycles(import_graph()))
+    assert found - set(KNOWN_CYCLES) == set(), "import cycles (function-level imports counted)"
+    assert set(KNOWN_CYCLES) - found == set(), "a listed cycle is gone: take it off KNOWN_CYCLES"
