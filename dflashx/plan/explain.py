@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dflashx.plan.expr import Expr
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,13 @@ class Term:
 def term(key: str, value: float, unit: str, formula: str, source: str = "", **inputs: Any) -> Term:
     """Shorthand constructor; inputs are given as keyword arguments."""
     return Term(key, value, unit, formula, inputs, source)
+
+
+def explained(key: str, expr: Expr, unit: str, source: str = "", **context: Any) -> Term:
+    """The term of a number computed by `expr` (`dflashx.plan.expr`): its value, formula and inputs all read off
+    the one expression; `context` adds what the formula does not compute with (notes, labels, the figures a
+    reader compares it with)."""
+    return Term(key, expr.value, unit, expr.formula(), {**expr.inputs(), **context}, source)
 
 
 def human_bytes(n: float) -> str:

@@ -1,0 +1,233 @@
+"""Formulas that explain themselves: an estimate is computed from an expression tree, and its `--explain` text
+is rendered from that same tree, so the text cannot drift from the arithmetic (issue 39).
+
+    per_epoch = var("steps_per_epoch", 14095)
+    steps = named("steps", ceil(var("epochs", 6.0) * per_epoch))
+    steps.value      -> 84570.0
+    steps.formula()  -> "ceil(epochs x steps_per_epoch)"
+    steps.inputs()   -> {"epochs": 6.0, "steps_per_epoch": 14095}
+
+`var` is a named operand (an input of the explanation), `const` a number written into the text (2 bytes, 0.5),
+`named` a sub-expression that its parents show by name and the explanation defines once ("where compute_s =
+..."). `+ - * /` combine them (plain numbers are lifted to constants); `minimum`, `maximum`, `ceil` and
+`total` are the functions, and `call` applies one of the shared formulas (`dflashx.resolve.formulas`, ...) to
+named operands: the value is that function's, the text its name and arguments, so no formula is written
+twice. `explain.explained` turns one into a `Term`. Pure Python: the planner's layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+_SUM, _PRODUCT, _ATOM = 1, 2, 3
+_SYMBOL = {"+": "+", "-": "-", "*": "x", "/": "/"}
+_APPLY: dict[str, Callable[[float, float], float]] = {
+    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b}
+
+
+class Expr:
+    """A number and the formula that computed it."""
+
+    value: float
+
+    def text(self) -> str:
+        """The formula as its parent shows it."""
+        raise NotImplementedError
+
+    @property
+    def precedence(self) -> int:
+        return _ATOM
+
+    def operands(self) -> Iterator[Expr]:
+        return iter(())
+
+    def formula(self) -> str:
+        """The formula, then each named sub-expression's own ("; where x = ...")."""
+        defs = [f"{n.name} = {n.body.text()}" for n in _named(self) if n is not self]
+        body = self.body.text() if isinstance(self, Named) else self.text()
+        return body + ("; where " + "; ".join(defs) if defs else "")
+
+    def inputs(self) -> dict[str, Any]:
+        """Every named operand and sub-expression with its value, in the order the formula reads them."""
+        out: dict[str, Any] = {}
+        for node in _walk(self):
+            if isinstance(node, Var | Named) and node is not self:
+                out.setdefault(node.name, node.value)
+        return out
+
+    def __add__(self, other: Expr | float) -> Expr:
+        return Op("+", self, lift(other))
+
+    def __radd__(self, other: float) -> Expr:
+        return Op("+", lift(other), self)
+
+    def __sub__(self, other: Expr | float) -> Expr:
+        return Op("-", self, lift(other))
+
+    def __rsub__(self, other: float) -> Expr:
+        return Op("-", lift(other), self)
+
+    def __mul__(self, other: Expr | float) -> Expr:
+        return Op("*", self, lift(other))
+
+    def __rmul__(self, other: float) -> Expr:
+        return Op("*", lift(other), self)
+
+    def __truediv__(self, other: Expr | float) -> Expr:
+        return Op("/", self, lift(other))
+
+    def __rtruediv__(self, other: float) -> Expr:
+        return Op("/", lift(other), self)
+
+
+def _walk(expr: Expr) -> Iterator[Expr]:
+    yield expr
+    for child in expr.operands():
+        yield from _walk(child)
+
+
+def _named(expr: Expr) -> list[Named]:
+    """The named sub-expressions, innermost definitions after the ones that use them, each once."""
+    seen: dict[str, Named] = {}
+    for node in _walk(expr):
+        if isinstance(node, Named):
+            seen.setdefault(node.name, node)
+    return list(seen.values())
+
+
+@dataclass(frozen=True, eq=False)
+class Var(Expr):
+    """A named operand: an input of the explanation."""
+
+    name: str
+    value: Any  # a number, or None for an unset recipe value a shared formula takes (max_steps)
+
+    def text(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, eq=False)
+class Const(Expr):
+    """A number written into the formula's text."""
+
+    value: float
+
+    def text(self) -> str:
+        return f"{self.value:g}"
+
+
+@dataclass(frozen=True, eq=False)
+class Named(Expr):
+    """A sub-expression shown by its name in its parents and defined once in the explanation."""
+
+    name: str
+    body: Expr
+
+    @property
+    def value(self) -> float:  # type: ignore[override]  # a property over the body's value, not a field
+        return self.body.value
+
+    def text(self) -> str:
+        return self.name
+
+    def operands(self) -> Iterator[Expr]:
+        yield self.body
+
+
+@dataclass(frozen=True, eq=False)
+class Op(Expr):
+    """`left op right` for op in + - * /."""
+
+    op: str
+    left: Expr
+    right: Expr
+
+    @property
+    def value(self) -> float:  # type: ignore[override]  # computed from the operands
+        return _APPLY[self.op](self.left.value, self.right.value)
+
+    @property
+    def precedence(self) -> int:
+        return _SUM if self.op in "+-" else _PRODUCT
+
+    def text(self) -> str:
+        left = self.left.text()
+        if self.left.precedence < self.precedence:
+            left = f"({left})"
+        right = self.right.text()
+        # a - (b + c), a / (b x c): the right side of a non-associative operator keeps its group
+        if self.right.precedence < self.precedence or (self.right.precedence == self.precedence
+                                                       and self.op in "-/"):
+            right = f"({right})"
+        return f"{left} {_SYMBOL[self.op]} {right}"
+
+    def operands(self) -> Iterator[Expr]:
+        yield self.left
+        yield self.right
+
+
+@dataclass(frozen=True, eq=False)
+class Call(Expr):
+    """A function of its arguments: minimum, maximum, ceil, total."""
+
+    function: str
+    args: tuple[Expr, ...]
+    compute: Callable[..., float]
+
+    @property
+    def value(self) -> float:  # type: ignore[override]  # computed from the arguments
+        return self.compute(*(a.value for a in self.args))
+
+    def text(self) -> str:
+        if self.function == "total" and len(self.args) > 1:
+            return " + ".join(a.text() for a in self.args)
+        return f"{self.function}({', '.join(a.text() for a in self.args)})"
+
+    @property
+    def precedence(self) -> int:
+        return _SUM if self.function == "total" and len(self.args) > 1 else _ATOM
+
+    def operands(self) -> Iterator[Expr]:
+        yield from self.args
+
+
+def lift(x: Expr | float) -> Expr:
+    return x if isinstance(x, Expr) else Const(float(x))
+
+
+def var(name: str, value: Any) -> Var:
+    return Var(name, value)
+
+
+def const(value: float) -> Const:
+    return Const(value)
+
+
+def named(name: str, body: Expr) -> Named:
+    return Named(name, body)
+
+
+def minimum(*args: Expr | float) -> Expr:
+    return Call("min", tuple(lift(a) for a in args), min)
+
+
+def maximum(*args: Expr | float) -> Expr:
+    return Call("max", tuple(lift(a) for a in args), max)
+
+
+def ceil(arg: Expr | float) -> Expr:
+    return Call("ceil", (lift(arg),), math.ceil)
+
+
+def total(*args: Expr | float) -> Expr:
+    """A sum of several parts, shown as `a + b + c` (one sum, not nested pairs)."""
+    return Call("total", tuple(lift(a) for a in args), lambda *values: sum(values))
+
+
+def call(function: Callable[..., float], *args: Expr, name: str = "") -> Expr:
+    """`function(args...)` for one of the shared formulas: its value, its name (or `name`, for a function bound to
+    the recipe) in the text."""
+    return Call(name or function.__name__, args, function)
