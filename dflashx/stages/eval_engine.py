@@ -38,7 +38,7 @@ from dflashx.resolve.model import ResolvedRecipe
 from dflashx.resolve.serving import kv_elem_bytes
 from dflashx.config.fields import TORCH_DTYPE
 from dflashx.dflash.tau_record import HeldOutTau
-from dflashx.stages.base import StageContext
+from dflashx.stages.base import EvalContext
 from dflashx.stages.eval_drafters import CHECKPOINT
 from dflashx.stages.servers import launch_args
 
@@ -125,7 +125,7 @@ def _serve(recipe: ResolvedRecipe, folder: Path | None, prompts: Sequence[Sequen
                           startup_timeout_s=recipe.stages.generate.server_startup_timeout_s)[0]
 
 
-def folder(ctx: StageContext, out: Path) -> Path:
+def folder(ctx: EvalContext, out: Path) -> Path:
     """The trained drafter the export will ship (`HeldOutTau.handed_on`), written under `out` as the export writes
     it; the folder vLLM loads (the speculators one where the drafter has one, else the DFlash one)."""
     import torch

@@ -38,7 +38,7 @@ import numpy as np
 from dflashx.data import chat_contract
 from dflashx.data.chat_mask import ChatMasker, completion_messages
 from dflashx.resolve.formulas import min_loss_tokens
-from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
+from dflashx.stages.base import Artifact, StageFailed, StageResult, TokenizeContext
 from dflashx.stages.graph import input_name
 from dflashx.store.atomic import replace_dir
 from dflashx.store.diskspace import DiskFull, size_text, stop_when_full, used_bytes
@@ -235,7 +235,7 @@ def tokenize_completions(completions: str | Path, out_dir: str | Path, tokenizer
     return metrics
 
 
-def run(ctx: StageContext) -> StageResult:
+def run(ctx: TokenizeContext) -> StageResult:
     from dflashx.targets.locate import locate_tokenizer
 
     cfg = ctx.config
