@@ -11,9 +11,9 @@ function that builds it; `plan.json` stores it (`resolved`); every stage reads i
 # No `from __future__ import annotations` here: pydantic would evaluate every field's string
 # annotation when the class is created, which `dflashx plan`'s start-up pays (benchmarks/cli_latency.py).
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import AliasChoices, BeforeValidator, ConfigDict, Field
 
 from dflashx.config.fields import OPERATIONAL, OUTPUT, Precision
 from dflashx.config.schema import (
@@ -87,8 +87,10 @@ class ResolvedTrainStage(TrainStage):
                                   "factor when unset); null under AdamW.", json_schema_extra=OUTPUT)
     deepspeed_config: dict[str, Any] = Field(description="The DeepSpeed config the engine is built with.",
                                              json_schema_extra=OPERATIONAL)
-    launch: list[str] = Field(description="argv of the training launch ({run_dir} filled in by the stage).",
-                              json_schema_extra=OPERATIONAL)
+    launch_argv: list[str] = Field(
+        description="argv of the train stage's launch ({run_dir} filled in by the stage).",
+        validation_alias=AliasChoices("launch_argv", "launch"),  # plan.json written before issue 39: `launch`
+        json_schema_extra=OPERATIONAL)
     tau_prompts: int = Field(ge=0, description="Held-out prompts decoded per τ measurement while training (the first "
                              "of the ingest stage's eval_prompts; 0: none held out).", json_schema_extra=OPERATIONAL)
     tau_max_new_tokens: int = Field(ge=1, description="New tokens per held-out prompt in a τ measurement.",
@@ -104,14 +106,20 @@ class ResolvedSpeculative(SpeculativeSpec):
     acceptance_source: str = Field(description="Where the profile comes from.", json_schema_extra=OPERATIONAL)
 
 
-ServingMode = Literal["launch", "attach", "in-process"]
+ServingMode = Literal["spawn", "attach", "in-process"]
+
+
+def _spawn_was_launch(mode: object) -> object:
+    """plan.json written before issue 39 says `launch` for `spawn` ("launch" now means only a stage's launch
+    plan, `dflashx.plan.launch`)."""
+    return "spawn" if mode == "launch" else mode
 
 
 class ResolvedServing(ServingSpec):
     model_config = _FROZEN
 
-    mode: ServingMode = Field(
-        description="Who runs the target for generation: launch (dflashx starts SGLang servers on the profile's "
+    mode: Annotated[ServingMode, BeforeValidator(_spawn_was_launch)] = Field(
+        description="Who runs the target for generation: spawn (dflashx starts the servers on the profile's "
         "GPUs), attach (servers at stages.generate.urls someone else started) or in-process (the transformers "
         "backend); `dflashx.resolve.serving.serving_mode`.", json_schema_extra=OPERATIONAL)
 

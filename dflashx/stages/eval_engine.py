@@ -100,7 +100,7 @@ def decode_through(server: ServerSpec, prompts: Sequence[Sequence[int]], max_tok
                    startup_timeout_s: float = 1800, expect: str | None = None) -> list[Served]:
     """Start `server`, decode every prompt one request at a time for each of `runs` (sampling settings of the
     completions API: temperature, top_p, top_k, seed), reading its counters around each run; stop it."""
-    plan = LaunchPlan("launch", 1, (replace(server, node=0),))  # launched on this machine
+    plan = LaunchPlan("spawn", 1, (replace(server, node=0),))  # launched on this machine
     out = []
     with ServerPool(plan, 0, log_dir, startup_timeout_s, args=args), httpx.Client(timeout=startup_timeout_s) as http:
         model = http.get(f"{server.url}/v1/models").json()["data"][0]["id"]
