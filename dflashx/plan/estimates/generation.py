@@ -39,7 +39,8 @@ from dflashx.plan.estimates.serving import Batch, mtp_on, running_batch, running
 from dflashx.plan.estimates.speculative import GenerationDraft, Rate, generation_draft, pays, replica_rate
 from dflashx.plan.expand.draft import generation_draft_text
 from dflashx.plan.estimates.tokens import Tokens
-from dflashx.plan.explain import Term, term
+from dflashx.plan.explain import Term, explained, term
+from dflashx.plan.expr import Expr, const, named, var
 from dflashx.resolve.model import ResolvedRecipe
 
 
@@ -106,19 +107,24 @@ def _speculation_term(sp: Speculation, recipe: ResolvedRecipe, dp: int, calibrat
     assert sp.spec.verify is not None and sp.spec.draft is not None, "a speculative rate has both steps"
 
     def rate(r: Rate) -> float:
-        return dp * r.tokens_per_second * calibration
+        return _throughput(dp, r, calibration).value
 
     verdict = ("pays" if sp.pays else "does not pay") + f" at batch {sp.spec_batch.value}"
-    return term("generate.speculation", rate(sp.spec) / rate(sp.plain), "x",
-                f"tokens/s with {sp.draft.name} / without it; with it: O / (O x (verify + forwards x draft) / "
-                "(batch x tau) + prefill), tau = 1 + sum of the acceptance shares of the drafted positions",
-                verdict=verdict, draft=sp.draft.name, tokens_per_second_mtp=rate(sp.spec),
-                tokens_per_second_plain=rate(sp.plain), batch_mtp=sp.spec_batch.value,
-                batch_plain=sp.plain_batch.value, binding_mtp=sp.spec_batch.binding, tau=sp.spec.tau,
-                acceptance=list(sp.draft.acceptance), acceptance_source=sp.draft.acceptance_source,
-                verify_s=sp.spec.verify.seconds, draft_s=sp.spec.draft.seconds,
-                draft_forwards=sp.draft.drafter.forwards, cycle_s=sp.spec.step_seconds,
-                plain_step_s=sp.plain.step_seconds, flags=generation_draft_text(recipe, mtp_on(recipe)))
+    ratio = var("tokens_per_second_mtp", rate(sp.spec)) / var("tokens_per_second_plain", rate(sp.plain))
+    return explained("generate.speculation", ratio, "x",
+                     f"tokens/s with {sp.draft.name} over without it, each at its own running batch "
+                     "(generate.tokens_per_second); tau = 1 + the acceptance shares of the drafted positions",
+                     verdict=verdict, draft=sp.draft.name, batch_mtp=sp.spec_batch.value,
+                     batch_plain=sp.plain_batch.value, binding_mtp=sp.spec_batch.binding, tau=sp.spec.tau,
+                     acceptance=list(sp.draft.acceptance), acceptance_source=sp.draft.acceptance_source,
+                     verify_s=sp.spec.verify.seconds, draft_s=sp.spec.draft.seconds,
+                     draft_forwards=sp.draft.drafter.forwards, cycle_s=sp.spec.step_seconds,
+                     plain_step_s=sp.plain.step_seconds, flags=generation_draft_text(recipe, mtp_on(recipe)))
+
+
+def _throughput(dp: int, rate: Rate, calibration: float) -> Expr:
+    """dp replicas at one replica's rate (speculative.replica_rate's expression), times the calibration."""
+    return var("dp", dp) * named("replica_tokens_per_s", rate.throughput) * var("calibration", calibration)
 
 
 def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Generation:
@@ -131,8 +137,10 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths
     s = _serving(recipe, b)
     rate = sp.spec if sp else replica_rate(recipe, dev, b, row, tokens.output_mean, tokens.prompt_mean)
     batch = max(s.batch, 1)
-    tps = s.dp * rate.tokens_per_second * s.calibration
-    seconds = tokens.output / tps if tokens.output else 0.0
+    throughput = _throughput(s.dp, rate, s.calibration)
+    tps = throughput.value
+    seconds_expr = var("output_tokens", tokens.output) / var("tokens_per_second", tps) if tokens.output else const(0.0)
+    seconds = seconds_expr.value
     step = rate.verify if sp else None
     terms = [
         term("generate.batch", batch, "sequences/replica",
@@ -144,14 +152,12 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths
              source="SGLang 0.5.23 mem_cache/kv_cache_configurator.py (docs/planner.md)"),
         _step_term(recipe, rate, dev, row, b, step is not None),
         _prefill_term(rate, tokens.prompt_mean, sp is not None),
-        term("generate.tokens_per_second", tps, "tokens/s",
-             "dp x mean output / (mean output x step / (batch x tau) + prefill) x calibration",
-             dp=s.dp, calibration=s.calibration, calibrated=s.calibrated, tau=rate.tau,
-             calibration_source=("measured (hardware.calibrated.serving_ratio)" if s.calibrated
-                                 else "none: predicted from facts and engine measurements")),
-        term("generate.seconds", seconds, "s", "output tokens / tokens_per_second", output_tokens=tokens.output,
-             mtp=(f"on ({sp.draft.name}): see generate.speculation" if sp else
-                 "off (target.mtp false, or no MTP layer / no server on GPUs; no stages.generate.serving.drafter)")),
+        explained("generate.tokens_per_second", throughput, "tokens/s", calibrated=s.calibrated, tau=rate.tau,
+                  calibration_source=("measured (hardware.calibrated.serving_ratio)" if s.calibrated
+                                      else "none: predicted from facts and engine measurements")),
+        explained("generate.seconds", seconds_expr, "s", output_tokens=tokens.output,
+                  mtp=(f"on ({sp.draft.name}): see generate.speculation" if sp else "off (target.mtp false, or no "
+                       "MTP layer / no server on GPUs; no stages.generate.serving.drafter)")),
     ]
     if sp:
         terms.append(_speculation_term(sp, recipe, s.dp, s.calibration))
