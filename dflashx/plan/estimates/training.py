@@ -101,17 +101,16 @@ def tau_probe(recipe: ResolvedRecipe, lengths: Lengths) -> Term:
                     tau_prompts=train.tau_prompts, output_tokens=output, calibrated=True)
     per_token: Expr
     if recipe.hardware.gpu is None:
-        per_token = 1 / var("in_process_tokens_per_s", in_process_tokens_per_s(recipe, [0.0] * (block - 1)))
+        per_token = named("seconds_per_token", 1 / var("in_process_tokens_per_s",
+                                                        in_process_tokens_per_s(recipe, [0.0] * (block - 1))))
     else:
         facts, dtype = recipe.target.facts, recipe.target.load_precision
         weights = total(var("dense_bytes", dense_read_bytes(facts, dtype)),
                         var("routed_bytes", facts.num_moe_layers * touched_bytes(facts, block, dtype)),
                         var("drafter_bytes", dflash_drafter(recipe, recipe.drafter.dims, block, drafter_window(recipe),
                                                             1.0).weight_bytes))
-        per_token = call(lambda read: batch1_seconds_per_token(recipe, read, 1), weights,
-                         name="batch1_seconds_per_token")
-    seconds = var("tau_prompts", train.tau_prompts) * var("output_tokens", output) \
-        * named("seconds_per_token", per_token)
+        per_token = batch1_seconds_per_token(recipe, weights, 1)
+    seconds = var("tau_prompts", train.tau_prompts) * var("output_tokens", output) * per_token
     return explained("train.tau_probe_seconds", seconds, "s",
                      "tau_prompts greedy decodes of the output-length mean capped at tau_max_new_tokens, at batch 1 "
                      "and τ 1 (an upper bound): on a GPU the weights a draft-verify cycle reads (the target's dense "
