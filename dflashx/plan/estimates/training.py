@@ -69,20 +69,20 @@ def sample_lengths(lengths: Lengths, room: float) -> list[float]:
 
 
 def flops_per_sample(recipe: ResolvedRecipe, prompt: float, outputs: list[float]) -> tuple[float, float, float]:
-    """(target FLOPs, drafter + LM head FLOPs, drafter block tokens) per sample, averaged over samples
-    of these output lengths."""
+    """(target FLOPs, drafter + LM head FLOPs, anchors) per sample, averaged over samples of these output
+    lengths (anchors: min(anchors_per_seq, the sample's loss tokens); its block tokens are anchors x block_size)."""
     train, facts, block = recipe.stages.train, recipe.target.facts, recipe.drafter.block_size
     target = target_pass_flops(facts, recipe.drafter.target_layer_ids, train.labels, [prompt + o for o in outputs],
                                sum(outputs))
-    drafter = tokens = 0.0
+    drafter = anchored = 0.0
     for output in outputs:
         anchors = min(train.anchors_per_seq, output)
         pairs = block_pairs(anchors * (prompt + output / 2), anchors, block)
         drafter += drafter_step_flops(recipe.drafter.dims, anchors * block, prompt + output, pairs,
                                       anchors * (block - 1))
-        tokens += anchors * block
+        anchored += anchors
     n = len(outputs)
-    return target / n, drafter / n, tokens / n
+    return target / n, drafter / n, anchored / n
 
 
 def tau_probe(recipe: ResolvedRecipe, lengths: Lengths) -> Term:
@@ -196,7 +196,8 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
     train, hw, facts = recipe.stages.train, recipe.hardware, recipe.target.facts
     drafter = recipe.drafter.dims
     outputs = sample_lengths(lengths, tokens.output_room)
-    target_f, drafter_f, dtoks = flops_per_sample(recipe, tokens.prompt_mean, outputs)
+    target_f, drafter_f, anchors = flops_per_sample(recipe, tokens.prompt_mean, outputs)
+    block_tokens = var("mean_anchors", anchors) * var("block_size", recipe.drafter.block_size)
     steps_expr, batch = _steps(recipe, tokens)
     steps = var("steps", steps_expr.value)  # train.steps explains it
     sequences = named("sequences", steps * batch)
@@ -215,9 +216,9 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
     seconds = rest + tau_s
     terms = (
         _params_term(drafter),
-        term("train.drafter_tokens_per_sample", dtoks, "tokens",
-             "E[min(anchors_per_seq, loss tokens)] x block_size over the length distribution",
-             anchors_per_seq=train.anchors_per_seq, block_size=recipe.drafter.block_size),
+        explained("train.drafter_tokens_per_sample", block_tokens, "tokens", "mean_anchors: E[min(anchors_per_seq, "
+                  f"loss tokens)] over {QUADRATURE} quantiles of the length distribution",
+                  anchors_per_seq=train.anchors_per_seq),
         _flops_term(recipe, target_f, drafter_f, tokens),
         explained("train.steps", steps_expr, "optimizer steps", effective_batch=batch.value,
                   global_batch=train.global_batch),
@@ -230,5 +231,5 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
         explained("train.seconds", seconds, "s", mfu_source=_mfu_source(row, calibrated),
                   moe_layer=moe.layer.inputs() if moe.layer else None, calibrated=calibrated),
     )
-    return Training(drafter, int(steps.value), int(sequences.value), dtoks, (target_f + drafter_f) * sequences.value,
-                    seconds.value, int(every.value), terms)
+    return Training(drafter, int(steps.value), int(sequences.value), block_tokens.value,
+                    (target_f + drafter_f) * sequences.value, seconds.value, int(every.value), terms)
