@@ -23,6 +23,7 @@ def test_the_text_is_the_arithmetic_with_its_groups():
 def test_functions_and_shared_formulas():
     assert minimum(var("n", 5.0), 3).formula() == "min(n, 3)" and minimum(var("n", 5.0), 3).value == 3
     assert maximum(var("n", 5.0), const(7)).value == 7 and ceil(var("x", 2.1)).value == 3
+    assert minimum(var("only", 4)).value == 4 and minimum(var("only", 4)).formula() == "min(only)"
     steps = call(optimizer_steps, var("per_epoch", 10), var("epochs", 1.5), var("max_steps", None))
     assert steps.formula() == "optimizer_steps(per_epoch, epochs, max_steps)"
     assert steps.value == optimizer_steps(10, 1.5, None) == 15

@@ -136,6 +136,8 @@ def render(plan: Plan, title: str, explain: bool) -> None:
             lines += [f"  {term.key} = {_value(term.value, term.unit)}", f"      {term.formula}"]
             if term.inputs:
                 lines.append(f"      inputs: {_inputs(term.inputs)}")
+            if term.source:
+                lines.append(f"      source: {term.source}")
     for findings, color in ((plan.warnings, "yellow"), (plan.errors, "red")):
         lines += [style(format_finding(f), color) for f in findings]
     verdict = f"{len(plan.errors)} error(s), {len(plan.warnings)} warning(s)"

@@ -211,11 +211,11 @@ def named(name: str, body: Expr) -> Named:
 
 
 def minimum(*args: Expr | float) -> Expr:
-    return Call("min", tuple(lift(a) for a in args), min)
+    return Call("min", tuple(lift(a) for a in args), lambda *values: min(values))
 
 
 def maximum(*args: Expr | float) -> Expr:
-    return Call("max", tuple(lift(a) for a in args), max)
+    return Call("max", tuple(lift(a) for a in args), lambda *values: max(values))
 
 
 def ceil(arg: Expr | float) -> Expr:

@@ -40,7 +40,7 @@ from dflashx.plan.estimates.speculative import GenerationDraft, Rate, generation
 from dflashx.plan.expand.draft import generation_draft_text
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.explain import Term, explained, term
-from dflashx.plan.expr import Expr, const, named, var
+from dflashx.plan.expr import Expr, const, maximum, minimum, named, var
 from dflashx.resolve.model import ResolvedRecipe
 
 
@@ -136,20 +136,18 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths
     b = sp.spec_batch if sp else running_batch(recipe, lengths)
     s = _serving(recipe, b)
     rate = sp.spec if sp else replica_rate(recipe, dev, b, row, tokens.output_mean, tokens.prompt_mean)
-    batch = max(s.batch, 1)
     throughput = _throughput(s.dp, rate, s.calibration)
     tps = throughput.value
     seconds_expr = var("output_tokens", tokens.output) / var("tokens_per_second", tps) if tokens.output else const(0.0)
     seconds = seconds_expr.value
     step = rate.verify if sp else None
     terms = [
-        term("generate.batch", batch, "sequences/replica",
-             "min(client in-flight, max_running_requests, state slots / (5 + verified tokens with MTP), "
-             "KV tokens / mean context)",
-             binding=b.binding, caps=b.caps, pool_bytes=b.pool_bytes, mean_context=b.mean_context,
-             kv_bytes_per_token=facts.kv_bytes_per_token(s.kv_elem_bytes),
-             recurrent_state_bytes=facts.recurrent_state_bytes,
-             source="SGLang 0.5.23 mem_cache/kv_cache_configurator.py (docs/planner.md)"),
+        explained("generate.batch", maximum(minimum(*(var(k, v) for k, v in b.caps.items())), 1),
+                  "sequences/replica", "SGLang 0.5.23 mem_cache/kv_cache_configurator.py (docs/planner.md): "
+                  "state_pool = state slots / (5 + verified tokens with a draft), kv_pool = KV tokens / mean context",
+                  binding=b.binding, caps=b.caps, pool_bytes=b.pool_bytes, mean_context=b.mean_context,
+                  kv_bytes_per_token=facts.kv_bytes_per_token(s.kv_elem_bytes),
+                  recurrent_state_bytes=facts.recurrent_state_bytes),
         _step_term(recipe, rate, dev, row, b, step is not None),
         _prefill_term(rate, tokens.prompt_mean, sp is not None),
         explained("generate.tokens_per_second", throughput, "tokens/s", calibrated=s.calibrated, tau=rate.tau,

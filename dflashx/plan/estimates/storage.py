@@ -9,7 +9,7 @@ from dflashx.plan.estimates.fixed import checkpoint_saves
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.estimates.training import Training
 from dflashx.plan.explain import Term, explained
-from dflashx.plan.expr import minimum, named, var
+from dflashx.plan.expr import minimum, named, total, var
 from dflashx.resolve.model import ResolvedRecipe
 
 JSON_OVERHEAD_BYTES = 512  # keys, usage, ids of one completion record
@@ -68,6 +68,7 @@ def estimate_storage(recipe: ResolvedRecipe, tokens: Tokens, tr: Training) -> St
                   "weights + fp32 master weights and two Adam moments; kept: the K newest + the best, all when "
                   "keep_checkpoints is null", keep_checkpoints=train.keep_checkpoints),
         explained("storage.completions", completions, "bytes"),
-        Term("storage.total", sum(sizes.values()), "bytes", "sum over enabled stages' artifacts", dict(sizes)),
+        explained("storage.total", total(*(var(k, v) for k, v in sizes.items())), "bytes",
+                  "the enabled stages' artifacts"),
     )
     return Storage(sizes, hidden.value, terms)
