@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 _SUM, _PRODUCT, _ATOM = 1, 2, 3
@@ -84,9 +84,17 @@ class Expr:
 
 
 def _walk(expr: Expr) -> Iterator[Expr]:
-    yield expr
-    for child in expr.operands():
-        yield from _walk(child)
+    """Every node, parents before their operands, left to right; a named part's operands once (it may be used
+    several times, its first definition is its only one)."""
+    stack, named_seen = [expr], set()
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, Named):
+            if node.name in named_seen:
+                continue
+            named_seen.add(node.name)
+        stack.extend(reversed(tuple(node.operands())))
 
 
 def _named(expr: Expr) -> list[Named]:
@@ -125,10 +133,10 @@ class Named(Expr):
 
     name: str
     body: Expr
+    value: float = field(init=False)
 
-    @property
-    def value(self) -> float:  # type: ignore[override]  # a property over the body's value, not a field
-        return self.body.value
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "value", self.body.value)
 
     def text(self) -> str:
         return self.name
@@ -144,10 +152,10 @@ class Op(Expr):
     op: str
     left: Expr
     right: Expr
+    value: float = field(init=False)  # computed once, from the operands
 
-    @property
-    def value(self) -> float:  # type: ignore[override]  # computed from the operands
-        return _APPLY[self.op](self.left.value, self.right.value)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "value", _APPLY[self.op](self.left.value, self.right.value))
 
     @property
     def precedence(self) -> int:
@@ -176,10 +184,10 @@ class Call(Expr):
     function: str
     args: tuple[Expr, ...]
     compute: Callable[..., float]
+    value: float = field(init=False)  # computed once, from the arguments
 
-    @property
-    def value(self) -> float:  # type: ignore[override]  # computed from the arguments
-        return self.compute(*(a.value for a in self.args))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "value", self.compute(*(a.value for a in self.args)))
 
     def text(self) -> str:
         if self.function == "total" and len(self.args) > 1:

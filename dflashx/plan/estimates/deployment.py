@@ -130,7 +130,10 @@ def _formula(plain: Rate, spec: Rate) -> str:
 def speedup_row(recipe: ResolvedRecipe, drafter: Drafter, acceptance: Sequence[float | None],
                 concurrency: int) -> SpeedupRow:
     """One server of the recipe decoding its workload at `concurrency` with and without `drafter` (module doc)."""
-    plain_b, spec_b, plain, spec = _rates(recipe, drafter, acceptance, concurrency)
+    return _row(concurrency, drafter, *_rates(recipe, drafter, acceptance, concurrency))
+
+
+def _row(concurrency: int, drafter: Drafter, plain_b: Batch, spec_b: Batch, plain: Rate, spec: Rate) -> SpeedupRow:
     assert spec.verify is not None and spec.draft is not None, "a speculative rate has both steps"
     return SpeedupRow(concurrency, plain_b.value, spec_b.value, plain.tokens_per_second, spec.tokens_per_second,
                       spec.tokens_per_second / plain.tokens_per_second, pays(spec, plain), spec.step_seconds,
@@ -159,7 +162,8 @@ def switch_off_above(recipe: ResolvedRecipe, drafter: Drafter, acceptance: Seque
 def predict_with(recipe: ResolvedRecipe, drafter: Drafter, acceptance: Sequence[float | None], block: int,
                  concurrencies: Sequence[int], source: str) -> Deployment:
     """Tokens/s with and without any `drafter` at each concurrency, and where speculation stops paying."""
-    rows = [speedup_row(recipe, drafter, acceptance, c) for c in concurrencies]
+    rated = [_rates(recipe, drafter, acceptance, c) for c in concurrencies]
+    rows = [_row(c, drafter, *r) for c, r in zip(concurrencies, rated)]
     above = switch_off_above(recipe, drafter, acceptance, rows)
     lengths = OutputLengths.of(recipe.dataset.stats)
     return Deployment(recipe.hardware.name, recipe.stages.generate.serving.tp, block,
@@ -167,7 +171,7 @@ def predict_with(recipe: ResolvedRecipe, drafter: Drafter, acceptance: Sequence[
                       recipe.dataset.stats.prompt_tokens_mean,
                       lengths.clipped_moment(1, recipe.stages.generate.max_tokens), rows, above,
                       switch_off_settings(drafter.method, block, above, drafter.drafts),
-                      _formula(*_rates(recipe, drafter, acceptance, concurrencies[0])[2:]))
+                      _formula(*rated[0][2:]))
 
 
 def predict_speedup(recipe: ResolvedRecipe, acceptance: Sequence[float | None], dims: DrafterDims,
