@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 _SUM, _PRODUCT, _ATOM = 1, 2, 3
@@ -29,8 +28,9 @@ _APPLY: dict[str, Callable[[float, float], float]] = {
 
 
 class Expr:
-    """A number and the formula that computed it."""
+    """A number and the formula that computed it (immutable once built: nothing assigns to a node)."""
 
+    __slots__ = ()
     value: float
 
     def text(self) -> str:
@@ -106,37 +106,38 @@ def _named(expr: Expr) -> list[Named]:
     return list(seen.values())
 
 
-@dataclass(frozen=True, eq=False)
 class Var(Expr):
-    """A named operand: an input of the explanation."""
+    """A named operand: an input of the explanation. `value`: a number, or None for an unset recipe value a shared
+    formula takes (max_steps)."""
 
-    name: str
-    value: Any  # a number, or None for an unset recipe value a shared formula takes (max_steps)
+    __slots__ = ("name", "value")
+
+    def __init__(self, name: str, value: Any):
+        self.name, self.value = name, value
 
     def text(self) -> str:
         return self.name
 
 
-@dataclass(frozen=True, eq=False)
 class Const(Expr):
     """A number written into the formula's text."""
 
-    value: float
+    __slots__ = ("value",)
+
+    def __init__(self, value: float):
+        self.value = value
 
     def text(self) -> str:
         return f"{self.value:g}"
 
 
-@dataclass(frozen=True, eq=False)
 class Named(Expr):
     """A sub-expression shown by its name in its parents and defined once in the explanation."""
 
-    name: str
-    body: Expr
-    value: float = field(init=False)
+    __slots__ = ("body", "name", "value")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "value", self.body.value)
+    def __init__(self, name: str, body: Expr):
+        self.name, self.body, self.value = name, body, body.value
 
     def text(self) -> str:
         return self.name
@@ -145,17 +146,14 @@ class Named(Expr):
         yield self.body
 
 
-@dataclass(frozen=True, eq=False)
 class Op(Expr):
-    """`left op right` for op in + - * /."""
+    """`left op right` for op in + - * /; its value computed once, from the operands."""
 
-    op: str
-    left: Expr
-    right: Expr
-    value: float = field(init=False)  # computed once, from the operands
+    __slots__ = ("left", "op", "right", "value")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "value", _APPLY[self.op](self.left.value, self.right.value))
+    def __init__(self, op: str, left: Expr, right: Expr):
+        self.op, self.left, self.right = op, left, right
+        self.value = _APPLY[op](left.value, right.value)
 
     @property
     def precedence(self) -> int:
@@ -177,17 +175,14 @@ class Op(Expr):
         yield self.right
 
 
-@dataclass(frozen=True, eq=False)
 class Call(Expr):
-    """A function of its arguments: minimum, maximum, ceil, total."""
+    """A function of its arguments (minimum, maximum, ceil, total, a shared formula); its value computed once."""
 
-    function: str
-    args: tuple[Expr, ...]
-    compute: Callable[..., float]
-    value: float = field(init=False)  # computed once, from the arguments
+    __slots__ = ("args", "function", "value")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "value", self.compute(*(a.value for a in self.args)))
+    def __init__(self, function: str, args: tuple[Expr, ...], compute: Callable[..., float]):
+        self.function, self.args = function, args
+        self.value = compute(*(a.value for a in args))
 
     def text(self) -> str:
         if self.function == "total" and len(self.args) > 1:
