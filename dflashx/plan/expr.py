@@ -178,10 +178,10 @@ class Op(Expr):
 class Call(Expr):
     """A function of its arguments (minimum, maximum, ceil, total, a shared formula); its value computed once."""
 
-    __slots__ = ("args", "function", "value")
+    __slots__ = ("args", "compute", "function", "value")
 
     def __init__(self, function: str, args: tuple[Expr, ...], compute: Callable[..., float]):
-        self.function, self.args = function, args
+        self.function, self.args, self.compute = function, args, compute
         self.value = compute(*(a.value for a in args))
 
     def text(self) -> str:
@@ -234,3 +234,17 @@ def call(function: Callable[..., float], *args: Expr, name: str = "") -> Expr:
     """`function(args...)` for one of the shared formulas: its value, its name (or `name`, for a function bound to
     the recipe) in the text."""
     return Call(name or function.__name__, args, function)
+
+
+def scoped(prefix: str, expr: Expr) -> Expr:
+    """`expr` with every operand and part named `prefix + name` (the same values): two forwards of one formula
+    (a verify and a draft step) explained side by side keep their parts apart."""
+    if isinstance(expr, Var):
+        return Var(prefix + expr.name, expr.value)
+    if isinstance(expr, Named):
+        return Named(prefix + expr.name, scoped(prefix, expr.body))
+    if isinstance(expr, Op):
+        return Op(expr.op, scoped(prefix, expr.left), scoped(prefix, expr.right))
+    if isinstance(expr, Call):
+        return Call(expr.function, tuple(scoped(prefix, a) for a in expr.args), expr.compute)
+    return expr
