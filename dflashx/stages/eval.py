@@ -36,6 +36,8 @@ from dflashx.stages.eval_drafters import CHECKPOINT, EvalDrafter, eval_drafters,
 from dflashx.stages.graph import GRAPH
 from dflashx.store.atomic import atomic_write_json
 from dflashx.targets.load import stop_ids
+from dflashx.dflash.acceptance import UNKNOWN_SOURCE, context_bucket, drafter_summary, plot_acceptance, sampled_summary
+from dflashx.targets.load import load_model, load_tokenizer
 
 PROMPTS = GRAPH["eval"].optional_inputs[0]
 
@@ -48,8 +50,6 @@ def _heldout_file(ctx: EvalContext) -> Path | None:
 
 def _load_target(ctx: EvalContext):
     import torch
-
-    from dflashx.targets.load import load_model, load_tokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     precision = ctx.recipe.target.load_precision
@@ -75,15 +75,11 @@ def _release() -> None:
 
 def prompt_source(prompt: dict[str, Any]) -> str:
     """The source a prompt record names (ingest writes it), "unknown" when it names none."""
-    from dflashx.dflash.acceptance import UNKNOWN_SOURCE
-
     return str(prompt.get("source") or UNKNOWN_SOURCE)
 
 
 def _suite_inputs(ctx: EvalContext, tokenizer: Any) -> dict[str, dict[str, Any]]:
     """Per suite: its prompts' ids, sources, token ids and context buckets (read and encoded once)."""
-    from dflashx.dflash.acceptance import context_bucket
-
     chat, heldout = ctx.recipe.target.chat_template, _heldout_file(ctx)
     out = {}
     for suite in ctx.config.suites:
@@ -147,8 +143,6 @@ def _agreeing(runs: dict[str, list[Any]]) -> list[bool]:
 
 def _summary(runs: list[list[Any]], block_size: int, suite: dict[str, Any]) -> dict[str, Any]:
     """One drafter's entry on one suite: the greedy run's figures and, when sampled, `sampled`."""
-    from dflashx.dflash.acceptance import drafter_summary, sampled_summary
-
     greedy, *sampled = runs
     summary = drafter_summary(greedy, block_size, suite["sources"], suite["buckets"])
     return (summary | {"sampled": sampled_summary(sampled, block_size)}) if sampled else summary
@@ -213,8 +207,6 @@ def metrics_of(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(ctx: EvalContext) -> StageResult:
-    from dflashx.dflash.acceptance import plot_acceptance
-
     report = ctx.out_dir / "report"
     report.mkdir(parents=True, exist_ok=True)
     drafters = eval_drafters(ctx)  # every drafter checked against the target before anything is loaded

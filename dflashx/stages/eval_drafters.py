@@ -36,6 +36,7 @@ from dflashx.export import Violation, check_sglang, check_speculators, from_spec
 from dflashx.stages.base import EvalContext
 from dflashx.stages.graph import GRAPH
 from dflashx.targets.registry import TargetFacts
+from dflashx.dflash.config import DFlashConfig
 
 CHECKPOINT = GRAPH["eval"].inputs[0]
 UNTRAINED_SEED = 0
@@ -90,7 +91,6 @@ def layout_of(config: dict[str, Any], where: str, key: str) -> str:
 def _folder(name: str, kind: str, key: str, folder: Path, facts: TargetFacts, checked: bool) -> EvalDrafter:
     """A drafter folder read (config only): its layout, its engine contract when `checked`, its config."""
     from dflashx.dflash.checkpoint import weight_shapes
-    from dflashx.dflash.config import DFlashConfig
 
     file = folder / "config.json"
     if not file.is_file():

@@ -41,6 +41,7 @@ from dflashx.dflash.tau_record import HeldOutTau
 from dflashx.stages.base import EvalContext
 from dflashx.stages.eval_drafters import CHECKPOINT
 from dflashx.stages.servers import launch_args
+from dflashx.stages.export import served_target, write_folders
 
 KEY = "engine"
 PORT = 30100  # away from the generate stage's servers (30000 on)
@@ -131,7 +132,6 @@ def folder(ctx: EvalContext, out: Path) -> Path:
     import torch
 
     from dflashx.dflash.checkpoint import load_drafter
-    from dflashx.stages.export import served_target, write_folders
 
     drafter = load_drafter(HeldOutTau.handed_on(Path(ctx.inputs[CHECKPOINT])))
     dtype = getattr(torch, TORCH_DTYPE[ctx.recipe.stages.export.dtype])

@@ -13,6 +13,7 @@ from dflashx.data.qc_checks import run_qc
 from dflashx.data.qc_report import write_report
 from dflashx.stages.base import Artifact, QCContext, StageFailed, StageResult
 from dflashx.stages.graph import input_name
+from dflashx.targets.locate import locate_tokenizer
 
 REPORT_DIR = "report"
 INPUT = input_name("qc")
@@ -27,8 +28,6 @@ def _input_label(ctx: QCContext, name: str) -> str:
 
 
 def run(ctx: QCContext) -> StageResult:
-    from dflashx.targets.locate import locate_tokenizer
-
     cfg = ctx.config
     target = ctx.recipe.target
     result = run_qc(
