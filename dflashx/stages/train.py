@@ -35,6 +35,10 @@ from dflashx.stages.base import Artifact, StageFailed, StageResult, TrainContext
 from dflashx.stages.graph import GRAPH, input_name
 from dflashx.store.atomic import atomic_write_text
 from dflashx.store.diskspace import DiskFull
+from dflashx.data import chat_contract
+from dflashx.data.suites import load_prompts
+from dflashx.targets.load import load_tokenizer, stop_ids
+from dflashx.targets.locate import locate_target, locate_tokenizer
 
 if TYPE_CHECKING:
     from dflashx.dflash.job import HeldOutSlice, TrainJob
@@ -51,7 +55,6 @@ def _absolute(path: str) -> str:
 def build_job(ctx: TrainContext) -> "TrainJob":
     """The `TrainJob` of this stage: the resolved recipe's sections and where the inputs are."""
     from dflashx.dflash.job import TrainJob
-    from dflashx.targets.locate import locate_target, locate_tokenizer
 
     if INPUT not in ctx.inputs:
         raise ValueError(f"train stage needs input `{INPUT}` (the tokenize stage's dataset); enable stages.tokenize")
@@ -84,9 +87,7 @@ def heldout_slice(ctx: TrainContext) -> "HeldOutSlice | None":
     if not train.tau_every or HELDOUT not in ctx.inputs:
         return None
     from dflashx.data.chat_mask import render_prompt
-    from dflashx.data.suites import load_prompts
     from dflashx.dflash.job import HeldOutSlice
-    from dflashx.targets.load import load_tokenizer, stop_ids
 
     tokenizer = load_tokenizer(ctx.recipe.target)
     chat = ctx.recipe.target.chat_template
@@ -134,8 +135,6 @@ def _launch(ctx: TrainContext, argv: list[str]) -> None:
 
 def _replay(ctx: TrainContext) -> dict[str, Any]:
     """Every line of the launched job's metrics.jsonl into `ctx.log`; the last window (not a τ line)."""
-    from dflashx.dflash.tau_record import is_tau_row
-
     last: dict[str, Any] = {}
     metrics = ctx.out_dir / "logs" / "metrics.jsonl"
     for line in metrics.read_text().splitlines() if metrics.exists() else []:
@@ -146,7 +145,6 @@ def _replay(ctx: TrainContext) -> dict[str, Any]:
 
 
 def run(ctx: TrainContext) -> StageResult:
-    from dflashx.data import chat_contract
     from dflashx.dflash.trainer import run_training
 
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
