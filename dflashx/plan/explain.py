@@ -41,8 +41,9 @@ class Term:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Term:
-        return term(str(data["key"]), float(data["value"]), str(data["unit"]), str(data["formula"]),
-                    str(data["source"]), **dict(data["inputs"]))
+        formula, inputs = str(data["formula"]), dict(data["inputs"])
+        return cls(str(data["key"]), float(data["value"]), str(data["unit"]), lambda: (formula, inputs),
+                   str(data["source"]))
 
 
 def term(key: str, value: float, unit: str, formula: str, source: str = "", **inputs: Any) -> Term:
