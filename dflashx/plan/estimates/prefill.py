@@ -152,9 +152,10 @@ class Prefill:
         """The routed experts: the target's MoE layers x one layer's `moe_layer`, and an MoE draft's."""
         target = var("moe_layer_s", self.moe.seconds) * var("moe_layers", self.moe_layers) if self.moe \
             else const(0.0)
-        draft = var("draft_moe_layer_s", self.draft_moe.seconds) * var("draft_moe_layers", self.draft_moe_layers) \
-            if self.draft_moe else const(0.0)
-        return target + draft
+        if self.draft_moe is None:
+            return target
+        return target + var("draft_moe_layer_s", self.draft_moe.seconds) * var("draft_moe_layers",
+                                                                               self.draft_moe_layers)
 
     @cached_property
     def time(self) -> Expr:
