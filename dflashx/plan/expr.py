@@ -3,7 +3,7 @@ is rendered from that same tree, so the text cannot drift from the arithmetic (i
 
     per_epoch = var("steps_per_epoch", 14095)
     steps = named("steps", ceil(var("epochs", 6.0) * per_epoch))
-    steps.value      -> 84570.0
+    steps.value      -> 84570
     steps.formula()  -> "ceil(epochs x steps_per_epoch)"
     steps.inputs()   -> {"epochs": 6.0, "steps_per_epoch": 14095}
 
