@@ -73,7 +73,7 @@ def step_seconds(folder: Path, log_dir: Path) -> float:
     argv = command(str(folder), LOCAL_HOST, PORT, dtype="fp32", context=1024, max_seqs=BATCH, on_gpu=False)
     server = ServerSpec(f"http://{LOCAL_HOST}:{PORT}", BATCH, (*argv, "--skip-tokenizer-init"), PORT, node=0,
                         env=((CPU_KV_ENV, "1"),))
-    with ServerPool(LaunchPlan("launch", BATCH, (server,)), 0, log_dir, 600, args=LaunchArgs(sys.executable)):
+    with ServerPool(LaunchPlan("spawn", BATCH, (server,)), 0, log_dir, 600, args=LaunchArgs(sys.executable)):
         model = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
         asyncio.run(_batch_seconds(server.url, model, SHORT))  # warm
         short = min(asyncio.run(_batch_seconds(server.url, model, SHORT)) for _ in range(REPEATS))

@@ -187,7 +187,7 @@ def test_waits_for_health_then_times_out_clearly():
 def test_launches_plan_servers_with_logs_and_gpus(tmp_path):
     port = free_port()
     command = [sys.executable, str(HERE / "openai_server.py"), "--port", str(port), "--health-failures", "1"]
-    plan = LaunchPlan("launch", 4, (ServerSpec(f"http://127.0.0.1:{port}", 4, tuple(command), port, (2, 3), 0),))
+    plan = LaunchPlan("spawn", 4, (ServerSpec(f"http://127.0.0.1:{port}", 4, tuple(command), port, (2, 3), 0),))
     backend = SGLangBackend(cfg([], server_startup_timeout_s=30), ChatTemplateSpec(), "m", plan, tmp_path, node=0)
     backend.pool.poll_s = 0.1
     out = generate(backend, prompts(4))
@@ -198,14 +198,14 @@ def test_launches_plan_servers_with_logs_and_gpus(tmp_path):
 
 def test_a_server_that_dies_while_starting_fails_with_its_log(tmp_path):
     command = (sys.executable, "-c", "print('CUDA out of memory'); raise SystemExit(3)")
-    plan = LaunchPlan("launch", 1, (ServerSpec("http://127.0.0.1:1", 1, command, 1, (0,), 0),))
+    plan = LaunchPlan("spawn", 1, (ServerSpec("http://127.0.0.1:1", 1, command, 1, (0,), 0),))
     backend = SGLangBackend(cfg([], server_startup_timeout_s=30), ChatTemplateSpec(), "m", plan, tmp_path, node=0)
     with pytest.raises(ServerError, match=r"(?s)exited with code 3.*CUDA out of memory"):
         backend.__enter__()
 
 
 def test_no_servers_and_no_urls_is_a_clear_error():
-    for plan in (None, LaunchPlan("launch", 4), LaunchPlan("in-process", 4)):
+    for plan in (None, LaunchPlan("spawn", 4), LaunchPlan("in-process", 4)):
         with pytest.raises(ValueError, match=r"stages\.generate\.urls is empty"):
             SGLangBackend(cfg([]), ChatTemplateSpec(), "m", plan, node=0)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
 from s3_fixtures import make_run
 from typer.testing import CliRunner
 
 from dflashx.cli.main import app
 from dflashx.report.compare import compare, flatten
+from dflashx.report.fmt import human_value
 from dflashx.report.runinfo import RunInfo
 from dflashx.track.records import RecordLog
 
@@ -19,9 +19,9 @@ runner = CliRunner()
 
 def _two_runs(tmp_path: Path) -> tuple[Path, Path]:
     a, b = make_run(tmp_path, name="lr-low"), make_run(tmp_path, name="lr-high")
-    recipe = yaml.safe_load((b / "recipe.yaml").read_text())
-    recipe["stages"] = {"train": {"lr": 0.01}}
-    (b / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    plan = json.loads((b / "plan.json").read_text())  # the run's recipe is its plan's resolved one
+    plan["resolved"]["stages"]["train"]["lr"] = 0.01
+    (b / "plan.json").write_text(json.dumps(plan))
     RecordLog(b, "lr-high-1").append("stage_end", stage="train", stage_key="k2", duration_s=80.0,
                                      metrics={"loss": 0.75, "tokens_per_s": 1200.0})
     return a, b
@@ -36,7 +36,8 @@ def test_sections_show_differences_estimates_and_results(tmp_path: Path) -> None
     a, b = _two_runs(tmp_path)
     sections = compare([RunInfo.load(a), RunInfo.load(b)])
     diff = _table(sections, "Recipe differences")
-    assert diff["stages.train.lr"] == ["-", "0.01"] and diff["name"] == ["lr-low", "lr-high"]
+    assert diff["stages.train.lr"] == [human_value(RunInfo.load(a).recipe.stages.train.lr), "0.01"]
+    assert diff["name"] == ["lr-low", "lr-high"]
     assert "storage.root" not in diff  # equal keys are left out
     assert _table(sections, "Time: actual / estimate")["train"] == ["1.3 min / 1.7 min (0.80x)"] * 2
     storage = _table(sections, "Storage: actual / estimate")
@@ -61,13 +62,13 @@ def test_flatten_indexes_lists_of_mappings() -> None:
     assert flatten({"a": {"b": 1}, "s": [{"x": 2}], "ids": [1, 2]}) == {"a.b": 1, "s[0].x": 2, "ids": [1, 2]}
 
 
-def test_a_run_without_recipe_adds_no_empty_key_to_the_differences(tmp_path: Path) -> None:
+def test_the_recipe_compared_is_the_plans_not_recipe_yaml(tmp_path: Path) -> None:
     assert flatten({}) == {} and flatten({}, "r") == {"r": {}}  # an empty section below the top stays a value
     a, b = _two_runs(tmp_path)
-    (b / "recipe.yaml").unlink()
+    before = _table(compare([RunInfo.load(a), RunInfo.load(b)]), "Recipe differences")
+    (b / "recipe.yaml").unlink()  # a copy for people: the typed plan holds the resolved recipe
     diff = _table(compare([RunInfo.load(a), RunInfo.load(b)]), "Recipe differences")
-    assert "" not in diff and diff["name"] == ["lr-low", "-"]
-    assert all(b_value == "-" for _, b_value in diff.values())
+    assert diff == before and "" not in diff and diff["name"] == ["lr-low", "lr-high"]
 
 
 def _eval_report(run: Path, report: dict) -> None:

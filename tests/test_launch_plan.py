@@ -62,7 +62,7 @@ def test_every_stage_runtime_round_trips_through_plan_json(recipe):
 
 
 def test_the_launch_plan_names_its_mode():
-    assert launch_of(seeds_recipe("b200_nvl8")).mode == "launch"
+    assert launch_of(seeds_recipe("b200_nvl8")).mode == "spawn"
     local = launch_of(seeds_recipe("b200_nvl8", stages__generate__backend="transformers",
                                    stages__generate__batch_size=6, stages__generate__concurrency=9))
     assert local.mode == "in-process" and local.in_flight_per_replica == 6 and local.servers == ()
@@ -237,3 +237,15 @@ def test_dflashx_run_node_rank_sets_the_environment_the_launcher_reads(monkeypat
     assert result.exit_code == 2  # the recipe cannot be read: nothing ran
     assert node_rank() == 1
     assert CliRunner().invoke(app, ["run", "x.yaml", "--node-rank", "-1"]).exit_code == 2
+
+
+def test_a_plan_json_written_before_launch_meant_one_thing_still_reads():
+    """Issue 39: the serving mode `launch` is `spawn` and the train argv `launch_argv`; a saved plan.json that
+    says `launch` for them reads back as the same plan."""
+    plan = make_plan(seeds_recipe("b200_nvl8"))
+    old = plan.to_json()
+    generate = next(s for s in old["stages"] if s["name"] == "generate")
+    generate["mode"] = "launch"
+    old["resolved"]["stages"]["generate"]["serving"]["mode"] = "launch"
+    old["resolved"]["stages"]["train"]["launch"] = old["resolved"]["stages"]["train"].pop("launch_argv")
+    assert Plan.from_json(old) == plan and Plan.from_json(old).stage("generate").launch.mode == "spawn"

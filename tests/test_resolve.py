@@ -112,7 +112,7 @@ def test_batch_arithmetic_follows_the_world_size():
     eight = resolve(seeds_recipe("h200_x8"), lookup("Qwen/Qwen3.6-27B")).stages.train
     assert one.deepspeed_config["train_batch_size"] == eight.deepspeed_config["train_batch_size"] == 64
     assert (one.grad_accum, eight.grad_accum, one.world_size, eight.world_size) == (64, 8, 1, 8)
-    assert eight.launch[:3] == ["deepspeed", "--num_gpus", "8"]
+    assert eight.launch_argv[:3] == ["deepspeed", "--num_gpus", "8"]
 
 
 def test_fp16_target_trains_the_drafter_in_bf16_as_the_plan_shows():

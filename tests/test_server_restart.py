@@ -27,7 +27,7 @@ HEADER = "==== dflashx: launch at"
 def _launched(tmp_path: Path, restarts: int, backend=SGLangBackend):
     port = free_port()
     command = ("python", str(HERE / "openai_server.py"), "--port", str(port), "--delay-s", "0.05")
-    plan = LaunchPlan("launch", 4, (ServerSpec(f"http://127.0.0.1:{port}", 4, command, port, (), 0),))
+    plan = LaunchPlan("spawn", 4, (ServerSpec(f"http://127.0.0.1:{port}", 4, command, port, (), 0),))
     config = cfg([], server_startup_timeout_s=30, server_restarts=restarts, retry_backoff_s=0.01)
     made = backend(config, ChatTemplateSpec(), "m", plan, tmp_path, node=0, launch_args=LaunchArgs(sys.executable))
     made.pool.poll_s = 0.05

@@ -1,4 +1,4 @@
-"""Issue 30: who runs the target for generation (`launch | attach | in-process`) is resolved once,
+"""Issue 30: who runs the target for generation (`spawn | attach | in-process`) is resolved once,
 `dflashx.resolve.serving.serving_mode` into `stages.generate.serving.mode`, before every rule and
 estimate that needs it; the launch plan, the estimate's server count, the preflight and the pilot read
 that value, and no module outside resolve/ decides it again (a source scan)."""
@@ -26,9 +26,9 @@ CASES = [
     (seeds_recipe("h200_x1", **CPU, stages__generate__urls=ADDRESSES), "attach", 1),
     (seeds_recipe("h200_x1", **CPU, stages__generate__urls=ADDRESSES, stages__generate__serving__tp=2,
                   stages__generate__serving__dp=4), "attach", 1),  # no GPU: one process, whatever the recipe says
-    (seeds_recipe("h200_x1", **CPU), "launch", 1),  # an error (sglang_needs_gpu): nothing to start
-    (seeds_recipe("b200_nvl8"), "launch", 8),
-    (seeds_recipe("h100_x8", hardware__nodes=2), "launch", 16),
+    (seeds_recipe("h200_x1", **CPU), "spawn", 1),  # an error (sglang_needs_gpu): nothing to start
+    (seeds_recipe("b200_nvl8"), "spawn", 8),
+    (seeds_recipe("h100_x8", hardware__nodes=2), "spawn", 16),
     (seeds_recipe("b200_nvl8", stages__generate__urls=ADDRESSES), "attach", 8),
     (seeds_recipe("b200_nvl8", stages__generate__backend="transformers"), "in-process", 8),
 ]
@@ -57,7 +57,7 @@ def test_the_resolved_mode_the_launch_plan_and_the_estimate_agree(recipe, mode, 
         assert all(s.command for s in launch.servers)
         assert in_flight == launch.in_flight_per_replica * estimate.dp
     codes = {f.code for f in plan.errors + plan.warnings}
-    assert ("servers_on_other_nodes" in codes) == (mode == "launch" and recipe.hardware.nodes > 1)
+    assert ("servers_on_other_nodes" in codes) == (mode == "spawn" and recipe.hardware.nodes > 1)
 
 
 # a decision about the mode: the generation backend compared, `urls` tested for emptiness

@@ -22,7 +22,7 @@ def test_shipped_files_match_their_record():
 
 def test_the_shipped_build_is_the_current_build_code():
     """Fails when dflashx/tiny/{build,corpus,tokenizer,train}.py change without re-shipping
-    (`python -m dflashx.tiny.shipped`)."""
+    (`python -m dflashx.tiny.reship`)."""
     assert shipped.record(VARIANT)["key"] == build_key(BuildSettings.for_variant(VARIANT, False))
 
 

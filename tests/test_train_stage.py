@@ -62,7 +62,7 @@ def test_stage_trains_in_process_and_exports(tmp_path):
 def test_stage_launches_one_process_per_rank(tmp_path):
     logs: list = []
     ctx = _ctx(tmp_path, logs, CPU_2_PROCESSES)  # the resolved launch: torchrun --nproc_per_node 2
-    assert ctx.recipe.stages.train.launch[:4] == ["torchrun", "--standalone", "--nproc_per_node", "2"]
+    assert ctx.recipe.stages.train.launch_argv[:4] == ["torchrun", "--standalone", "--nproc_per_node", "2"]
     result = train_stage.run(ctx)
     assert result.metrics["world_size"] == 2 and [s for s, _ in logs] == [1, 2]
     assert (ctx.out_dir / "checkpoint" / "model.safetensors").exists()

@@ -136,6 +136,8 @@ def render(plan: Plan, title: str, explain: bool) -> None:
             lines += [f"  {term.key} = {_value(term.value, term.unit)}", f"      {term.formula}"]
             if term.inputs:
                 lines.append(f"      inputs: {_inputs(term.inputs)}")
+            if term.source:
+                lines.append(f"      source: {term.source}")
     for findings, color in ((plan.warnings, "yellow"), (plan.errors, "red")):
         lines += [style(format_finding(f), color) for f in findings]
     verdict = f"{len(plan.errors)} error(s), {len(plan.warnings)} warning(s)"
@@ -144,9 +146,13 @@ def render(plan: Plan, title: str, explain: bool) -> None:
 
 
 def _json_failure(problems: list[RecipeProblem]) -> typer.Exit:
-    """The one JSON object of a recipe that cannot be planned; returns the exit to raise (code 2)."""
-    document = {"errors": [p.to_json() for p in problems], "warnings": [], "stages": [], "totals": None,
-                "ranges": None, "calibration": None, "resolved": None, "deploy": None}
+    """The one JSON object of a recipe that cannot be planned: an empty plan's own document (`Plan.to_json`: no
+    stage, zero totals, nothing resolved) whose errors are the recipe's problems, each with its file and line;
+    returns the exit to raise (code 2)."""
+    from dflashx.plan.context import totals
+    from dflashx.plan.plan import Plan
+
+    document = Plan((), (), totals([]), None).to_json() | {"errors": [p.to_json() for p in problems]}
     sys.stdout.write(json.dumps(document) + "\n")
     return typer.Exit(RecipeError.exit_code)
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from dflashx.config import suggest
 from dflashx.config.fields import KEY_PROBLEM
-from dflashx.config.schema import Recipe
+from dflashx.config.schema import STAGE_ORDER, Recipe
 
 Loc = tuple[str | int, ...]
 
@@ -212,7 +212,8 @@ def validation_problems(
         if kind == KEY_PROBLEM:
             message, expected, hint = err["msg"], None, ctx["fix"]
         elif kind == "extra_forbidden":
-            message, expected, hint = "unknown key", None, suggest.unknown_key_hint(loc, root)
+            message, expected, hint = "unknown key", None, suggest.unknown_key_hint(
+                loc, root, STAGE_ORDER if root is Recipe else ())
         elif kind == "missing":
             message, expected = "required key is missing", None
             hint = f"add `{loc[-1]}:` under `{dotted(loc[:-1])}`" if len(loc) > 1 else f"add `{loc[-1]}:`"

@@ -1,8 +1,8 @@
 """Did-you-mean hints: close matches among the schema's keys, literal values and profile names; the one
 did-you-mean helper (`did_you_mean`) of every "unknown name" message.
 
-The schema is imported where a hint is made, not with this module: config.errors imports it, and
-`dflashx plan` pays for every import at start-up (benchmarks/cli_latency.py)."""
+It imports no dflashx module: the schema's sections use it for their own did-you-mean, so the caller hands in
+the model a hint is about (`root`; config.errors passes the recipe or the hardware profile)."""
 
 from __future__ import annotations
 
@@ -33,12 +33,6 @@ def _phrase(matches: Sequence[str]) -> str | None:
     return "did you mean " + " or ".join(repr(m) for m in matches) + "?"
 
 
-def _recipe() -> type[BaseModel]:
-    from dflashx.config.schema import Recipe
-
-    return Recipe
-
-
 def _unwrap(tp: Any) -> Any:
     """Strip Annotated[...] and Optional[...] down to the type that holds the value."""
     while True:
@@ -54,10 +48,9 @@ def _unwrap(tp: Any) -> Any:
             return tp
 
 
-def type_at(loc: Sequence[str | int], root: type[BaseModel] | None = None) -> Any:
-    """The schema type of the value at `loc` (e.g. ("stages", "train")) in `root` (default: the recipe),
-    or None if unknown."""
-    tp: Any = root or _recipe()
+def type_at(loc: Sequence[str | int], root: type[BaseModel]) -> Any:
+    """The schema type of the value at `loc` (e.g. ("stages", "train")) in `root`, or None if unknown."""
+    tp: Any = root
     for part in loc:
         tp = _unwrap(tp)
         origin = get_origin(tp)
@@ -75,7 +68,7 @@ def type_at(loc: Sequence[str | int], root: type[BaseModel] | None = None) -> An
     return _unwrap(tp)
 
 
-def keys_at(loc: Sequence[str | int], root: type[BaseModel] | None = None) -> list[str] | None:
+def keys_at(loc: Sequence[str | int], root: type[BaseModel]) -> list[str] | None:
     """The keys the schema allows in the mapping at `loc`; None when that mapping is free-form."""
     tp = type_at(loc, root)
     if isinstance(tp, type) and issubclass(tp, BaseModel):
@@ -83,7 +76,7 @@ def keys_at(loc: Sequence[str | int], root: type[BaseModel] | None = None) -> li
     return None
 
 
-def literal_values(loc: Sequence[str | int], root: type[BaseModel] | None = None) -> list[str]:
+def literal_values(loc: Sequence[str | int], root: type[BaseModel]) -> list[str]:
     """The allowed values of a Literal field at `loc` (as strings), else []."""
     tp = type_at(loc, root)
     if get_origin(tp) is Literal:
@@ -91,22 +84,21 @@ def literal_values(loc: Sequence[str | int], root: type[BaseModel] | None = None
     return []
 
 
-def unknown_key_hint(loc: Loc, root: type[BaseModel] | None = None) -> str | None:
-    """Hint for an unknown key at `loc`: a close match at its level, else the keys allowed there."""
-    from dflashx.config.schema import STAGE_ORDER
-
+def unknown_key_hint(loc: Loc, root: type[BaseModel], stages: Sequence[str] = ()) -> str | None:
+    """Hint for an unknown key at `loc`: a close match at its level, else the keys allowed there. `stages`:
+    the stage names a top-level key may have meant (`trian:` most likely meant stages.train)."""
     key = str(loc[-1])
     allowed = keys_at(loc[:-1], root) or []
     matches = close_matches(key, allowed)
-    if root in (None, _recipe()) and len(loc) == 1:  # `trian:` at the top level most likely meant stages.train
-        matches += [f"stages.{m}" for m in close_matches(key, STAGE_ORDER)]
+    if len(loc) == 1:
+        matches += [f"stages.{m}" for m in close_matches(key, stages)]
     hint = _phrase(matches)
     if hint:
         return hint
     return "allowed keys here: " + ", ".join(allowed) if allowed else None
 
 
-def value_hint(loc: Loc, value: Any, root: type[BaseModel] | None = None) -> str | None:
+def value_hint(loc: Loc, value: Any, root: type[BaseModel]) -> str | None:
     """Hint for a value not among a Literal field's choices."""
     if not isinstance(value, str):
         return None

@@ -2,20 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dflashx.plan.expr import Expr
 
 
 @dataclass(frozen=True)
 class Term:
-    """One derived number: `value` in `unit`, computed by `formula` from `inputs`."""
+    """One derived number: `value` in `unit`, computed by `formula` from `inputs`. The formula and inputs are
+    rendered when first read (`explain`: a plan renders them only for --explain and plan.json's `explain`; its
+    P10/P90 re-plans never do)."""
 
     key: str
     value: float
     unit: str
-    formula: str
-    inputs: dict[str, Any] = field(default_factory=dict)
+    explain: Callable[[], tuple[str, dict[str, Any]]] = field(compare=False, repr=False)
     source: str = ""
+
+    @cached_property
+    def _explained(self) -> tuple[str, dict[str, Any]]:
+        return self.explain()
+
+    @property
+    def formula(self) -> str:
+        return self._explained[0]
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        return self._explained[1]
 
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "value": self.value, "unit": self.unit, "formula": self.formula,
@@ -23,13 +41,21 @@ class Term:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Term:
-        return cls(str(data["key"]), float(data["value"]), str(data["unit"]), str(data["formula"]),
-                   dict(data["inputs"]), str(data["source"]))
+        formula, inputs = str(data["formula"]), dict(data["inputs"])
+        return cls(str(data["key"]), float(data["value"]), str(data["unit"]), lambda: (formula, inputs),
+                   str(data["source"]))
 
 
 def term(key: str, value: float, unit: str, formula: str, source: str = "", **inputs: Any) -> Term:
-    """Shorthand constructor; inputs are given as keyword arguments."""
-    return Term(key, value, unit, formula, inputs, source)
+    """A term whose formula is text (a measured figure, a model computed elsewhere); inputs as keywords."""
+    return Term(key, value, unit, lambda: (formula, inputs), source)
+
+
+def explained(key: str, expr: Expr, unit: str, source: str = "", **context: Any) -> Term:
+    """The term of a number computed by `expr` (`dflashx.plan.expr`): its value, formula and inputs all read off
+    the one expression; `context` adds what the formula does not compute with (notes, labels, the figures a
+    reader compares it with)."""
+    return Term(key, expr.value, unit, lambda: (expr.formula(), {**expr.inputs(), **context}), source)
 
 
 def human_bytes(n: float) -> str:

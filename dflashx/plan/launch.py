@@ -7,8 +7,12 @@ object), so the client keeps open exactly what the estimate assumed and starts e
 lists. The shape (an immutable plan of one frozen spec per service) follows SpecForge's `LaunchPlan` /
 `ServiceSpec`, which issue 22 names as the model (sgl-project/SpecForge); the fields are dflashx's own.
 
+"Launch" means one thing in dflashx: a stage's launch plan, the processes it starts and where (these types;
+`StagePlan.launch` and `StagePlan.train_launch` hold them). The serving mode that starts servers is `spawn`, and
+the train stage's command line is `ResolvedTrainStage.launch_argv`.
+
 Modes (the resolved `stages.generate.serving.mode`, `dflashx.resolve.serving.serving_mode`):
-  launch      the generate stage starts `servers` (each node only its own: `node`) and waits for all of them
+  spawn       the generate stage starts `servers` (each node only its own: `node`) and waits for all of them
   attach      `stages.generate.urls`: servers someone else started; nothing is launched
   in-process  the transformers backend: no server, `in_flight_per_replica` is its batch
 Addresses: a node-0 server is `127.0.0.1`; a server on node i > 0 is named `node-<i>` (`node_name`, the names
@@ -120,7 +124,7 @@ class LaunchPlan:
         return tuple(sorted({s.node for s in self.servers if s.node is not None}))
 
     def on_node(self, node: int) -> tuple[ServerSpec, ...]:
-        """The servers `node` starts (launch mode); attached servers belong to no node."""
+        """The servers `node` starts (spawn mode); attached servers belong to no node."""
         return tuple(s for s in self.servers if s.node == node and s.command)
 
     def to_json(self) -> dict[str, Any]:
@@ -131,14 +135,15 @@ class LaunchPlan:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LaunchPlan:
         router = data.get("router")
-        return cls(data["mode"], int(data["in_flight_per_replica"]),
+        return cls("spawn" if data["mode"] == "launch" else data["mode"],  # plan.json before issue 39: `launch`
+                   int(data["in_flight_per_replica"]),
                    tuple(ServerSpec.from_json(s) for s in data.get("servers") or ()),
                    RouterSpec.from_json(router) if router else None)
 
 
 @dataclass(frozen=True)
 class TrainLaunch:
-    """How the train stage starts its processes: `argv` (`stages.train.launch` of the resolved recipe, `{run_dir}`
+    """How the train stage starts its processes: `argv` (`stages.train.launch_argv` of the resolved recipe, `{run_dir}`
     still in it), `world_size` processes over `nodes` nodes, and `deepspeed_config`, the config the engine is
     built with. On several nodes `argv` reads the hostfile at `hostfile_path`, one `<host> slots=<per node>`
     line per node, which the train stage writes with the nodes' real addresses before it launches."""

@@ -170,7 +170,7 @@ def generate_backend_fits(ctx: PlanContext) -> Iterable[Finding]:
         yield warning("transformers_big_target", "stages.generate.backend",
                       f"transformers generate() on a {ctx.facts.total_params / 1e9:.0f}B target is far slower "
                       "than a serving engine", "set stages.generate.backend=sglang")
-    if gen.serving.mode == "launch" and hw.gpu is None and not ENGINES[gen.backend].runs_on_cpu:
+    if gen.serving.mode == "spawn" and hw.gpu is None and not ENGINES[gen.backend].runs_on_cpu:
         yield error("sglang_needs_gpu", "stages.generate.backend",
                     f"SGLang servers need GPUs; profile {hw.name} has none",
                     "set stages.generate.backend=vllm (its CPU build: README) or transformers, or give "
@@ -194,7 +194,7 @@ def generate_backend_fits(ctx: PlanContext) -> Iterable[Finding]:
 
 def servers_local(ctx: PlanContext) -> Iterable[Finding]:
     gen, hw = ctx.recipe.stages.generate, ctx.recipe.hardware
-    if gen.enabled and gen.serving.mode == "launch" and hw.nodes > 1:
+    if gen.enabled and gen.serving.mode == "spawn" and hw.nodes > 1:
         yield warning("servers_on_other_nodes", "stages.generate.urls",
                       f"generation spans {hw.nodes} nodes: each node starts only its own SGLang servers (the plan's "
                       "commands marked [on node-i]) and node 0 sends the prompts to all of them",

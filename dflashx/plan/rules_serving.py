@@ -21,7 +21,7 @@ KEY = "stages.generate.serving"
 
 def _launches(ctx: PlanContext) -> bool:
     """dflashx starts the servers (the resolved `serving.mode`) on the profile's GPUs."""
-    return ctx.recipe.stages.generate.serving.mode == "launch" and ctx.recipe.hardware.gpu is not None
+    return ctx.recipe.stages.generate.serving.mode == "spawn" and ctx.recipe.hardware.gpu is not None
 
 
 def _serves(ctx: PlanContext) -> bool:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from dflashx.config.load import CALIBRATION_SUFFIX, available_profiles
 from dflashx.config.schema import Recipe
@@ -32,7 +31,6 @@ from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
 from dflashx.plan.estimates.lengths import scaled_stats
 from dflashx.report.fmt import Section, human_value
 from dflashx.report.runinfo import RunInfo
-from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.layout import calibration_path as pilot_file
 from dflashx.store.manifest import atomic_write_text, utc_now
 
@@ -73,14 +71,6 @@ class Calibration:
         return [fits, factors]
 
 
-def run_recipe(run: RunInfo) -> Recipe:
-    """The run's saved recipe: a resolved one (what `dflashx run` saves), or a plain recipe."""
-    try:
-        return ResolvedRecipe.model_validate(run.recipe)
-    except ValidationError:
-        return Recipe.model_validate(run.recipe)
-
-
 def _serving_fit(run: RunInfo, recipe: Recipe, facts: Any) -> Fit | None:
     """The finished generation's tokens/s over the model's, at the lengths it measured."""
     m = run.metrics("generate")
@@ -113,11 +103,7 @@ def _pilot_fits(run: RunInfo, profile: str) -> list[Fit]:
 
 def fit_run(run: RunInfo, facts_for: FactsFor, into: Calibration) -> None:
     """Add the run's fits (or a note saying why there are none) to `into`."""
-    try:
-        recipe = run_recipe(run)
-    except ValidationError as exc:
-        into.notes.append(f"{run.name}: recipe.yaml does not validate ({exc.error_count()} error(s)); skipped")
-        return
+    recipe = run.recipe
     profile, facts = recipe.hardware.name, facts_for(recipe)
     fits = _pilot_fits(run, profile)
     serving = _serving_fit(run, recipe, facts)

@@ -29,7 +29,7 @@ THROUGHPUT = {"generate": "output_tokens_per_s", "tokenize": "tokens_per_s", "tr
 
 
 def recipe_differences(runs: list[RunInfo]) -> Section:
-    flat = [flatten(r.recipe) for r in runs]
+    flat = [flatten(r.recipe.model_dump(mode="json")) for r in runs]
     keys = sorted(set().union(*flat))
     rows = [[k, *(human_value(f.get(k)) for f in flat)] for k in keys
             if len({repr(f.get(k)) for f in flat}) > 1]
@@ -163,13 +163,13 @@ def predicted_speedup(runs: list[RunInfo]) -> Section:
 
 def wandb_metrics(run: RunInfo) -> dict[str, dict[str, Any]]:
     """Per-stage W&B summaries of an online run ({} when offline, without a key, or unreachable)."""
-    tracking = run.recipe.get("tracking") or {}
-    if tracking.get("mode") != "online" or not os.environ.get("WANDB_API_KEY"):
+    tracking = run.recipe.tracking
+    if tracking.mode != "online" or not os.environ.get("WANDB_API_KEY"):
         return {}
     try:
         import wandb
 
-        path = "/".join(p for p in (tracking.get("entity"), tracking.get("project", "dflashx")) if p)
+        path = "/".join(p for p in (tracking.entity, tracking.project) if p)
         found = wandb.Api(timeout=20).runs(path, filters={"group": run.run_id})
         return {r.job_type: {k: v for k, v in dict(r.summary).items() if not k.startswith("_")}
                 for r in found if r.job_type}

@@ -1,4 +1,6 @@
-"""One finished (or partial) run as the reports read it: recipe, plan, stage states, manifest."""
+"""One finished (or partial) run as the reports read it: the typed plan (and in it the resolved recipe), stage
+states, manifest. Nothing here reads recipe.yaml or re-derives a figure: the plan's `resolved` is the recipe the
+run ran (plan.json and recipe.yaml are written from it, both redacted), and a cost is `plan.estimates.cost`'s."""
 
 from __future__ import annotations
 
@@ -6,11 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from dflashx.plan.estimates.cost import node_usd
+from dflashx.plan.estimates.cost import usd
 from dflashx.plan.context import Estimates
 from dflashx.plan.plan import Plan
+from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.rundir import RunDir
 from dflashx.run.status import NotARunDir, StageStatus, run_status
 from dflashx.store.manifest import Manifest
@@ -20,7 +21,6 @@ from dflashx.store.manifest import Manifest
 class RunInfo:
     path: Path
     run_id: str
-    recipe: dict[str, Any]  # the run's saved, resolved recipe (recipe.yaml)
     plan: Plan  # plan.json (`run.rundir.load_plan`)
     stages: dict[str, StageStatus]
     manifest: Manifest
@@ -36,18 +36,21 @@ class RunInfo:
             raise ValueError(str(exc)) from None
         plan = rd.plan()
         assert plan is not None, "run_status reads plan.json first"
-        recipe_file = path / "recipe.yaml"
-        recipe = yaml.safe_load(recipe_file.read_text()) if recipe_file.is_file() else {}
-        return cls(path, (rd.info() or {}).get("run_id", path.name), recipe or {}, plan,
-                   stages, Manifest.load(path))
+        return cls(path, (rd.info() or {}).get("run_id", path.name), plan, stages, Manifest.load(path))
 
     @property
     def name(self) -> str:
         return self.path.name
 
     @property
+    def recipe(self) -> ResolvedRecipe:
+        """The recipe the run ran, resolved (a run folder's plan always holds it: `run_status` says so)."""
+        assert self.plan.resolved is not None, "run_status refuses a plan.json without `resolved`"
+        return self.plan.resolved
+
+    @property
     def profile(self) -> str:
-        return str((self.recipe.get("hardware") or {}).get("name", "?"))
+        return self.recipe.hardware.name
 
     def metrics(self, stage: str) -> dict[str, Any]:
         status = self.stages.get(stage)
@@ -62,10 +65,8 @@ class RunInfo:
         return sum(e.size for e in entries) if entries else None
 
     def usd(self, stage: str) -> float | None:
-        """Measured cost: stage duration x GPUs x the profile's $/GPU-hour."""
+        """Measured cost: the stage's duration at the plan's price of the whole node (`cost.usd`)."""
         duration = self.stages[stage].duration_s if stage in self.stages else None
         if duration is None:
             return None
-        hw = self.recipe.get("hardware") or {}
-        gpus = int(hw.get("gpus_per_node", 0)) * int(hw.get("nodes", 1))
-        return node_usd(duration, gpus, float(hw.get("usd_per_gpu_hour", 0.0)))
+        return usd(duration, self.recipe.hardware)

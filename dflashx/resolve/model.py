@@ -11,9 +11,9 @@ function that builds it; `plan.json` stores it (`resolved`); every stage reads i
 # No `from __future__ import annotations` here: pydantic would evaluate every field's string
 # annotation when the class is created, which `dflashx plan`'s start-up pays (benchmarks/cli_latency.py).
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
 from dflashx.config.fields import OPERATIONAL, OUTPUT, Precision
 from dflashx.config.schema import (
@@ -60,6 +60,15 @@ class ResolvedDrafter(DrafterSpec):
 class ResolvedTrainStage(TrainStage):
     model_config = _FROZEN
 
+    @model_validator(mode="before")
+    @classmethod
+    def _argv_was_launch(cls, data: Any) -> Any:
+        """plan.json written before issue 39 names `launch_argv` `launch` ("launch" now means only a stage's
+        launch plan, `dflashx.plan.launch`)."""
+        if isinstance(data, dict) and "launch" in data and "launch_argv" not in data:
+            data = {("launch_argv" if k == "launch" else k): v for k, v in data.items()}
+        return data
+
     micro_batch: int = Field(ge=1, description="Sequences per rank per micro step.", json_schema_extra=OPERATIONAL)
     zero_stage: Literal[0, 1, 2] = Field(description="DeepSpeed ZeRO stage.", json_schema_extra=OPERATIONAL)
     loss_gamma: float = Field(gt=0, description="Slot decay γ.", json_schema_extra=OUTPUT)
@@ -90,8 +99,8 @@ class ResolvedTrainStage(TrainStage):
                                   "factor when unset); null under AdamW.", json_schema_extra=OUTPUT)
     deepspeed_config: dict[str, Any] = Field(description="The DeepSpeed config the engine is built with.",
                                              json_schema_extra=OPERATIONAL)
-    launch: list[str] = Field(description="argv of the training launch ({run_dir} filled in by the stage).",
-                              json_schema_extra=OPERATIONAL)
+    launch_argv: list[str] = Field(description="argv of the train stage's launch ({run_dir} filled in by the stage).",
+                                   json_schema_extra=OPERATIONAL)
     tau_prompts: int = Field(ge=0, description="Held-out prompts decoded per τ measurement while training (the first "
                              "of the ingest stage's eval_prompts; 0: none held out).", json_schema_extra=OPERATIONAL)
     tau_max_new_tokens: int = Field(ge=1, description="New tokens per held-out prompt in a τ measurement.",
@@ -107,14 +116,20 @@ class ResolvedSpeculative(SpeculativeSpec):
     acceptance_source: str = Field(description="Where the profile comes from.", json_schema_extra=OPERATIONAL)
 
 
-ServingMode = Literal["launch", "attach", "in-process"]
+ServingMode = Literal["spawn", "attach", "in-process"]
+
+
+def _spawn_was_launch(mode: object) -> object:
+    """plan.json written before issue 39 says `launch` for `spawn` ("launch" now means only a stage's launch
+    plan, `dflashx.plan.launch`)."""
+    return "spawn" if mode == "launch" else mode
 
 
 class ResolvedServing(ServingSpec):
     model_config = _FROZEN
 
-    mode: ServingMode = Field(
-        description="Who runs the target for generation: launch (dflashx starts SGLang servers on the profile's "
+    mode: Annotated[ServingMode, BeforeValidator(_spawn_was_launch)] = Field(
+        description="Who runs the target for generation: spawn (dflashx starts the servers on the profile's "
         "GPUs), attach (servers at stages.generate.urls someone else started) or in-process (the transformers "
         "backend); `dflashx.resolve.serving.serving_mode`.", json_schema_extra=OPERATIONAL)
 

@@ -148,7 +148,7 @@ def _train(recipe: Recipe, facts: TargetFacts, drafter: ResolvedDrafter, load_pr
         "loss_kernel": loss_kernel(train, on_gpu),
         "muon_lr": muon_lr(train.lr, train.muon_lr) if train.optimizer == "muon" else None,
         "deepspeed_config": deepspeed_config(train, micro, accum, zero, world, bf16, on_gpu),
-        "launch": launch_argv(hw, world),
+        "launch_argv": launch_argv(hw, world),
         "tau_prompts": prompts,
         "tau_max_new_tokens": new_tokens,
     })

@@ -1,6 +1,6 @@
 """The generate stage's serving settings, derived once: one pure function per `auto` value.
 
-  mode            launch | attach | in-process: the transformers backend runs in-process, SGLang and vLLM
+  mode            spawn | attach | in-process: the transformers backend runs in-process, SGLang and vLLM
                   attach to stages.generate.urls when given, else dflashx launches their servers (every rule,
                   estimate, the launch plan, the preflight and the pilot read this one value)
   weight_dtype    target.precision (a reviewed recipe says what runs: FP8 serving changes the data)
@@ -83,7 +83,7 @@ def serving_mode(recipe: Recipe) -> ServingMode:
     gen = recipe.stages.generate
     if gen.backend == "transformers":
         return "in-process"
-    return "attach" if gen.urls else "launch"
+    return "attach" if gen.urls else "spawn"
 
 
 def tensor_parallel(recipe: Recipe, facts: TargetFacts) -> int:

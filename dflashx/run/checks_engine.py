@@ -50,7 +50,7 @@ def installed(python: str, engine: Engine, timeout_s: float = 30.0) -> tuple[boo
 def launched_engines(recipe: ResolvedRecipe) -> list[tuple[Engine, str, Architecture | None]]:
     """(engine, the recipe key that launches it, the drafter architecture it serves or None) for this run."""
     gen, out = recipe.stages.generate, []
-    if gen.enabled and gen.serving.mode == "launch" and gen.backend in ("sglang", "vllm"):
+    if gen.enabled and gen.serving.mode == "spawn" and gen.backend in ("sglang", "vllm"):
         drafted = recipe.drafter.architecture if gen.serving.drafter else None
         out.append((gen.backend, "stages.generate.backend", drafted))
     if recipe.stages.eval.enabled and recipe.stages.eval.engine:

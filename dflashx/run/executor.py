@@ -50,7 +50,7 @@ class Executed:
 
 
 def stage_context(name: str, recipe: ResolvedRecipe, plan: Plan, run_dir: Path, out_dir: Path,
-                  inputs: dict[str, Path]) -> StageContext:
+                  inputs: dict[str, Path]) -> StageContext[Any]:
     """The context stage `name` runs in: the resolved recipe, what the plan decided for it (its typed
     `StagePlan`), its folder and its inputs' paths."""
     return StageContext(name=name, recipe=recipe, runtime=plan.stage(name), run_dir=run_dir, out_dir=out_dir,

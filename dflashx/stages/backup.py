@@ -7,7 +7,7 @@ holds the run's state up to this stage); fails (StageFailed) unless every file v
 
 from __future__ import annotations
 
-from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
+from dflashx.stages.base import Artifact, BackupContext, StageFailed, StageResult
 from dflashx.store.backup import backup_run
 from dflashx.store.base import StoreError
 from dflashx.store.inventory import BACKUP_DIR
@@ -15,7 +15,7 @@ from dflashx.store.manifest import atomic_write_json
 from dflashx.store.s3 import S3Store
 
 
-def run(ctx: StageContext) -> StageResult:
+def run(ctx: BackupContext) -> StageResult:
     spec = ctx.recipe.storage.s3
     if spec is None:
         raise StageFailed("stage backup needs storage.s3 (bucket, endpoint_url, path_style) in the "

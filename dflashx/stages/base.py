@@ -1,7 +1,9 @@
 """The contract every stage implements.
 
 A stage is one function `run(ctx: StageContext) -> StageResult` in `dflashx/stages/<name>.py`.
-It reads its resolved config from `ctx.config` (its section of the `ResolvedRecipe` in `ctx.recipe`),
+It reads its resolved config from `ctx.config` (its section of the `ResolvedRecipe` in `ctx.recipe`, typed:
+a stage's `run` takes its own `StageContext[section]`, named below as `TrainContext` and so on, which mypy
+checks every read against; tests/test_stage_context.py holds each `run`'s annotation to its section's type),
 what the plan decided for it from `ctx.runtime` (its frozen `StagePlan`: typed estimates and, for
 generate and train, the typed launch; never the planner's JSON) and its inputs from `ctx.inputs` (the outputs of
 earlier stages, keyed "<stage>.<artifact>"), writes only inside `ctx.out_dir`, and returns the
@@ -16,11 +18,13 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Generic, Protocol, TypeVar, cast
 
+from dflashx.config.fields import StageBase
 from dflashx.config.schema import STAGE_ORDER, Tier
+from dflashx.config.stages import BackupStage, ExportStage, IngestStage, QCStage, TokenizeStage
 from dflashx.plan.plan import StagePlan
-from dflashx.resolve.model import ResolvedRecipe
+from dflashx.resolve.model import ResolvedEvalStage, ResolvedGenerateStage, ResolvedRecipe, ResolvedTrainStage
 
 
 class StageFailed(RuntimeError):
@@ -44,8 +48,13 @@ class Artifact:
     description: str = ""
 
 
+C = TypeVar("C", bound=StageBase)
+
+
 @dataclass
-class StageContext:
+class StageContext(Generic[C]):
+    """What stage `name` runs with; `C` is the type of its resolved section (`config`)."""
+
     name: str
     recipe: ResolvedRecipe  # every derived value filled in; stages never re-default a recipe value
     runtime: StagePlan  # what the plan decided for this stage, typed (`Plan.stage(name)`)
@@ -55,9 +64,20 @@ class StageContext:
     log: MetricLogger = lambda metrics, step=None: None
 
     @property
-    def config(self) -> Any:
-        """This stage's section of the recipe (e.g. `TrainStage`)."""
-        return getattr(self.recipe.stages, self.name)
+    def config(self) -> C:
+        """This stage's section of the resolved recipe (`ResolvedTrainStage` for train, ...): the one place a
+        section is looked up by the stage's name, so the type is the annotation's (checked by the test above)."""
+        return cast(C, getattr(self.recipe.stages, self.name))
+
+
+IngestContext = StageContext[IngestStage]
+GenerateContext = StageContext[ResolvedGenerateStage]
+QCContext = StageContext[QCStage]
+TokenizeContext = StageContext[TokenizeStage]
+TrainContext = StageContext[ResolvedTrainStage]
+EvalContext = StageContext[ResolvedEvalStage]
+ExportContext = StageContext[ExportStage]
+BackupContext = StageContext[BackupStage]
 
 
 @dataclass
@@ -69,7 +89,7 @@ class StageResult:
     unfinished: str | None = None
 
 
-StageFn = Callable[[StageContext], StageResult]
+StageFn = Callable[[StageContext[Any]], StageResult]
 
 
 def load_stage(name: str) -> StageFn:

@@ -31,25 +31,25 @@ from dflashx.data import chat_contract
 from dflashx.data.chat_mask import render_prompt
 from dflashx.data.suites import suite_prompts
 from dflashx.stages import eval_engine, eval_speedup
-from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
+from dflashx.stages.base import Artifact, EvalContext, StageFailed, StageResult
 from dflashx.stages.eval_drafters import CHECKPOINT, EvalDrafter, eval_drafters, load
 from dflashx.stages.graph import GRAPH
 from dflashx.store.atomic import atomic_write_json
 from dflashx.targets.load import stop_ids
+from dflashx.dflash.acceptance import UNKNOWN_SOURCE, context_bucket, drafter_summary, plot_acceptance, sampled_summary
+from dflashx.targets.load import load_model, load_tokenizer
 
 PROMPTS = GRAPH["eval"].optional_inputs[0]
 
 
-def _heldout_file(ctx: StageContext) -> Path | None:
+def _heldout_file(ctx: EvalContext) -> Path | None:
     if ctx.config.prompts:
         return Path(ctx.config.prompts)
     return ctx.inputs.get(PROMPTS)
 
 
-def _load_target(ctx: StageContext):
+def _load_target(ctx: EvalContext):
     import torch
-
-    from dflashx.targets.load import load_model, load_tokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     precision = ctx.recipe.target.load_precision
@@ -75,15 +75,11 @@ def _release() -> None:
 
 def prompt_source(prompt: dict[str, Any]) -> str:
     """The source a prompt record names (ingest writes it), "unknown" when it names none."""
-    from dflashx.dflash.acceptance import UNKNOWN_SOURCE
-
     return str(prompt.get("source") or UNKNOWN_SOURCE)
 
 
-def _suite_inputs(ctx: StageContext, tokenizer: Any) -> dict[str, dict[str, Any]]:
+def _suite_inputs(ctx: EvalContext, tokenizer: Any) -> dict[str, dict[str, Any]]:
     """Per suite: its prompts' ids, sources, token ids and context buckets (read and encoded once)."""
-    from dflashx.dflash.acceptance import context_bucket
-
     chat, heldout = ctx.recipe.target.chat_template, _heldout_file(ctx)
     out = {}
     for suite in ctx.config.suites:
@@ -95,13 +91,13 @@ def _suite_inputs(ctx: StageContext, tokenizer: Any) -> dict[str, dict[str, Any]
     return out
 
 
-def _served(ctx: StageContext) -> dict[str, Any]:
+def _served(ctx: EvalContext) -> dict[str, Any]:
     """The serving settings (`deploy`) as `SpecDecoder.generate` takes them."""
     deploy = ctx.recipe.deploy
     return {"temperature": deploy.temperature, "top_p": deploy.top_p, "top_k": deploy.top_k}
 
 
-def _sampling(ctx: StageContext) -> dict[str, Any] | None:
+def _sampling(ctx: EvalContext) -> dict[str, Any] | None:
     """eval.json's `sampling`: the serving settings the sampled runs decode at and their seeds, None when greedy."""
     return (_served(ctx) | {"seeds": ctx.config.sampled_runs}) if ctx.config.sampled_runs else None
 
@@ -109,7 +105,7 @@ def _sampling(ctx: StageContext) -> dict[str, Any] | None:
 Decoded = dict[str, dict[str, list[list[Any]]]]  # {suite: {drafter: [[DecodeResult per prompt] per run]}}
 
 
-def _decode(ctx: StageContext, target: Any, drafters: list[EvalDrafter], suites: dict[str, dict[str, Any]],
+def _decode(ctx: EvalContext, target: Any, drafters: list[EvalDrafter], suites: dict[str, dict[str, Any]],
             stops: list[int]) -> Decoded:
     """Run 0 greedy, and for the trained drafter runs 1..sampled_runs at the serving settings (seed = run - 1;
     the baselines are compared greedily); each run decodes a suite's prompts as one batch (`BatchDecoder`: in
@@ -147,14 +143,12 @@ def _agreeing(runs: dict[str, list[Any]]) -> list[bool]:
 
 def _summary(runs: list[list[Any]], block_size: int, suite: dict[str, Any]) -> dict[str, Any]:
     """One drafter's entry on one suite: the greedy run's figures and, when sampled, `sampled`."""
-    from dflashx.dflash.acceptance import drafter_summary, sampled_summary
-
     greedy, *sampled = runs
     summary = drafter_summary(greedy, block_size, suite["sources"], suite["buckets"])
     return (summary | {"sampled": sampled_summary(sampled, block_size)}) if sampled else summary
 
 
-def evaluate(ctx: StageContext, target: Any, drafters: list[EvalDrafter], suites: dict[str, dict[str, Any]],
+def evaluate(ctx: EvalContext, target: Any, drafters: list[EvalDrafter], suites: dict[str, dict[str, Any]],
              stops: list[int]) -> tuple[dict[str, Any], Decoded]:
     """Decode every suite with every drafter: the eval.json content (see the module docstring) and the decodes."""
     results = _decode(ctx, target, drafters, suites, stops)
@@ -212,9 +206,7 @@ def metrics_of(result: dict[str, Any]) -> dict[str, Any]:
     return metrics
 
 
-def run(ctx: StageContext) -> StageResult:
-    from dflashx.dflash.acceptance import plot_acceptance
-
+def run(ctx: EvalContext) -> StageResult:
     report = ctx.out_dir / "report"
     report.mkdir(parents=True, exist_ok=True)
     drafters = eval_drafters(ctx)  # every drafter checked against the target before anything is loaded

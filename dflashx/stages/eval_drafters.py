@@ -33,9 +33,10 @@ from typing import Any, Callable
 from dflashx.config.eval_suites import TRAINED, UNTRAINED
 from dflashx.dflash.tau_record import HeldOutTau
 from dflashx.export import Violation, check_sglang, check_speculators, from_speculators, report
-from dflashx.stages.base import StageContext
+from dflashx.stages.base import EvalContext
 from dflashx.stages.graph import GRAPH
 from dflashx.targets.registry import TargetFacts
+from dflashx.dflash.config import DFlashConfig
 
 CHECKPOINT = GRAPH["eval"].inputs[0]
 UNTRAINED_SEED = 0
@@ -90,7 +91,6 @@ def layout_of(config: dict[str, Any], where: str, key: str) -> str:
 def _folder(name: str, kind: str, key: str, folder: Path, facts: TargetFacts, checked: bool) -> EvalDrafter:
     """A drafter folder read (config only): its layout, its engine contract when `checked`, its config."""
     from dflashx.dflash.checkpoint import weight_shapes
-    from dflashx.dflash.config import DFlashConfig
 
     file = folder / "config.json"
     if not file.is_file():
@@ -122,7 +122,7 @@ def check_fits(drafter: EvalDrafter, facts: TargetFacts) -> None:
         )
 
 
-def eval_drafters(ctx: StageContext) -> list[EvalDrafter]:
+def eval_drafters(ctx: EvalContext) -> list[EvalDrafter]:
     """The trained drafter, then the recipe's baselines in order: folders found, configs read and
     checked against the target (no weights loaded), so a misfit stops the stage before decoding."""
     if CHECKPOINT not in ctx.inputs:

@@ -38,9 +38,10 @@ from dflashx.resolve.model import ResolvedRecipe
 from dflashx.resolve.serving import kv_elem_bytes
 from dflashx.config.fields import TORCH_DTYPE
 from dflashx.dflash.tau_record import HeldOutTau
-from dflashx.stages.base import StageContext
+from dflashx.stages.base import EvalContext
 from dflashx.stages.eval_drafters import CHECKPOINT
 from dflashx.stages.servers import launch_args
+from dflashx.stages.export import served_target, write_folders
 
 KEY = "engine"
 PORT = 30100  # away from the generate stage's servers (30000 on)
@@ -100,7 +101,7 @@ def decode_through(server: ServerSpec, prompts: Sequence[Sequence[int]], max_tok
                    startup_timeout_s: float = 1800, expect: str | None = None) -> list[Served]:
     """Start `server`, decode every prompt one request at a time for each of `runs` (sampling settings of the
     completions API: temperature, top_p, top_k, seed), reading its counters around each run; stop it."""
-    plan = LaunchPlan("launch", 1, (replace(server, node=0),))  # launched on this machine
+    plan = LaunchPlan("spawn", 1, (replace(server, node=0),))  # launched on this machine
     out = []
     with ServerPool(plan, 0, log_dir, startup_timeout_s, args=args), httpx.Client(timeout=startup_timeout_s) as http:
         model = http.get(f"{server.url}/v1/models").json()["data"][0]["id"]
@@ -125,13 +126,12 @@ def _serve(recipe: ResolvedRecipe, folder: Path | None, prompts: Sequence[Sequen
                           startup_timeout_s=recipe.stages.generate.server_startup_timeout_s)[0]
 
 
-def folder(ctx: StageContext, out: Path) -> Path:
+def folder(ctx: EvalContext, out: Path) -> Path:
     """The trained drafter the export will ship (`HeldOutTau.handed_on`), written under `out` as the export writes
     it; the folder vLLM loads (the speculators one where the drafter has one, else the DFlash one)."""
     import torch
 
     from dflashx.dflash.checkpoint import load_drafter
-    from dflashx.stages.export import served_target, write_folders
 
     drafter = load_drafter(HeldOutTau.handed_on(Path(ctx.inputs[CHECKPOINT])))
     dtype = getattr(torch, TORCH_DTYPE[ctx.recipe.stages.export.dtype])

@@ -36,7 +36,7 @@ from dflashx.export.causality import trained
 from dflashx.export.speculators import fits
 from dflashx.data import chat_contract
 from dflashx.dflash.tau_record import HeldOutTau
-from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
+from dflashx.stages.base import Artifact, ExportContext, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import input_name
 from dflashx.store.atomic import atomic_dir, atomic_write_text
 from dflashx.targets.registry import TargetFacts
@@ -56,7 +56,7 @@ def _read(folder: Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
     return json.loads((folder / CONFIG).read_text()), weight_shapes(folder)
 
 
-def served_target(ctx: StageContext) -> str:
+def served_target(ctx: StageContext[Any]) -> str:
     """What an engine loads the target from: the hub id or folder (a built-in's cached build)."""
     return str(locate_target(ctx.recipe.target))
 
@@ -83,7 +83,7 @@ def contract_violations(facts: TargetFacts, drafter_dir: Path,
     return out
 
 
-def check_written(ctx: StageContext, drafter_dir: Path, vllm_dir: Path | None) -> None:
+def check_written(ctx: ExportContext, drafter_dir: Path, vllm_dir: Path | None) -> None:
     """The engine checkers on the written folders; StageFailed naming every broken key."""
     found = contract_violations(ctx.recipe.target.facts, drafter_dir, vllm_dir)
     failures = [f"{folder / CONFIG}: " + report(engine, broken) for engine, folder, broken in found if broken]
@@ -115,7 +115,7 @@ def exported(tau: HeldOutTau | None) -> dict[str, Any]:
     return {"exported": tau.exported, "exported_step": point.step, "exported_heldout_tau": point.tau}
 
 
-def run(ctx: StageContext) -> StageResult:
+def run(ctx: ExportContext) -> StageResult:
     from dflashx.dflash.checkpoint import load_drafter
 
     if CHECKPOINT not in ctx.inputs:

@@ -33,14 +33,14 @@ from dflashx.targets.locate import locate_target, locate_tokenizer
 from dflashx.data.jsonl import ShardWriter, count_records, iter_shards
 from dflashx.stages.graph import input_name
 from dflashx.stages.servers import launch_args
-from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
+from dflashx.stages.base import Artifact, GenerateContext, StageFailed, StageResult
 from dflashx.store.diskspace import DiskFull, size_text, used_bytes
 
 LOG_EVERY_S = 30.0
 SERVER_BACKENDS = {"sglang": SGLangBackend, "vllm": VLLMBackend}
 
 
-def make_backend(ctx: StageContext) -> Backend:
+def make_backend(ctx: GenerateContext) -> Backend:
     """The backend the recipe names, configured from the recipe and the plan's launch plan."""
     cfg = ctx.config
     target = ctx.recipe.target
@@ -133,7 +133,7 @@ def _until(items: Iterator[dict[str, Any]], minutes: float | None) -> Iterator[d
         yield item
 
 
-def run(ctx: StageContext) -> StageResult:
+def run(ctx: GenerateContext) -> StageResult:
     """Complete every ingested prompt not yet in `completions/`; with `max_prompts` / `max_minutes` (the
     pilot's) only until the folder holds that many or the time is up: then the result is `unfinished`."""
     cfg = ctx.config
@@ -183,7 +183,7 @@ def run(ctx: StageContext) -> StageResult:
     )
 
 
-def _still_needed(e: DiskFull, ctx: StageContext) -> DiskFull:
+def _still_needed(e: DiskFull, ctx: GenerateContext) -> DiskFull:
     """The stop restated with the plan's storage for this stage less what the folder holds."""
     planned = ctx.runtime.estimates.storage_bytes
     have = used_bytes(e.folder)

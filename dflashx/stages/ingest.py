@@ -24,7 +24,7 @@ from dflashx.config.schema import DatasetSpec, SourceSpec
 from dflashx.data.formats import FormatError, sample_id, to_prompt
 from dflashx.data.jsonl import dumps, shard_path, write_lines_atomic
 from dflashx.data.sources import SourceError, iter_source
-from dflashx.stages.base import Artifact, StageContext, StageResult
+from dflashx.stages.base import Artifact, IngestContext, StageResult
 
 log = logging.getLogger(__name__)
 MAX_REPORTED_LINES = 10
@@ -112,7 +112,7 @@ def _batches(items: list[Keyed], size: int) -> Iterator[list[Keyed]]:
         yield batch
 
 
-def run(ctx: StageContext) -> StageResult:
+def run(ctx: IngestContext) -> StageResult:
     dataset = ctx.recipe.dataset
     seen: set[str] = set()
     per_source: dict[str, SourceCounts] = {}

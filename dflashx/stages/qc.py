@@ -11,14 +11,15 @@ from pathlib import Path
 
 from dflashx.data.qc_checks import run_qc
 from dflashx.data.qc_report import write_report
-from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
+from dflashx.stages.base import Artifact, QCContext, StageFailed, StageResult
 from dflashx.stages.graph import input_name
+from dflashx.targets.locate import locate_tokenizer
 
 REPORT_DIR = "report"
 INPUT = input_name("qc")
 
 
-def _input_label(ctx: StageContext, name: str) -> str:
+def _input_label(ctx: QCContext, name: str) -> str:
     """The input `name` as the report shows it: its run-relative posix path, else its dotted name."""
     try:
         return Path(ctx.inputs[name]).resolve().relative_to(Path(ctx.run_dir).resolve()).as_posix()
@@ -26,9 +27,7 @@ def _input_label(ctx: StageContext, name: str) -> str:
         return name
 
 
-def run(ctx: StageContext) -> StageResult:
-    from dflashx.targets.locate import locate_tokenizer
-
+def run(ctx: QCContext) -> StageResult:
     cfg = ctx.config
     target = ctx.recipe.target
     result = run_qc(

@@ -38,10 +38,13 @@ import numpy as np
 from dflashx.data import chat_contract
 from dflashx.data.chat_mask import ChatMasker, completion_messages
 from dflashx.resolve.formulas import min_loss_tokens
-from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
+from dflashx.stages.base import Artifact, StageFailed, StageResult, TokenizeContext
 from dflashx.stages.graph import input_name
 from dflashx.store.atomic import replace_dir
 from dflashx.store.diskspace import DiskFull, size_text, stop_when_full, used_bytes
+from dflashx.data.jsonl import shard_paths
+from dflashx.store.hashing import sha256_file
+from dflashx.targets.locate import locate_tokenizer
 
 DATASET_DIR = "dataset"
 WORK_DIR = "_work"
@@ -170,8 +173,6 @@ def seal_dataset(folder: str | Path) -> str:
     `_split` is always "train" (`map` with num_proc > 1 concatenates its workers' shards and drops
     it). The file is written as `datasets` writes it (indent 2, sorted keys).
     """
-    from dflashx.store.hashing import sha256_file
-
     folder = Path(folder)
     state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
     state.pop("_fingerprint", None)
@@ -195,8 +196,6 @@ def tokenize_completions(completions: str | Path, out_dir: str | Path, tokenizer
     raises `DiskFull` after removing the scratch files; `dataset_bytes` (the plan's size of the
     dataset; default: the input's size) sizes the space it says is needed."""
     from datasets import disable_progress_bars, load_dataset
-
-    from dflashx.data.jsonl import shard_paths
 
     disable_progress_bars()
     shards = [str(p) for p in shard_paths(completions)]
@@ -235,9 +234,7 @@ def tokenize_completions(completions: str | Path, out_dir: str | Path, tokenizer
     return metrics
 
 
-def run(ctx: StageContext) -> StageResult:
-    from dflashx.targets.locate import locate_tokenizer
-
+def run(ctx: TokenizeContext) -> StageResult:
     cfg = ctx.config
     recipe = ctx.recipe
     policy = TokenizePolicy(

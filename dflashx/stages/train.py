@@ -31,10 +31,14 @@ from dflashx.backends.nodes import NodeAddressError, node_address
 from dflashx.dflash.tau_record import HeldOutTau, is_tau_row
 from dflashx.plan.launch import TrainLaunch
 from dflashx.resolve.deepspeed import RUN_DIR
-from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
+from dflashx.stages.base import Artifact, StageFailed, StageResult, TrainContext
 from dflashx.stages.graph import GRAPH, input_name
 from dflashx.store.atomic import atomic_write_text
 from dflashx.store.diskspace import DiskFull
+from dflashx.data import chat_contract
+from dflashx.data.suites import load_prompts
+from dflashx.targets.load import load_tokenizer, stop_ids
+from dflashx.targets.locate import locate_target, locate_tokenizer
 
 if TYPE_CHECKING:
     from dflashx.dflash.job import HeldOutSlice, TrainJob
@@ -48,10 +52,9 @@ def _absolute(path: str) -> str:
     return str(Path(path).resolve()) if Path(path).exists() else path
 
 
-def build_job(ctx: StageContext) -> "TrainJob":
+def build_job(ctx: TrainContext) -> "TrainJob":
     """The `TrainJob` of this stage: the resolved recipe's sections and where the inputs are."""
     from dflashx.dflash.job import TrainJob
-    from dflashx.targets.locate import locate_target, locate_tokenizer
 
     if INPUT not in ctx.inputs:
         raise ValueError(f"train stage needs input `{INPUT}` (the tokenize stage's dataset); enable stages.tokenize")
@@ -65,18 +68,18 @@ def build_job(ctx: StageContext) -> "TrainJob":
                        _absolute(str(locate_tokenizer(recipe.target))), heldout_slice(ctx))
 
 
-def _train_launch(ctx: StageContext) -> TrainLaunch:
+def _train_launch(ctx: TrainContext) -> TrainLaunch:
     launch = ctx.runtime.train_launch
     assert launch is not None, "every resolved plan has the train stage's launch (plan.expand.deepspeed)"
     return launch
 
 
-def _filled(text: str, ctx: StageContext) -> str:
+def _filled(text: str, ctx: TrainContext) -> str:
     """A launch string with `{run_dir}` filled in."""
     return text.replace(RUN_DIR, str(ctx.run_dir))
 
 
-def heldout_slice(ctx: StageContext) -> "HeldOutSlice | None":
+def heldout_slice(ctx: TrainContext) -> "HeldOutSlice | None":
     """The held-out prompts a τ measurement decodes: the first `tau_prompts` of the ingest stage's held-out
     split, read, rendered and stopped as the eval stage's `heldout` suite reads, renders and stops them
     (`dflashx.data.suites.load_prompts`, `render_prompt`, `targets.load.stop_ids`); None when not measured."""
@@ -84,9 +87,7 @@ def heldout_slice(ctx: StageContext) -> "HeldOutSlice | None":
     if not train.tau_every or HELDOUT not in ctx.inputs:
         return None
     from dflashx.data.chat_mask import render_prompt
-    from dflashx.data.suites import load_prompts
     from dflashx.dflash.job import HeldOutSlice
-    from dflashx.targets.load import load_tokenizer, stop_ids
 
     tokenizer = load_tokenizer(ctx.recipe.target)
     chat = ctx.recipe.target.chat_template
@@ -95,13 +96,13 @@ def heldout_slice(ctx: StageContext) -> "HeldOutSlice | None":
     return HeldOutSlice(prompts=prompts, stop_ids=stop_ids(ctx.recipe.target, tokenizer))
 
 
-def launch_command(ctx: StageContext) -> tuple[list[str], int]:
+def launch_command(ctx: TrainContext) -> tuple[list[str], int]:
     """The plan's launch argv with `{run_dir}` and the stage folder filled in, and its world size."""
     launch = _train_launch(ctx)
     return [*(_filled(a, ctx) for a in launch.argv), "--stage-dir", str(ctx.out_dir)], launch.world_size
 
 
-def write_hostfile(ctx: StageContext) -> Path | None:
+def write_hostfile(ctx: TrainContext) -> Path | None:
     """On several nodes, the hostfile the launch argv reads (`TrainLaunch.hostfile_path`), node i named by its
     real address (`node_address`: `DFLASHX_NODE_HOSTS`, else `node-<i>`), written atomically; None when the
     launch reads no hostfile. `StageFailed` when a node's address does not resolve."""
@@ -118,7 +119,7 @@ def write_hostfile(ctx: StageContext) -> Path | None:
     return path
 
 
-def _launch(ctx: StageContext, argv: list[str]) -> None:
+def _launch(ctx: TrainContext, argv: list[str]) -> None:
     from dflashx.dflash.distributed import SAFE_NCCL_ENV
 
     env = os.environ | SAFE_NCCL_ENV
@@ -132,10 +133,8 @@ def _launch(ctx: StageContext, argv: list[str]) -> None:
         )
 
 
-def _replay(ctx: StageContext) -> dict[str, Any]:
+def _replay(ctx: TrainContext) -> dict[str, Any]:
     """Every line of the launched job's metrics.jsonl into `ctx.log`; the last window (not a τ line)."""
-    from dflashx.dflash.tau_record import is_tau_row
-
     last: dict[str, Any] = {}
     metrics = ctx.out_dir / "logs" / "metrics.jsonl"
     for line in metrics.read_text().splitlines() if metrics.exists() else []:
@@ -145,8 +144,7 @@ def _replay(ctx: StageContext) -> dict[str, Any]:
     return last
 
 
-def run(ctx: StageContext) -> StageResult:
-    from dflashx.data import chat_contract
+def run(ctx: TrainContext) -> StageResult:
     from dflashx.dflash.trainer import run_training
 
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
@@ -185,7 +183,7 @@ def run(ctx: StageContext) -> StageResult:
     )
 
 
-def probe_share(ctx: StageContext, seconds: float) -> dict[str, Any]:
+def probe_share(ctx: TrainContext, seconds: float) -> dict[str, Any]:
     """What the held-out τ measurements took (`heldout_seconds` of logs/metrics.jsonl; after a resume, the killed
     attempt's kept lines too), and their share of this attempt's training wall time `seconds` (the plan sizes
     `tau_every` for at most `resolve.tau.TAU_SHARE`)."""

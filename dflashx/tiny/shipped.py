@@ -7,12 +7,11 @@ modules that make the build), the files are the build's output and `copy_into` (
 under its build lock) copies them into the cache folder a build would fill, checking every sha256; a changed build
 module changes the
 key, and the target is built again instead (tests/test_tiny_shipped.py keeps the record honest).
-`python -m dflashx.tiny.shipped VARIANT` re-ships a fresh build's folder.
+`python -m dflashx.tiny.reship VARIANT` re-ships a fresh build's folder.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import shutil
@@ -75,16 +74,3 @@ def ship(variant: str, built: Path) -> Path:
         atomic_write_json(tmp / RECORD, {"variant": variant, "key": report["key"],
                                          "files": {n: _sha256(tmp / n) for n in SHIPPED_FILES}})
     return DATA / variant
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Ship a fresh tiny build inside the package.")
-    parser.add_argument("variant", nargs="?", default="tiny-qwen3")
-    args = parser.parse_args(argv)
-    from dflashx.tiny.build import ensure_tiny_target
-
-    print(ship(args.variant, ensure_tiny_target(args.variant, log=print, shipped=False)))
-
-
-if __name__ == "__main__":
-    main()

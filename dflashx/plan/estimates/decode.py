@@ -28,6 +28,7 @@ prompt's prefill is `prefill.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from dflashx.config.fields import PRECISION_BYTES
 from dflashx.plan.estimates.device import Device
@@ -37,6 +38,7 @@ from dflashx.plan.estimates.engine import (
 from dflashx.plan.estimates.gemm import dense_efficiency
 from dflashx.plan.estimates.moe import MoeLayer, moe_layer, routed_flops_per_token, serving_path
 from dflashx.plan.estimates.serving import Batch
+from dflashx.plan.expr import Expr, const, maximum, named, total, var
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.targets.registry import TargetFacts
 
@@ -100,9 +102,14 @@ class Part:
     memory_s: float
     compute_s: float
 
+    @cached_property
+    def time(self) -> Expr:
+        """The part's seconds: the slower of its memory and its compute ceiling."""
+        return maximum(var(f"{self.name}_memory_s", self.memory_s), var(f"{self.name}_compute_s", self.compute_s))
+
     @property
     def seconds(self) -> float:
-        return max(self.memory_s, self.compute_s)
+        return self.time.value
 
     @property
     def bound(self) -> str:
@@ -130,9 +137,14 @@ class Roofline:
     def compute_s(self) -> float:
         return sum(p.compute_s for p in self.parts)
 
+    @cached_property
+    def time(self) -> Expr:
+        """The forward's seconds: its parts one after another."""
+        return total(*(named(f"{p.name}_s", p.time) for p in self.parts))
+
     @property
     def seconds(self) -> float:
-        return sum(p.seconds for p in self.parts)
+        return self.time.value
 
     @property
     def bound(self) -> str:
@@ -198,9 +210,17 @@ class Step:
     def moe_s(self) -> float:
         return self.moe.seconds * self.moe_layers if self.moe else 0.0
 
+    @cached_property
+    def time(self) -> Expr:
+        """The forward's seconds: the served roofline, the engine overhead, the all-reduce, the routed experts
+        (MoE layers x one layer's `moe_layer`) and a verify's scan."""
+        moe = var("moe_layer_s", self.moe.seconds) * var("moe_layers", self.moe_layers) if self.moe else const(0.0)
+        return total(named("served_s", self.served.time), var("overhead_s", self.overhead_s),
+                     var("allreduce_s", self.allreduce_s), named("moe_s", moe), var("mixer_s", self.mixer_s))
+
     @property
     def seconds(self) -> float:
-        return self.served.seconds + self.overhead_s + self.allreduce_s + self.moe_s + self.mixer_s
+        return self.time.value
 
 
 def moe_forward(recipe: ResolvedRecipe, dev: Device, row: EngineRow, tokens: float, dtype: str,

@@ -23,17 +23,14 @@ from typing import Any, Sequence
 from dflashx.plan.estimates.device import device_of
 from dflashx.plan.estimates.engine import deploy_row
 from dflashx.plan.estimates.lengths import OutputLengths
-from dflashx.plan.estimates.serving import running_batch_with
-from dflashx.plan.estimates.speculative import Drafter, dflash_drafter, drafter_window, pays, replica_rate
+from dflashx.plan.estimates.serving import Batch, running_batch_with
+from dflashx.plan.estimates.speculative import Drafter, Rate, dflash_drafter, drafter_window, pays, replica_rate
 from dflashx.plan.expand.switch_off import SwitchOff, switch_off_settings
 from dflashx.plan.explain import Term, term
 from dflashx.resolve.flops import DrafterDims
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.resolve.speculative import accepted_length
 
-FORMULA = ("speed-up = tokens/s with the drafter / without it, per server at each concurrency c; without: "
-           "O / (O x step / b + prefill); with: O / (O x (verify of B tokens + drafter forward) / (b x tau) + "
-           "prefill); tau = 1 + sum of the acceptance shares of positions 1..B-1; b = min(c, what memory holds)")
 
 
 @dataclass(frozen=True)
@@ -70,11 +67,12 @@ class Deployment:
     rows: list[SpeedupRow]
     switch_off_above: int | None = None  # the drafter stops paying above this concurrency (None: pays on the grid)
     switch_off: list[SwitchOff] = field(default_factory=list)  # each engine's way to act on it (expand/switch_off.py)
+    formula: str = ""  # rendered from the expressions that computed the rows (`_formula`)
 
     def to_json(self) -> dict[str, Any]:
         return {"profile": self.profile, "tp": self.tp, "block_size": self.block_size, "tau": self.tau,
                 "acceptance": list(self.acceptance), "acceptance_source": self.acceptance_source,
-                "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens, "formula": FORMULA,
+                "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens, "formula": self.formula,
                 "unit": "output tokens/s per server", "rows": [asdict(r) for r in self.rows],
                 "switch_off_above": self.switch_off_above, "switch_off": [asdict(s) for s in self.switch_off]}
 
@@ -90,11 +88,12 @@ class Deployment:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Deployment:
-        """From `to_json`'s dict (`formula` and `unit` are this module's constants)."""
+        """From `to_json`'s dict (`unit` is this module's constant)."""
         return cls(str(data["profile"]), int(data["tp"]), int(data["block_size"]), float(data["tau"]),
                    list(data["acceptance"]), str(data["acceptance_source"]), float(data["prompt_tokens"]),
                    float(data["output_tokens"]), [SpeedupRow(**r) for r in data["rows"]],
-                   data.get("switch_off_above"), [SwitchOff(**x) for x in data.get("switch_off", [])])
+                   data.get("switch_off_above"), [SwitchOff(**x) for x in data.get("switch_off", [])],
+                   str(data["formula"]))
 
 
 def _at(recipe: ResolvedRecipe, concurrency: int) -> ResolvedRecipe:
@@ -106,9 +105,9 @@ def _at(recipe: ResolvedRecipe, concurrency: int) -> ResolvedRecipe:
     return recipe.model_copy(update={"stages": recipe.stages.model_copy(update={"generate": gen})})
 
 
-def speedup_row(recipe: ResolvedRecipe, drafter: Drafter, acceptance: Sequence[float | None],
-                concurrency: int) -> SpeedupRow:
-    """One server of the recipe decoding its workload at `concurrency` with and without `drafter` (module doc)."""
+def _rates(recipe: ResolvedRecipe, drafter: Drafter, acceptance: Sequence[float | None],
+           concurrency: int) -> tuple[Batch, Batch, Rate, Rate]:
+    """(batch without, batch with, rate without, rate with) of one server at `concurrency`."""
     lengths = OutputLengths.of(recipe.dataset.stats)
     prompt = recipe.dataset.stats.prompt_tokens_mean
     output = lengths.clipped_moment(1, recipe.stages.generate.max_tokens)
@@ -117,8 +116,24 @@ def speedup_row(recipe: ResolvedRecipe, drafter: Drafter, acceptance: Sequence[f
     at = _at(recipe, concurrency)
     plain_b = running_batch_with(at, lengths, None)
     spec_b = running_batch_with(at, lengths, drafter.memory)
-    plain = replica_rate(at, dev, plain_b, row, output, prompt)
-    spec = replica_rate(at, dev, spec_b, row, output, prompt, drafter, acceptance)
+    return plain_b, spec_b, replica_rate(at, dev, plain_b, row, output, prompt), replica_rate(
+        at, dev, spec_b, row, output, prompt, drafter, acceptance)
+
+
+def _formula(plain: Rate, spec: Rate) -> str:
+    """The speed-up's formula, rendered from the rates' own expressions (`speculative.replica_rate`)."""
+    return ("speed-up = tokens/s with the drafter / without it, per server at each concurrency c, batch = min(c, "
+            f"what memory holds); without: {plain.throughput.formula()}; with: {spec.throughput.formula()}; "
+            "tau = 1 + the acceptance shares of positions 1..B-1")
+
+
+def speedup_row(recipe: ResolvedRecipe, drafter: Drafter, acceptance: Sequence[float | None],
+                concurrency: int) -> SpeedupRow:
+    """One server of the recipe decoding its workload at `concurrency` with and without `drafter` (module doc)."""
+    return _row(concurrency, drafter, *_rates(recipe, drafter, acceptance, concurrency))
+
+
+def _row(concurrency: int, drafter: Drafter, plain_b: Batch, spec_b: Batch, plain: Rate, spec: Rate) -> SpeedupRow:
     assert spec.verify is not None and spec.draft is not None, "a speculative rate has both steps"
     return SpeedupRow(concurrency, plain_b.value, spec_b.value, plain.tokens_per_second, spec.tokens_per_second,
                       spec.tokens_per_second / plain.tokens_per_second, pays(spec, plain), spec.step_seconds,
@@ -147,14 +162,16 @@ def switch_off_above(recipe: ResolvedRecipe, drafter: Drafter, acceptance: Seque
 def predict_with(recipe: ResolvedRecipe, drafter: Drafter, acceptance: Sequence[float | None], block: int,
                  concurrencies: Sequence[int], source: str) -> Deployment:
     """Tokens/s with and without any `drafter` at each concurrency, and where speculation stops paying."""
-    rows = [speedup_row(recipe, drafter, acceptance, c) for c in concurrencies]
+    rated = [_rates(recipe, drafter, acceptance, c) for c in concurrencies]
+    rows = [_row(c, drafter, *r) for c, r in zip(concurrencies, rated)]
     above = switch_off_above(recipe, drafter, acceptance, rows)
     lengths = OutputLengths.of(recipe.dataset.stats)
     return Deployment(recipe.hardware.name, recipe.stages.generate.serving.tp, block,
                       accepted_length(acceptance, drafter.drafts), list(acceptance), source,
                       recipe.dataset.stats.prompt_tokens_mean,
                       lengths.clipped_moment(1, recipe.stages.generate.max_tokens), rows, above,
-                      switch_off_settings(drafter.method, block, above, drafter.drafts))
+                      switch_off_settings(drafter.method, block, above, drafter.drafts),
+                      _formula(*rated[0][2:]))
 
 
 def predict_speedup(recipe: ResolvedRecipe, acceptance: Sequence[float | None], dims: DrafterDims,
@@ -185,7 +202,7 @@ def deploy_term(prediction: Deployment) -> Term:
     """`--explain`'s view of a prediction: the speed-up at the first concurrency, every row as inputs, the verify
     forward's terms per concurrency and the crossover with each engine's switch."""
     rows = prediction.rows
-    return term("deploy.speedup", rows[0].speedup, "x", FORMULA, profile=prediction.profile,
+    return term("deploy.speedup", rows[0].speedup, "x", prediction.formula, profile=prediction.profile,
                 tau=prediction.tau, block_size=prediction.block_size, source=prediction.acceptance_source,
                 **{f"c{r.concurrency}": f"{r.speedup:.2f}x ({r.tokens_per_second:,.0f} -> "
                                         f"{r.tokens_per_second_drafter:,.0f} tok/s, batch {r.batch} / "

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from dflashx.config.fields import PRECISION_BYTES
 from dflashx.config.schema import STAGE_ORDER
 from dflashx.plan.estimates.engine import Measured
-from dflashx.plan.explain import Term, term
+from dflashx.plan.explain import Term, explained
+from dflashx.plan.expr import const, total, var
 from dflashx.resolve.model import ResolvedRecipe
 
 _SOURCE = "benchmarks/results/fixed_costs.json (python -m benchmarks.fixed_costs)"
@@ -167,14 +168,15 @@ def fixed_costs(recipe: ResolvedRecipe, steps: int) -> FixedCosts:
         imported |= (here.keys() & ONCE_PER_PROCESS) | PROVENANCE_IMPORTS
     read = target_read_seconds(recipe)
     each = {p: m.value + (read if p == "target_load" else 0.0) for p, m in PARTS.items()}
-    seconds = {s: sum(each[p] * n for p, n in ps.items()) for s, ps in parts.items()}
-    terms = {s: term(f"{s}.fixed_seconds", seconds[s], "s",
-                     "sum of the stage's fixed parts x count (imports once per process, loads, set-up, writes, "
-                     "its W&B run), each measured in isolation; a target load adds its checkpoint's bytes / "
-                     "cold-start loading rate",
-                     **{p: f"{n} x {each[p]:.3f} s ({PARTS[p].figure}"
-                           + (f" + checkpoint read {read:.3f} s" if p == "target_load" else "") + ")"
-                        for p, n in parts[s].items()},
-                     source=f"{_SOURCE}; {_WHERE}; load rate: {LOAD_RATE.source}: {LOAD_RATE.figure}")
+    sums = {s: total(*(var(f"{p}_s", each[p]) * n for p, n in ps.items())) if ps else const(0.0)
+            for s, ps in parts.items()}
+    terms = {s: explained(f"{s}.fixed_seconds", sums[s], "s",
+                          f"each part measured in isolation (imports once per process, loads, set-up, writes, its W&B "
+                          f"run), a target load with its checkpoint's bytes at the cold-start loading rate; {_SOURCE}; "
+                          f"{_WHERE}; load rate: {LOAD_RATE.source}: {LOAD_RATE.figure}",
+                          **{p: f"{n} x {each[p]:.3f} s ({PARTS[p].figure}"
+                             + (f" + checkpoint read {read:.3f} s" if p == "target_load" else "") + ")"
+                             for p, n in parts[s].items()})
              for s in parts}
+    seconds = {s: expr.value for s, expr in sums.items()}
     return FixedCosts(parts, seconds, terms)

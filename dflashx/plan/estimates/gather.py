@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from dflashx.config.fields import PRECISION_BYTES
 from dflashx.plan.estimates.gradsync import bandwidth_bps
-from dflashx.plan.explain import Term, term
+from dflashx.plan.explain import Term, explained
+from dflashx.plan.expr import Expr, const, named, var
 from dflashx.resolve.model import ResolvedRecipe
 
 
@@ -46,17 +47,21 @@ def target_gather(recipe: ResolvedRecipe) -> TargetGather:
     train = recipe.stages.train
     n = train.world_size
     sharded = train.target_sharding == "zero3" and train.mode == "online" and n > 1
-    volume = (n - 1) / n * gathered_params(recipe) * PRECISION_BYTES[recipe.target.load_precision] if sharded else 0.0
+    ranks = var("ranks", n)
+    volume = named("bytes_per_gpu", (ranks - 1) / ranks * var("gathered_params", gathered_params(recipe))
+                   * var("load_bytes", PRECISION_BYTES[recipe.target.load_precision]))
     bw = bandwidth_bps(recipe)
+    seconds: Expr
     if not sharded:
-        seconds, note = 0.0, "the target is not sharded: nothing to gather"
+        volume, seconds = named("bytes_per_gpu", const(0.0)), const(0.0)
+        note = "the target is not sharded: nothing to gather"
     elif bw is None:
-        seconds, note = 0.0, "not counted: the profile states no interconnect_gbs/internode_gbs"
+        seconds, note = const(0.0), "not counted: the profile states no interconnect_gbs/internode_gbs"
     else:
-        seconds, note = volume / bw, "no overlap with the forward assumed (an upper bound)"
-    return TargetGather(volume, seconds, term(
+        seconds, note = volume / var("bandwidth_bps", bw), "no overlap with the forward assumed (an upper bound)"
+    return TargetGather(volume.value, seconds.value, explained(
         "train.target_gather_seconds", seconds, "s/micro step",
-        "(N-1)/N x target params the forward runs through x load bytes / interconnect bandwidth per GPU (ZeRO-3)",
-        bytes_per_gpu=volume, ranks=n, target_sharding=train.target_sharding, micro_batch=train.micro_batch,
+        "ZeRO-3 parameter all-gather in the forward (Rajbhandari et al. 2020, sec. 7.2.2)",
+        bytes_per_gpu=volume.value, ranks=n, target_sharding=train.target_sharding, micro_batch=train.micro_batch,
         gathered_params=gathered_params(recipe), load_precision=recipe.target.load_precision, bandwidth_bps=bw,
-        note=note, source="ZeRO-3 parameter all-gather in the forward (Rajbhandari et al. 2020, sec. 7.2.2)"))
+        note=note))

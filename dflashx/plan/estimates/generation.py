@@ -39,7 +39,8 @@ from dflashx.plan.estimates.serving import Batch, mtp_on, running_batch, running
 from dflashx.plan.estimates.speculative import GenerationDraft, Rate, generation_draft, pays, replica_rate
 from dflashx.plan.expand.draft import generation_draft_text
 from dflashx.plan.estimates.tokens import Tokens
-from dflashx.plan.explain import Term, term
+from dflashx.plan.explain import Term, explained
+from dflashx.plan.expr import Expr, const, maximum, minimum, named, scoped, var
 from dflashx.resolve.model import ResolvedRecipe
 
 
@@ -106,19 +107,24 @@ def _speculation_term(sp: Speculation, recipe: ResolvedRecipe, dp: int, calibrat
     assert sp.spec.verify is not None and sp.spec.draft is not None, "a speculative rate has both steps"
 
     def rate(r: Rate) -> float:
-        return dp * r.tokens_per_second * calibration
+        return _throughput(dp, r, calibration).value
 
     verdict = ("pays" if sp.pays else "does not pay") + f" at batch {sp.spec_batch.value}"
-    return term("generate.speculation", rate(sp.spec) / rate(sp.plain), "x",
-                f"tokens/s with {sp.draft.name} / without it; with it: O / (O x (verify + forwards x draft) / "
-                "(batch x tau) + prefill), tau = 1 + sum of the acceptance shares of the drafted positions",
-                verdict=verdict, draft=sp.draft.name, tokens_per_second_mtp=rate(sp.spec),
-                tokens_per_second_plain=rate(sp.plain), batch_mtp=sp.spec_batch.value,
-                batch_plain=sp.plain_batch.value, binding_mtp=sp.spec_batch.binding, tau=sp.spec.tau,
-                acceptance=list(sp.draft.acceptance), acceptance_source=sp.draft.acceptance_source,
-                verify_s=sp.spec.verify.seconds, draft_s=sp.spec.draft.seconds,
-                draft_forwards=sp.draft.drafter.forwards, cycle_s=sp.spec.step_seconds,
-                plain_step_s=sp.plain.step_seconds, flags=generation_draft_text(recipe, mtp_on(recipe)))
+    ratio = var("tokens_per_second_mtp", rate(sp.spec)) / var("tokens_per_second_plain", rate(sp.plain))
+    return explained("generate.speculation", ratio, "x",
+                     f"tokens/s with {sp.draft.name} over without it, each at its own running batch "
+                     "(generate.tokens_per_second); tau = 1 + the acceptance shares of the drafted positions",
+                     verdict=verdict, draft=sp.draft.name, batch_mtp=sp.spec_batch.value,
+                     batch_plain=sp.plain_batch.value, binding_mtp=sp.spec_batch.binding, tau=sp.spec.tau,
+                     acceptance=list(sp.draft.acceptance), acceptance_source=sp.draft.acceptance_source,
+                     verify_s=sp.spec.verify.seconds, draft_s=sp.spec.draft.seconds,
+                     draft_forwards=sp.draft.drafter.forwards, cycle_s=sp.spec.step_seconds,
+                     plain_step_s=sp.plain.step_seconds, flags=generation_draft_text(recipe, mtp_on(recipe)))
+
+
+def _throughput(dp: int, rate: Rate, calibration: float) -> Expr:
+    """dp replicas at one replica's rate (speculative.replica_rate's expression), times the calibration."""
+    return var("dp", dp) * named("replica_tokens_per_s", rate.throughput) * var("calibration", calibration)
 
 
 def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Generation:
@@ -130,28 +136,25 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths
     b = sp.spec_batch if sp else running_batch(recipe, lengths)
     s = _serving(recipe, b)
     rate = sp.spec if sp else replica_rate(recipe, dev, b, row, tokens.output_mean, tokens.prompt_mean)
-    batch = max(s.batch, 1)
-    tps = s.dp * rate.tokens_per_second * s.calibration
-    seconds = tokens.output / tps if tokens.output else 0.0
-    step = rate.verify if sp else None
+    throughput = _throughput(s.dp, rate, s.calibration)
+    tps = throughput.value
+    seconds_expr = var("output_tokens", tokens.output) / var("tokens_per_second", tps) if tokens.output else const(0.0)
+    seconds = seconds_expr.value
     terms = [
-        term("generate.batch", batch, "sequences/replica",
-             "min(client in-flight, max_running_requests, state slots / (5 + verified tokens with MTP), "
-             "KV tokens / mean context)",
-             binding=b.binding, caps=b.caps, pool_bytes=b.pool_bytes, mean_context=b.mean_context,
-             kv_bytes_per_token=facts.kv_bytes_per_token(s.kv_elem_bytes),
-             recurrent_state_bytes=facts.recurrent_state_bytes,
-             source="SGLang 0.5.23 mem_cache/kv_cache_configurator.py (docs/planner.md)"),
-        _step_term(recipe, rate, dev, row, b, step is not None),
+        explained("generate.batch", maximum(minimum(*(var(k, v) for k, v in b.caps.items())), 1),
+                  "sequences/replica", "SGLang 0.5.23 mem_cache/kv_cache_configurator.py (docs/planner.md): "
+                  "state_pool = state slots / (5 + verified tokens with a draft), kv_pool = KV tokens / mean context",
+                  binding=b.binding, caps=b.caps, pool_bytes=b.pool_bytes, mean_context=b.mean_context,
+                  kv_bytes_per_token=facts.kv_bytes_per_token(s.kv_elem_bytes),
+                  recurrent_state_bytes=facts.recurrent_state_bytes),
+        _step_term(recipe, rate, dev, row, b, sp.draft.drafter.forwards if sp else None),
         _prefill_term(rate, tokens.prompt_mean, sp is not None),
-        term("generate.tokens_per_second", tps, "tokens/s",
-             "dp x mean output / (mean output x step / (batch x tau) + prefill) x calibration",
-             dp=s.dp, calibration=s.calibration, calibrated=s.calibrated, tau=rate.tau,
-             calibration_source=("measured (hardware.calibrated.serving_ratio)" if s.calibrated
-                                 else "none: predicted from facts and engine measurements")),
-        term("generate.seconds", seconds, "s", "output tokens / tokens_per_second", output_tokens=tokens.output,
-             mtp=(f"on ({sp.draft.name}): see generate.speculation" if sp else
-                 "off (target.mtp false, or no MTP layer / no server on GPUs; no stages.generate.serving.drafter)")),
+        explained("generate.tokens_per_second", throughput, "tokens/s", calibrated=s.calibrated, tau=rate.tau,
+                  calibration_source=("measured (hardware.calibrated.serving_ratio)" if s.calibrated
+                                      else "none: predicted from facts and engine measurements")),
+        explained("generate.seconds", seconds_expr, "s", output_tokens=tokens.output,
+                  mtp=(f"on ({sp.draft.name}): see generate.speculation" if sp else "off (target.mtp false, or no "
+                       "MTP layer / no server on GPUs; no stages.generate.serving.drafter)")),
     ]
     if sp:
         terms.append(_speculation_term(sp, recipe, s.dp, s.calibration))
@@ -161,40 +164,45 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths
 def _prefill_term(rate: Rate, prompt: float, mtp: bool) -> Term:
     """The prefill (time to first token) and its parts (prefill.py)."""
     p = rate.prefill
-    return term("generate.prefill_seconds", rate.prefill_seconds, "s",
-                "weight GEMMs (2 x active parameters but routed experts x prompt) at the served precision's GEMM "
-                "ceiling + a draft's own pass over the prompt and the attention core (4 x heads x head_dim x causal "
-                "pairs per attention layer) at the 16-bit ceiling + MoE layers x moe_layer(prompt tokens) (moe.py; an "
-                "MoE MTP head's experts at 16 bits) "
-                "+ token mixers (SGLang on a GPU: transformers' measured rest per layer x prompt x mixer factor x "
-                "bandwidth(H200) / (bandwidth x tp)) + TP all-reduce"
-                + (" (the MTP layer's pass over the prompt included)" if mtp else ""),
-                prompt_tokens=prompt, weight_gemm_s=p.weight_gemm_s, draft_gemm_s=p.draft_gemm_s,
-                attention_s=p.attention_s, mixer_s=p.mixer_s, fixed_s=p.fixed_s, moe_s=p.moe_s,
-                moe_layers=p.moe_layers, allreduce_s=rate.prefill_allreduce_s,
-                moe_layer=p.moe.inputs() if p.moe else None, draft_moe_layers=p.draft_moe_layers,
-                draft_moe_layer=p.draft_moe.inputs() if p.draft_moe else None,
-                mixer=({"transformers_rest_s": p.mixer_rest_s, **mixer_factor().inputs(),
-                        "gpu_rule": "scaled by the datasheet memory-bandwidth ratio to the H200 (docs/planner.md)"}
-                       if p.mixer_rest_s else None))
+    return explained("generate.prefill_seconds", p.time + var("allreduce_s", rate.prefill_allreduce_s), "s",
+                     "prefill.py: weight_gemm_s: 2 x active parameters but routed experts x prompt at the served "
+                     "precision's GEMM ceiling; draft_gemm_s: a draft's own pass over the prompt"
+                     + (" (the MTP layer's)" if mtp else "") + "; attention_s: 4 x heads x head_dim x causal pairs "
+                     "per attention layer at the 16-bit ceiling; moe_layer_s: moe.py at the prompt's tokens (an MoE "
+                     "MTP head's experts at 16 bits); mixer_s: SGLang on a GPU, transformers' measured rest per "
+                     "layer x prompt x mixer factor x bandwidth(H200) / (bandwidth x tp); allreduce_s: TP",
+                     prompt_tokens=prompt, moe_layers=p.moe_layers,
+                     moe_layer=p.moe.inputs() if p.moe else None, draft_moe_layers=p.draft_moe_layers,
+                     draft_moe_layer=p.draft_moe.inputs() if p.draft_moe else None,
+                     mixer=({"transformers_rest_s": p.mixer_rest_s, **mixer_factor().inputs(),
+                             "gpu_rule": "scaled by the datasheet memory-bandwidth ratio to the H200 (docs/planner.md)"}
+                            if p.mixer_rest_s else None))
 
 
-def _step_term(recipe: ResolvedRecipe, rate: Rate, dev: Device, row: EngineRow, b: Batch, speculative: bool) -> Term:
-    """The decode step (or, with MTP, the draft-verify cycle) and how its time splits."""
+def _step_term(recipe: ResolvedRecipe, rate: Rate, dev: Device, row: EngineRow, b: Batch,
+               forwards: int | None) -> Term:
+    """The decode step (or, with a draft making `forwards` forwards a cycle, the draft-verify cycle) and how its
+    time splits."""
+    speculative = forwards is not None
     step = rate.verify if speculative else target_step(recipe, dev, b, row)
     assert step is not None, "a speculative rate has its verify step"
     s = recipe.stages.generate.serving
-    return term("generate.step_seconds", rate.step_seconds, "s",
-                ("verify (target step over num_draft_tokens per sequence) + num_steps x MTP draft forward"
-                 if speculative else "") +
-                "; target step = roofline(served weights) + roofline(16-bit weights) x (1 / decode share - 1) + "
-                "TP all-reduce + MoE layers x moe_layer(batch x tokens) (moe.py: grouped GEMMs at the rows per "
-                "expert, kernel floors, token movement); roofline = max(bytes / (bandwidth x tp x copy share), "
-                "FLOPs / (peak x tp x GEMM share)), routed experts aside",
-                step_bytes=step.served.bytes, memory_s=step.served.memory_s, compute_s=step.served.compute_s,
-                overhead_s=step.overhead_s, allreduce_s=step.allreduce_s, bound=step.served.bound,
-                moe_s=step.moe_s, moe_layers=step.moe_layers, moe_layer=step.moe.inputs() if step.moe else None,
-                bandwidth_bps=dev.bandwidth_bps, peak_flops=step.served.peak, tp=s.tp,
-                copy_share=COPY_BANDWIDTH.value, gemm_share=step.served.gemm, decode_share=row.decode.value,
-                decode_share_source=f"{row.decode.source}: {row.decode.figure}",
-                overhead_note="the share was measured with 16-bit weights; FP8 does not shorten what it stands for")
+    time = step.time
+    if speculative:
+        assert rate.draft is not None, "a speculative rate has its draft step"
+        time = named("verify_s", scoped("verify.", step.time)) + var("draft_forwards", forwards) \
+            * named("draft_s", scoped("draft.", rate.draft.time))
+    return explained("generate.step_seconds", time, "s",
+                     "decode.py: each part (weights, attention over the KV cache, linear-attention states) at its "
+                     "own roofline, max(bytes / (bandwidth x tp x copy share), FLOPs / (peak x tp x GEMM share)); "
+                     "overhead_s: the 16-bit roofline x (1 / decode share - 1); moe_layer_s: moe.py (grouped GEMMs "
+                     "at the rows per expert, kernel floors, token movement)"
+                     + ("; verify: the target over num_draft_tokens per sequence" if speculative else ""),
+                     step_bytes=step.served.bytes, memory_s=step.served.memory_s, compute_s=step.served.compute_s,
+                     overhead_s=step.overhead_s, allreduce_s=step.allreduce_s, bound=step.served.bound,
+                     moe_s=step.moe_s, moe_layers=step.moe_layers, moe_layer=step.moe.inputs() if step.moe else None,
+                     bandwidth_bps=dev.bandwidth_bps, peak_flops=step.served.peak, tp=s.tp,
+                     copy_share=COPY_BANDWIDTH.value, gemm_share=step.served.gemm, decode_share=row.decode.value,
+                     decode_share_source=f"{row.decode.source}: {row.decode.figure}",
+                     overhead_note="the share was measured with 16-bit weights; FP8 does not shorten what it stands "
+                                   "for")

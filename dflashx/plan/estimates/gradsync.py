@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dflashx.plan.explain import Term, term
+from dflashx.plan.explain import Term, explained
+from dflashx.plan.expr import Expr, const, named, var
 from dflashx.resolve.model import ResolvedRecipe
 
 
@@ -39,26 +40,32 @@ def bandwidth_bps(recipe: ResolvedRecipe) -> float | None:
     return min(known) * 1e9 if links and len(known) == len(links) else None
 
 
+def _volume(recipe: ResolvedRecipe, params: int) -> Expr:
+    """Bytes each rank sends per optimizer step: ZeRO-2 reduce-scatters every micro step's gradients and
+    all-gathers the updated shards once; else one all-reduce (2 (n-1)/n of the gradients) per step."""
+    train = recipe.stages.train
+    ranks = var("ranks", train.world_size)
+    share = (ranks - 1) / ranks
+    grads = var("drafter_params", params) * var("bytes_per_grad", 2 if train.precision == "bf16" else 4)
+    if train.zero_stage == 2:
+        return named("bytes_per_gpu", (var("grad_accum", train.grad_accum) + 1) * share * grads)
+    return named("bytes_per_gpu", 2 * share * grads)
+
+
 def grad_sync(recipe: ResolvedRecipe, params: int) -> GradSync:
     train = recipe.stages.train
-    n = train.world_size
-    elem = 2 if train.precision == "bf16" else 4
-    share = (n - 1) / n
-    if train.zero_stage == 2:
-        volume = (train.grad_accum + 1) * share * params * elem
-        formula = "(grad_accum reduce-scatters + 1 all-gather) x (n-1)/n x drafter params x bytes (ZeRO-2)"
-    else:
-        volume = 2 * share * params * elem
-        formula = f"2 (n-1)/n x drafter params x bytes, once per optimizer step (ZeRO-{train.zero_stage})"
     bw = bandwidth_bps(recipe)
-    if n == 1 or recipe.hardware.gpu is None:
-        volume, seconds, note = 0.0, 0.0, "one process, or the CPU profile: nothing to synchronise"
+    volume = _volume(recipe, params)
+    seconds: Expr
+    if train.world_size == 1 or recipe.hardware.gpu is None:
+        volume, seconds = named("bytes_per_gpu", const(0.0)), const(0.0)
+        note = "one process, or the CPU profile: nothing to synchronise"
     elif bw is None:
-        seconds, note = 0.0, "not counted: the profile states no interconnect_gbs/internode_gbs"
+        seconds, note = const(0.0), "not counted: the profile states no interconnect_gbs/internode_gbs"
     else:
-        seconds, note = volume / bw, "no overlap with the backward pass assumed (an upper bound)"
-    return GradSync(volume, seconds, term(
-        "train.grad_sync_seconds", seconds, "s/step", formula + " / interconnect bandwidth per GPU",
-        bytes_per_gpu=volume, ranks=n, zero_stage=train.zero_stage, grad_accum=train.grad_accum,
-        bandwidth_bps=bw, note=note,
-        source="ring all-reduce volume (Rajbhandari et al. 2020, sec. 7); ZeRO-2 per micro step: DeepSpeed PR #338"))
+        seconds, note = volume / var("bandwidth_bps", bw), "no overlap with the backward pass assumed (an upper bound)"
+    return GradSync(volume.value, seconds.value, explained(
+        "train.grad_sync_seconds", seconds, "s/step",
+        "ring all-reduce volume (Rajbhandari et al. 2020, sec. 7); ZeRO-2 per micro step: DeepSpeed PR #338",
+        bytes_per_gpu=volume.value, ranks=train.world_size, zero_stage=train.zero_stage, grad_accum=train.grad_accum,
+        bandwidth_bps=bw, note=note))

@@ -14,7 +14,8 @@ from dflashx.plan.estimates.fixed import TOKENIZE_PER_SAMPLE
 from dflashx.plan.estimates.generation import Serving
 from dflashx.plan.estimates.lengths import OutputLengths
 from dflashx.plan.estimates.tokens import Tokens
-from dflashx.plan.explain import Term, term
+from dflashx.plan.explain import Term, explained
+from dflashx.plan.expr import Expr, named, var
 from dflashx.resolve.model import ResolvedRecipe
 
 INGEST_PROMPTS_PER_S = 5_000  # read, normalise, dedupe (includes a datasets download amortised)
@@ -32,30 +33,29 @@ EVAL_BANDWIDTH_EFFICIENCY = Measured(
     "1x NVIDIA H100 80GB HBM3, torch 2.11, transformers 5.17, 2026-12-06")
 
 
+def _rate_term(key: str, amount: Expr, rate: float) -> Term:
+    return explained(key, amount / var("rate", rate), "s")
+
+
 def host_seconds(recipe: Recipe, tokens: Tokens, storage_total: float, export_bytes: float) -> dict[str, Term]:
-    num_proc = recipe.stages.tokenize.num_proc
+    num_proc = var("num_proc", recipe.stages.tokenize.num_proc)
+    tokenize = (var("samples", tokens.samples) * var("per_sample_s", TOKENIZE_PER_SAMPLE.value)
+                + var("tokens", tokens.total) / var("rate", TOKENIZE_TOKENS_PER_S_PER_PROC)) / num_proc
     return {
-        "ingest": term("ingest.seconds", tokens.raw_prompts / INGEST_PROMPTS_PER_S, "s",
-                       "raw prompts / prompts per second", rate=INGEST_PROMPTS_PER_S),
-        "qc": term("qc.seconds", tokens.samples / QC_SAMPLES_PER_S, "s", "samples / samples per second",
-                   rate=QC_SAMPLES_PER_S),
-        "tokenize": term("tokenize.seconds",
-                         (tokens.samples * TOKENIZE_PER_SAMPLE.value + tokens.total / TOKENIZE_TOKENS_PER_S_PER_PROC)
-                         / num_proc, "s",
-                         "(samples x measured seconds per sample + all tokens / tokens per second per process) / "
-                         "num_proc", per_sample_s=TOKENIZE_PER_SAMPLE.value,
-                         per_sample_source=f"{TOKENIZE_PER_SAMPLE.source}: {TOKENIZE_PER_SAMPLE.figure}",
-                         rate=TOKENIZE_TOKENS_PER_S_PER_PROC, num_proc=num_proc),
-        "export": term("export.seconds", export_bytes / EXPORT_BYTES_PER_S, "s", "drafter bytes / write rate",
-                       rate=EXPORT_BYTES_PER_S),
-        "backup": term("backup.seconds", storage_total / BACKUP_BYTES_PER_S, "s", "run bytes / upload rate",
-                       rate=BACKUP_BYTES_PER_S),
+        "ingest": _rate_term("ingest.seconds", var("raw_prompts", tokens.raw_prompts), INGEST_PROMPTS_PER_S),
+        "qc": _rate_term("qc.seconds", var("samples", tokens.samples), QC_SAMPLES_PER_S),
+        "tokenize": explained("tokenize.seconds", tokenize, "s", "rate: tokens per second per process",
+                              per_sample_source=f"{TOKENIZE_PER_SAMPLE.source}: {TOKENIZE_PER_SAMPLE.figure}"),
+        "export": _rate_term("export.seconds", var("drafter_bytes", export_bytes), EXPORT_BYTES_PER_S),
+        "backup": _rate_term("backup.seconds", var("run_bytes", storage_total), BACKUP_BYTES_PER_S),
     }
 
 
-def batch1_seconds_per_token(recipe: ResolvedRecipe, weight_bytes: float, tp: int) -> float:
+def batch1_seconds_per_token(recipe: ResolvedRecipe, weight_bytes: Expr, tp: int) -> Expr:
     """A GPU's batch-1 decode of one token: the weights read at EVAL_BANDWIDTH_EFFICIENCY of the bandwidth."""
-    return weight_bytes / (device_of(recipe.hardware).bandwidth_bps * tp) / EVAL_BANDWIDTH_EFFICIENCY.value
+    return named("seconds_per_token", weight_bytes / (var("bandwidth_bps", device_of(recipe.hardware).bandwidth_bps)
+                                                      * var("tp", tp)) / var("efficiency",
+                                                                             EVAL_BANDWIDTH_EFFICIENCY.value))
 
 
 def in_process_tokens_per_s(recipe: ResolvedRecipe, acceptance: list[float | None]) -> float:
@@ -74,11 +74,10 @@ def eval_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
     if recipe.hardware.gpu is None:
         return eval_in_process_seconds(recipe)
     ev = recipe.stages.eval
-    tokens = ev.decodes * ev.max_new_tokens
-    per_token = batch1_seconds_per_token(recipe, s.weight_bytes, s.tp)
-    return term("eval.seconds", tokens * per_token, "s",
-                "prompt decodes (suites x drafters x runs) x max_new_tokens x weights / (bandwidth x tp x batch-1 "
-                "efficiency)", tokens=tokens, seconds_per_token=per_token, efficiency=EVAL_BANDWIDTH_EFFICIENCY.value)
+    tokens = named("tokens", var("decodes", ev.decodes) * var("max_new_tokens", ev.max_new_tokens))
+    per_token = batch1_seconds_per_token(recipe, var("weight_bytes", s.weight_bytes), s.tp)
+    return explained("eval.seconds", tokens * per_token, "s", "decodes: suites x drafters x runs, one prompt each; "
+                     "efficiency: the batch-1 decoder's share of the bandwidth (EVAL_BANDWIDTH_EFFICIENCY)")
 
 
 def eval_in_process_seconds(recipe: ResolvedRecipe) -> Term:
@@ -92,14 +91,11 @@ def eval_in_process_seconds(recipe: ResolvedRecipe) -> Term:
     ev, block = recipe.stages.eval, recipe.drafter.block_size
     prompts = ev.decodes / (1 + len(ev.baselines) + ev.sampled_runs)
     output = OutputLengths.of(recipe.dataset.stats).clipped_moment(1, ev.max_new_tokens)
-    trained = in_process_tokens_per_s(recipe, list(recipe.deploy.acceptance))
-    baseline = in_process_tokens_per_s(recipe, [0.0] * (block - 1))
-    seconds = prompts * output * ((1 + ev.sampled_runs) / trained + len(ev.baselines) / baseline)
-    return term("eval.seconds", seconds, "s",
-                "prompts x output tokens x ((1 greedy + sampled runs) / trained tokens/s + baselines / tau-1 "
-                "tokens/s), in-process decoder at batch 1 (deploy.speedup's model at concurrency 1)",
-                prompts_per_drafter=prompts, output_tokens=output, baselines=len(ev.baselines),
-                sampled_runs=ev.sampled_runs,
-                tokens_per_s_trained=trained, tokens_per_s_baseline=baseline,
-                expected_tau=recipe.deploy.expected_tau,
-                source="engine.IN_PROCESS (benchmarks/results/cpu_decode.json)")
+    trained = var("tokens_per_s_trained", in_process_tokens_per_s(recipe, list(recipe.deploy.acceptance)))
+    baseline = var("tokens_per_s_baseline", in_process_tokens_per_s(recipe, [0.0] * (block - 1)))
+    runs, baselines = var("sampled_runs", ev.sampled_runs), var("baselines", len(ev.baselines))
+    seconds = var("prompts_per_drafter", prompts) * var("output_tokens", output) * (
+        (1 + runs) / trained + baselines / baseline)
+    return explained("eval.seconds", seconds, "s", "engine.IN_PROCESS (benchmarks/results/cpu_decode.json): the "
+                     "in-process decoder at batch 1, deploy.speedup's model at concurrency 1; baselines at tau 1",
+                     expected_tau=recipe.deploy.expected_tau)

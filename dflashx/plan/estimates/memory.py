@@ -16,7 +16,8 @@ from dflashx.plan.estimates.generation import Serving
 from dflashx.plan.estimates.serving import spec_memory
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.estimates.training import Training
-from dflashx.plan.explain import Term
+from dflashx.plan.explain import Term, explained
+from dflashx.plan.expr import Expr, total, var
 from dflashx.resolve.memory import (
     SequenceActivations, activation_bytes, longest_sample, sequence_activations, train_memory_parts,
 )
@@ -42,15 +43,17 @@ def serving_memory(recipe: ResolvedRecipe, facts: TargetFacts, tokens: Tokens, s
         one_seq += spec.kv_bytes_per_token * max_ctx + spec.verify_tokens * facts.recurrent_state_bytes
     # a decode step's working set: a few hidden-size buffers per running sequence
     activations = 4 * facts.hidden_size * max(s.batch, 1) * activation_bytes(s.weight_dtype)
-    if recipe.stages.generate.serving.mode != "in-process" and recipe.hardware.gpu is not None:
-        gpu_bytes = recipe.hardware.gpu.memory_gb * 1e9
-        total = gpu_bytes * recipe.stages.generate.serving.mem_fraction_static
-        formula = "gpu memory x mem_fraction_static (SGLang preallocates weights + KV/state pool)"
-    else:
-        total = weights + max(s.batch, 1) * one_seq / s.tp + activations
-        formula = "weights + batch x (KV at max context + recurrent state) + activations"
     parts = {"weights": weights, "one_full_sequence": one_seq / s.tp, "activations": activations}
-    return StageMemory(total, parts, Term("generate.peak_memory", total, "bytes", formula, dict(parts)))
+    peak: Expr
+    if recipe.stages.generate.serving.mode != "in-process" and recipe.hardware.gpu is not None:
+        peak = var("gpu_bytes", recipe.hardware.gpu.memory_gb * 1e9) \
+            * var("mem_fraction_static", recipe.stages.generate.serving.mem_fraction_static)
+        note = "the engine preallocates its weights and KV/state pool"
+    else:
+        peak = var("weights", weights) + var("batch", max(s.batch, 1)) * var("one_seq", one_seq) / var("tp", s.tp) \
+            + var("activations", activations)
+        note = "one_seq: KV at max context + recurrent state"
+    return StageMemory(peak.value, parts, explained("generate.peak_memory", peak, "bytes", note, **parts))
 
 
 def training_memory(recipe: ResolvedRecipe, tr: Training) -> StageMemory:
@@ -62,7 +65,7 @@ def training_memory(recipe: ResolvedRecipe, tr: Training) -> StageMemory:
         train_precision=d.precision, master_weights=d.master_weights, optimizer=d.optimizer,
         sharding=d.target_sharding, ranks=d.world_size, zero_stage=d.zero_stage, micro_batch=d.micro_batch,
         sample=longest)
-    total = sum(parts.values())
+    summed = parts_sum(parts)
     target = ("1/N of the target weights + 2 gathered units + whole embedding/head (ZeRO-3 sharded)"
               if d.target_sharding == "zero3" else "target weights")
     aux = state_bytes(d.precision, d.master_weights, "adamw", d.zero_stage)
@@ -72,9 +75,9 @@ def training_memory(recipe: ResolvedRecipe, tr: Training) -> StageMemory:
                f"params at {per_param.total:g} bytes each{split} ({d.precision} weights, {d.master_weights} master, "
                f"{d.optimizer}) over {d.world_size} ranks + micro_batch x activations of the longest sample (34 h "
                "bytes/token/layer x drafter tokens x layers + fp32 logits + captured states)")
-    inputs = {"micro_batch": d.micro_batch, "target_sharding": d.target_sharding, "longest_sample": longest.length,
-              "longest_drafter_tokens": longest.drafter_tokens, **parts}
-    return StageMemory(total, parts, Term("train.peak_memory", total, "bytes", formula, inputs))
+    return StageMemory(summed.value, parts, explained(
+        "train.peak_memory", summed, "bytes", formula, micro_batch=d.micro_batch, target_sharding=d.target_sharding,
+        longest_sample=longest.length, longest_drafter_tokens=longest.drafter_tokens))
 
 
 def longest_sample_activations(recipe: ResolvedRecipe) -> SequenceActivations:
@@ -103,7 +106,12 @@ def eval_memory(recipe: ResolvedRecipe, tr: Training) -> StageMemory:
         "drafter_weights": tr.drafter.trainable * BYTES[load],
         "one_sequence": facts.kv_bytes_per_token(activation_bytes(load)) * context + facts.recurrent_state_bytes,
     }
-    total = sum(parts.values())
-    return StageMemory(total, parts, Term("eval.peak_memory", total, "bytes",
-                                          "target + drafter weights + KV/state of one sequence of the longest "
-                                          "training sample + max_new_tokens", {"context_tokens": context, **parts}))
+    summed = parts_sum(parts)
+    return StageMemory(summed.value, parts, explained(
+        "eval.peak_memory", summed, "bytes", "one_sequence: the KV/state of the longest training sample + "
+        "max_new_tokens", context_tokens=context))
+
+
+def parts_sum(parts: dict[str, float]) -> Expr:
+    """The peak as the sum of its named parts (`--explain` shows each)."""
+    return total(*(var(name, value) for name, value in parts.items()))

@@ -34,11 +34,13 @@ at the ceiling plus the engine's layer calls, as measured on the CPU.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from dflashx.plan.estimates.decode import sixteen_bit
 from dflashx.plan.estimates.device import Device, table_device
 from dflashx.plan.estimates.engine import EngineRow, Measured, gemm_share
 from dflashx.plan.estimates.moe import MoeLayer, moe_layer, routed_flops_per_token, serving_path
+from dflashx.plan.expr import Expr, const, named, total, var
 from dflashx.resolve.flops import attention_flops
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.targets.registry import REGISTRY, TargetFacts
@@ -143,12 +145,28 @@ class Prefill:
 
     @property
     def moe_s(self) -> float:
-        return ((self.moe.seconds * self.moe_layers if self.moe else 0.0)
-                + (self.draft_moe.seconds * self.draft_moe_layers if self.draft_moe else 0.0))
+        return self.time_of_moe.value
+
+    @cached_property
+    def time_of_moe(self) -> Expr:
+        """The routed experts: the target's MoE layers x one layer's `moe_layer`, and an MoE draft's."""
+        target = var("moe_layer_s", self.moe.seconds) * var("moe_layers", self.moe_layers) if self.moe \
+            else const(0.0)
+        if self.draft_moe is None:
+            return target
+        return target + var("draft_moe_layer_s", self.draft_moe.seconds) * var("draft_moe_layers",
+                                                                               self.draft_moe_layers)
+
+    @cached_property
+    def time(self) -> Expr:
+        """The prefill's seconds: its parts one after another (module doc)."""
+        return total(var("weight_gemm_s", self.weight_gemm_s), var("draft_gemm_s", self.draft_gemm_s),
+                     var("attention_s", self.attention_s), var("mixer_s", self.mixer_s), var("fixed_s", self.fixed_s),
+                     named("moe_s", self.time_of_moe))
 
     @property
     def seconds(self) -> float:
-        return self.weight_gemm_s + self.draft_gemm_s + self.attention_s + self.mixer_s + self.fixed_s + self.moe_s
+        return self.time.value
 
 
 def priced(facts: TargetFacts, dev: Device, tp: int, dtype: str, prompt: float, on_gpu: bool, engine: str,

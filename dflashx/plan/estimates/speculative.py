@@ -40,6 +40,7 @@ from dflashx.plan.estimates.device import Device
 from dflashx.plan.estimates.engine import EngineRow
 from dflashx.plan.estimates.prefill import DraftPass, Prefill, mtp_prompt_pass, prefill, scan_seconds
 from dflashx.plan.estimates.serving import Batch, SpecMemory, drafter_on, mtp_on
+from dflashx.plan.expr import Expr, named, var
 from dflashx.resolve.flops import DrafterDims, dflash2_layer_flops_per_token
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.resolve.serving import kv_elem_bytes
@@ -179,15 +180,20 @@ def draft_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, d:
 
 @dataclass(frozen=True)
 class Rate:
-    """Tokens/s of one replica at a batch, and how the time of a generated token splits."""
+    """Tokens/s of one replica at a batch (`throughput`: the expression that computes it, for --explain), and how
+    the time of a generated token splits."""
 
-    tokens_per_second: float
+    throughput: Expr
     step_seconds: float  # a decode step, or a whole draft-verify cycle
     tau: float  # tokens per step per sequence (1 without speculation)
     prefill: Prefill
     prefill_allreduce_s: float
     verify: Step | None = None
     draft: Step | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.throughput.value
 
     @property
     def prefill_seconds(self) -> float:
@@ -205,10 +211,11 @@ def replica_rate(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, 
     fixed = row.call_latency.value * (recipe.target.facts.num_layers + 1) if row.call_latency else 0.0
     first = prefill(recipe, dev, prompt, dtype, row, drafter.prompt if drafter else DraftPass(), fixed)
     reduce = allreduce_seconds(recipe, prompt)
-    pre, out = first.seconds + reduce, max(output, 1e-9)
+    pre, out = var("prefill_s", first.seconds + reduce), var("output_mean", max(output, 1e-9))
     if drafter is None:
         step = target_step(recipe, dev, b, row)
-        return Rate(out / (out * step.seconds / batch + pre), step.seconds, 1.0, first, reduce)
+        return Rate(out / (out * var("step_s", step.seconds) / var("batch", batch) + pre), step.seconds, 1.0, first,
+                    reduce)
     passes = 2.0 + drafter.verify_tokens if recipe.target.facts.recurrent_state_bytes else 2.0
     verify = target_step(recipe, dev, b, row, drafter.verify_tokens, passes)
     if row.engine == "sglang" and recipe.hardware.gpu is not None:  # the prefill's mixer term applies (prefill.py)
@@ -216,9 +223,11 @@ def replica_rate(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, 
         verify = replace(verify, mixer_s=scan_seconds(recipe.target.facts, dev, recipe.stages.generate.serving.tp,
                                                       extra))
     draft = draft_step(recipe, dev, b, row, drafter)
-    cycle = verify.seconds + drafter.forwards * draft.seconds
+    cycle = named("cycle_s", var("verify_s", verify.seconds) + var("draft_forwards", drafter.forwards)
+                  * var("draft_s", draft.seconds))
     tau = accepted_length(acceptance, drafter.drafts)
-    return Rate(out / (out * cycle / (batch * tau) + pre), cycle, tau, first, reduce, verify, draft)
+    return Rate(out / (out * cycle / (var("batch", batch) * var("tau", tau)) + pre), cycle.value, tau, first, reduce,
+                verify, draft)
 
 
 def pays(spec: Rate, plain: Rate) -> bool:

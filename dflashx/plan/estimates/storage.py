@@ -8,7 +8,8 @@ from dflashx.config.fields import PRECISION_BYTES as BYTES
 from dflashx.plan.estimates.fixed import checkpoint_saves
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.estimates.training import Training
-from dflashx.plan.explain import Term, term
+from dflashx.plan.explain import Term, explained
+from dflashx.plan.expr import minimum, named, total, var
 from dflashx.resolve.model import ResolvedRecipe
 
 JSON_OVERHEAD_BYTES = 512  # keys, usage, ids of one completion record
@@ -39,36 +40,35 @@ def estimate_storage(recipe: ResolvedRecipe, tokens: Tokens, tr: Training) -> St
     stats, train = recipe.dataset.stats, recipe.stages.train
     params = tr.drafter.trainable
     train_tokens = tokens.train_tokens_per_epoch
-    hidden = train_tokens * layers * facts.hidden_size * 2
-    n_ckpt = checkpoint_saves(tr.steps, train.checkpoint_every)
-    kept = n_ckpt if train.keep_checkpoints is None else min(n_ckpt, train.keep_checkpoints + 1)  # K newest + best
-    checkpoints = kept * STATE_BYTES_PER_PARAM * params
+    hidden = var("train_tokens", train_tokens) * var("layers", layers) * var("hidden", facts.hidden_size) * 2
+    n_ckpt = var("checkpoints", checkpoint_saves(tr.steps, train.checkpoint_every))
+    kept = named("kept", n_ckpt if train.keep_checkpoints is None  # the K newest + the best
+                 else minimum(n_ckpt, var("keep_checkpoints", train.keep_checkpoints) + 1))
+    checkpoints = kept * var("state_bytes_per_param", STATE_BYTES_PER_PARAM) * var("params", params)
+    completions = var("samples", tokens.samples) * (
+        var("prompt_bytes_mean", stats.prompt_bytes_mean) + var("output_tokens_mean", tokens.output_mean)
+        * var("output_bytes_per_token", stats.output_bytes_per_token) + var("json_overhead", JSON_OVERHEAD_BYTES))
     sizes = {
         "ingest.prompts": tokens.raw_prompts * stats.prompt_bytes_mean,
-        "generate.completions": tokens.samples * (
-            stats.prompt_bytes_mean + tokens.output_mean * stats.output_bytes_per_token + JSON_OVERHEAD_BYTES),
+        "generate.completions": completions.value,
         "qc.report": REPORT_BYTES,
         "tokenize.dataset": tokens.samples * (tokens.train_len_mean * ARROW_BYTES_PER_TOKEN + ARROW_ROW_OVERHEAD),
-        "train.checkpoint": checkpoints,
+        "train.checkpoint": checkpoints.value,
         "eval.report": REPORT_BYTES,
         "export.drafter": params * BYTES[recipe.stages.export.dtype],
     }
     if train.mode == "offline":
-        sizes["train.hidden_states"] = hidden
+        sizes["train.hidden_states"] = hidden.value
     enabled = {name for name, stage in recipe.stages if stage.enabled}
     sizes = {k: v for k, v in sizes.items() if k.split(".")[0] in enabled}
     terms = (
-        term("storage.offline_hidden_states", hidden, "bytes", "train tokens x k target layers x hidden x 2 (bf16)",
-             train_tokens=train_tokens, layers=layers, hidden=facts.hidden_size,
-             written=train.mode == "offline"),
-        term("storage.checkpoints", checkpoints, "bytes",
-             "kept checkpoints x 14 bytes x drafter params (each a full training state: bf16 weights + fp32 "
-             "master weights and two Adam moments); kept = min(checkpoints, keep_checkpoints + 1) (the K newest "
-             "+ the best), all when keep_checkpoints is null",
-             checkpoints=n_ckpt, keep_checkpoints=train.keep_checkpoints, kept=kept, params=params),
-        term("storage.completions", tokens.samples * (stats.prompt_bytes_mean + tokens.output_mean
-                                                      * stats.output_bytes_per_token + JSON_OVERHEAD_BYTES),
-             "bytes", "samples x (prompt bytes + output tokens x bytes/token + JSON overhead)"),
-        Term("storage.total", sum(sizes.values()), "bytes", "sum over enabled stages' artifacts", dict(sizes)),
+        explained("storage.offline_hidden_states", hidden, "bytes", "bf16 states of the k tapped target layers",
+                  written=train.mode == "offline"),
+        explained("storage.checkpoints", checkpoints, "bytes", "each kept checkpoint a full training state: bf16 "
+                  "weights + fp32 master weights and two Adam moments; kept: the K newest + the best, all when "
+                  "keep_checkpoints is null", keep_checkpoints=train.keep_checkpoints),
+        explained("storage.completions", completions, "bytes"),
+        explained("storage.total", total(*(var(k, v) for k, v in sizes.items())), "bytes",
+                  "the enabled stages' artifacts"),
     )
-    return Storage(sizes, hidden, terms)
+    return Storage(sizes, hidden.value, terms)

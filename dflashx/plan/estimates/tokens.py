@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from dflashx.config.schema import Recipe
 from dflashx.plan.estimates.lengths import Lengths
-from dflashx.plan.explain import Term, term
+from dflashx.plan.explain import Term, explained
+from dflashx.plan.expr import call, const, maximum, minimum, named, var
 
 
 @dataclass(frozen=True)
@@ -56,33 +57,29 @@ def raw_prompt_count(recipe: Recipe) -> int:
 
 
 def count_tokens(recipe: Recipe, max_length: int, lengths: Lengths) -> Tokens:
-    stats, cap = recipe.dataset.stats, recipe.stages.generate.max_tokens
-    counted = raw_prompt_count(recipe)
-    holdout = recipe.dataset.eval_holdout
-    samples = stats.samples if stats.samples is not None else max(counted - holdout, 0)
-    raw = max(counted, samples + holdout)  # filtering only removes prompts; the holdout is ingested too
-    output_mean = lengths.clipped_moment(1, cap)
-    room = max(min(max_length - stats.prompt_tokens_mean, cap), 0.0)
-    train_len = stats.prompt_tokens_mean + lengths.clipped_moment(1, room)
-    out = samples * output_mean
-    total = samples * (stats.prompt_tokens_mean + output_mean)
+    stats, cap = recipe.dataset.stats, var("max_tokens", recipe.stages.generate.max_tokens)
+    counted, holdout = var("counted", raw_prompt_count(recipe)), var("eval_holdout", recipe.dataset.eval_holdout)
+    samples = named("samples", var("stats_samples", stats.samples) if stats.samples is not None
+                    else maximum(counted - holdout, 0))
+    raw = maximum(counted, samples + holdout)  # filtering only removes prompts; the holdout is ingested too
+    mean_capped = lambda c: lengths.clipped_moment(1, c)  # noqa: E731  # E[min(O, c)] of the output lengths
+    output_mean = named("output_tokens_mean", call(mean_capped, cap, name="E_min_O"))
+    prompt = var("prompt_tokens_mean", stats.prompt_tokens_mean)
+    room = named("room", maximum(minimum(var("max_length", max_length) - prompt, cap), 0.0))
+    train_len = prompt + call(mean_capped, room, name="E_min_O")
+    out, total = named("output", samples * output_mean), named("total", samples * (prompt + output_mean))
     terms = (
-        term("tokens.raw_prompts", raw, "prompts",
-             "max(sum over sources of min(expected_count, cap), samples + eval_holdout)", counted=counted,
-             sources=len(recipe.dataset.sources)),
-        term("tokens.samples", samples, "samples", "dataset.stats.samples, else the counted raw prompts less "
-             "dataset.eval_holdout (the ingest keeps those out of generation)",
-             stats_samples=stats.samples, counted=counted, eval_holdout=holdout),
-        term("tokens.output_mean", output_mean, "tokens/sample", "E[min(O, generate.max_tokens)] of the output-length "
-             "distribution", max_tokens=cap, uncapped_mean=lengths.mean, distribution=lengths.source),
-        term("tokens.output", out, "tokens", "samples x E[min(O, generate.max_tokens)]",
-             samples=samples, output_tokens_mean=output_mean),
-        term("tokens.total", total, "tokens", "samples x (prompt_tokens_mean + output tokens per sample)",
-             samples=samples, prompt_tokens_mean=stats.prompt_tokens_mean, output_tokens_mean=output_mean),
-        term("tokens.loss_fraction", out / total if total else 0.0, "fraction",
-             "output tokens / all tokens (prompt tokens carry no loss)", output=out, total=total),
-        term("tokens.train_length_mean", train_len, "tokens/sample",
-             "prompt_tokens_mean + E[min(O, max_tokens, train max_length - prompt_tokens_mean)]",
-             max_length=max_length),
+        explained("tokens.raw_prompts", raw, "prompts", sources=len(recipe.dataset.sources)),
+        explained("tokens.samples", samples, "samples", "counted: sum over sources of min(expected_count, cap); "
+                  "the ingest keeps dataset.eval_holdout of them out of generation", stats_samples=stats.samples,
+                  counted=counted.value, eval_holdout=holdout.value),
+        explained("tokens.output_mean", output_mean, "tokens/sample", "E_min_O(c) = E[min(O, c)] of the "
+                  "output-length distribution", uncapped_mean=lengths.mean, distribution=lengths.source),
+        explained("tokens.output", out, "tokens"),
+        explained("tokens.total", total, "tokens"),
+        explained("tokens.loss_fraction", out / total if total.value else const(0.0), "fraction",
+                  "prompt tokens carry no loss"),
+        explained("tokens.train_length_mean", train_len, "tokens/sample"),
     )
-    return Tokens(raw, samples, stats.prompt_tokens_mean, output_mean, train_len, room, terms)
+    return Tokens(int(raw.value), int(samples.value), stats.prompt_tokens_mean, output_mean.value, train_len.value,
+                  room.value, terms)

@@ -29,15 +29,16 @@ from typing import Any
 from dflashx.plan.estimates.decode import dense_read_bytes
 from dflashx.plan.estimates.speculative import drafter_window
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_TAU_PROBE, device_of, factor
-from dflashx.plan.estimates.gather import target_gather
-from dflashx.plan.estimates.gradsync import grad_sync
+from dflashx.plan.estimates.gather import TargetGather, target_gather
+from dflashx.plan.estimates.gradsync import GradSync, grad_sync
 from dflashx.plan.estimates.host import batch1_seconds_per_token, in_process_tokens_per_s
 from dflashx.plan.estimates.lengths import Lengths
-from dflashx.plan.estimates.mfu import mfu_row
+from dflashx.plan.estimates.mfu import MfuRow, mfu_row
 from dflashx.plan.estimates.speculative import dflash_drafter
-from dflashx.plan.estimates.moe import touched_bytes, trainer_moe
+from dflashx.plan.estimates.moe import TrainerMoe, touched_bytes, trainer_moe
 from dflashx.plan.estimates.tokens import Tokens
-from dflashx.plan.explain import Term, term
+from dflashx.plan.explain import Term, explained, term
+from dflashx.plan.expr import Expr, call, const, named, total, var
 from dflashx.resolve.flops import (
     DrafterDims, block_pairs, dflash2_layer_flops_per_token, drafter_step_flops, selector_flops_per_slot,
     target_pass_flops,
@@ -68,20 +69,20 @@ def sample_lengths(lengths: Lengths, room: float) -> list[float]:
 
 
 def flops_per_sample(recipe: ResolvedRecipe, prompt: float, outputs: list[float]) -> tuple[float, float, float]:
-    """(target FLOPs, drafter + LM head FLOPs, drafter block tokens) per sample, averaged over samples
-    of these output lengths."""
+    """(target FLOPs, drafter + LM head FLOPs, anchors) per sample, averaged over samples of these output
+    lengths (anchors: min(anchors_per_seq, the sample's loss tokens); its block tokens are anchors x block_size)."""
     train, facts, block = recipe.stages.train, recipe.target.facts, recipe.drafter.block_size
     target = target_pass_flops(facts, recipe.drafter.target_layer_ids, train.labels, [prompt + o for o in outputs],
                                sum(outputs))
-    drafter = tokens = 0.0
+    drafter = anchored = 0.0
     for output in outputs:
         anchors = min(train.anchors_per_seq, output)
         pairs = block_pairs(anchors * (prompt + output / 2), anchors, block)
         drafter += drafter_step_flops(recipe.drafter.dims, anchors * block, prompt + output, pairs,
                                       anchors * (block - 1))
-        tokens += anchors * block
+        anchored += anchors
     n = len(outputs)
-    return target / n, drafter / n, tokens / n
+    return target / n, drafter / n, anchored / n
 
 
 def tau_probe(recipe: ResolvedRecipe, lengths: Lengths) -> Term:
@@ -98,104 +99,137 @@ def tau_probe(recipe: ResolvedRecipe, lengths: Lengths) -> Term:
                     "median seconds of one held-out τ measurement (hardware.calibrated.tau_probe_seconds; a "
                     "batched decode of small models is launch-bound on a GPU, which no roofline prices)",
                     tau_prompts=train.tau_prompts, output_tokens=output, calibrated=True)
+    per_token: Expr
     if recipe.hardware.gpu is None:
-        per_token = 1 / in_process_tokens_per_s(recipe, [0.0] * (block - 1))
-        inputs: dict[str, Any] = {}
+        per_token = named("seconds_per_token", 1 / var("in_process_tokens_per_s",
+                                                        in_process_tokens_per_s(recipe, [0.0] * (block - 1))))
     else:
         facts, dtype = recipe.target.facts, recipe.target.load_precision
-        inputs = {"dense_bytes": dense_read_bytes(facts, dtype),
-                  "routed_bytes": facts.num_moe_layers * touched_bytes(facts, block, dtype),
-                  "drafter_bytes": dflash_drafter(recipe, recipe.drafter.dims, block, drafter_window(recipe),
-                                                  1.0).weight_bytes}
-        per_token = batch1_seconds_per_token(recipe, sum(inputs.values()), 1)
-    return term("train.tau_probe_seconds", train.tau_prompts * output * per_token, "s",
-                "tau_prompts x output tokens (mean, capped at tau_max_new_tokens) x seconds per token at batch 1 "
-                "and τ 1 (GPU: (target dense weights + experts touched by block_size verified tokens + drafter "
-                "weights) / (bandwidth x efficiency); CPU: the in-process decoder)",
-                tau_prompts=train.tau_prompts, output_tokens=output, seconds_per_token=per_token, block_size=block,
-                **inputs)
+        weights = total(var("dense_bytes", dense_read_bytes(facts, dtype)),
+                        var("routed_bytes", facts.num_moe_layers * touched_bytes(facts, block, dtype)),
+                        var("drafter_bytes", dflash_drafter(recipe, recipe.drafter.dims, block, drafter_window(recipe),
+                                                            1.0).weight_bytes))
+        per_token = batch1_seconds_per_token(recipe, weights, 1)
+    seconds = var("tau_prompts", train.tau_prompts) * var("output_tokens", output) * per_token
+    return explained("train.tau_probe_seconds", seconds, "s",
+                     "tau_prompts greedy decodes of the output-length mean capped at tau_max_new_tokens, at batch 1 "
+                     "and τ 1 (an upper bound): on a GPU the weights a draft-verify cycle reads (the target's dense "
+                     "weights, the experts block_size verified tokens touch, the drafter's) at the bandwidth bound "
+                     "of the eval estimate; on the CPU the in-process decoder", block_size=block)
+
+
+def _params_term(drafter: DrafterDims) -> Term:
+    """Every parameter of the built drafter (`DrafterDims.trainable`): the matrices a slot's gradient reaches
+    whole, and what a Muon run leaves to the auxiliary AdamW (norms, base kernels, codebooks)."""
+    dflash2_params: dict[str, Any] = {
+        "conv_params": drafter.conv_params, "codebook_params": drafter.codebook_params,
+        "selector_projection_params": drafter.selector_projection_params} if drafter.conv_kernel_size else {}
+    trainable = var("matrices", drafter.matrices) + var("adamw_params", drafter.adamw_params)
+    return explained("train.drafter_params", trainable, "params", layer_params=drafter.layer_params,
+                     fc_params=drafter.fc_params, norm_params=drafter.norm_params, num_layers=drafter.num_layers,
+                     **dflash2_params)
+
+
+def _flops_term(recipe: ResolvedRecipe, target_f: float, drafter_f: float, tokens: Tokens) -> Term:
+    """FLOPs per training sample, each part by `dflashx.resolve.flops` and averaged over QUADRATURE lengths."""
+    drafter, train = recipe.drafter.dims, recipe.stages.train
+    dflash2_flops: dict[str, Any] = {
+        "conv_flops_per_token_layer": dflash2_layer_flops_per_token(drafter),
+        "selector_flops_per_slot": selector_flops_per_slot(drafter)} if drafter.conv_kernel_size else {}
+    per_sample = var("target", target_f) + var("drafter_and_head", drafter_f)
+    return explained(
+        "train.flops_per_sample", per_sample, "FLOP",
+        f"dflashx.resolve.flops, the mean over {QUADRATURE} quantiles of the training length L: target = the "
+        "forward to the deepest tapped layer (labels: target — its last layer and LM head); drafter_and_head = "
+        "the drafter's forward/backward over the block tokens with L context tokens and the frozen LM head on "
+        "the supervised slots; Kaplan et al. 2020 (2N forward / 6N training FLOPs per token), plus attention",
+        L_mean=tokens.train_len_mean, **dflash2_flops, last_target_layer=max(recipe.drafter.target_layer_ids),
+        labels=train.labels)
+
+
+def _steps(recipe: ResolvedRecipe, tokens: Tokens) -> tuple[Expr, Expr]:
+    """(optimizer steps, effective batch): a step per effective batch of the samples each rank's sampler keeps,
+    max_steps else ceil(epochs x steps per epoch) (`dflashx.resolve.formulas`, as the trainer counts)."""
+    train = recipe.stages.train
+    micro, accum, world = var("micro_batch", train.micro_batch), var("grad_accum", train.grad_accum), \
+        var("world_size", train.world_size)
+    per_epoch = named("steps_per_epoch", call(steps_per_epoch, var("samples", tokens.samples), micro, accum, world))
+    steps = call(optimizer_steps, per_epoch, var("epochs", train.epochs), var("max_steps", train.max_steps))
+    return steps, named("effective_batch", call(effective_batch, micro, accum, world))
+
+
+def _compute(recipe: ResolvedRecipe, per_sample: float, sequences: Expr, calibrated: bool, moe: TrainerMoe,
+             mfu: float) -> Expr:
+    """The FLOPs at the MFU: a calibrated MFU measured the routed experts too; else they leave the dense FLOPs and
+    are timed by `moe.trainer_moe`."""
+    peak = var("peak_flops", recipe.stages.train.peak_flops) * var("gpus", device_of(recipe.hardware).count) \
+        * var("mfu", mfu)
+    flops = var("flops_per_sample", per_sample)
+    if calibrated:
+        return named("compute_s", flops * sequences / peak)
+    routed = var("moe_routed_flops_per_sample", moe.routed_flops)
+    moe_s = named("moe_s", var("moe_seconds_per_sequence", moe.seconds) * sequences
+                  / var("gpus", device_of(recipe.hardware).count))
+    return named("compute_s", (flops - routed) * sequences / peak + moe_s)
+
+
+def _overheads(recipe: ResolvedRecipe, steps: Expr, calibrated: bool, sync: GradSync,
+               gather: TargetGather) -> list[Expr]:
+    """Per optimizer step the gradient sync, per micro step the sharded target's gather; 0 when the MFU was
+    calibrated (its measurement holds them)."""
+    if calibrated:
+        return [named("grad_sync_s", const(0.0)), named("target_gather_s", const(0.0))]
+    accum = var("grad_accum", recipe.stages.train.grad_accum)
+    return [named("grad_sync_s", var("grad_sync_seconds_per_step", sync.seconds) * steps),
+            named("target_gather_s", var("gather_seconds_per_micro_step", gather.seconds_per_micro_step) * steps
+                  * accum)]
+
+
+def _mfu_source(row: MfuRow, calibrated: bool) -> str:
+    if calibrated:
+        return "measured on this node: hardware.calibrated.training_mfu (includes the gradient sync)"
+    return f"{row.generation}/{row.precision}/{row.kind}: {row.source}" + (
+        f" — borrowed: {row.borrowed}" if row.borrowed else "")
 
 
 def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Training:
     train, hw, facts = recipe.stages.train, recipe.hardware, recipe.target.facts
     drafter = recipe.drafter.dims
     outputs = sample_lengths(lengths, tokens.output_room)
-    target_f, drafter_f, dtoks = flops_per_sample(recipe, tokens.prompt_mean, outputs)
-    per_sample = target_f + drafter_f
-    batch = effective_batch(train.micro_batch, train.grad_accum, train.world_size)
-    per_epoch = steps_per_epoch(tokens.samples, train.micro_batch, train.grad_accum, train.world_size)
-    steps = optimizer_steps(per_epoch, train.epochs, train.max_steps)
-    sequences = steps * batch
-    total = per_sample * sequences
-    dev = device_of(hw)
+    target_f, drafter_f, anchors = flops_per_sample(recipe, tokens.prompt_mean, outputs)
+    block_tokens = var("mean_anchors", anchors) * var("block_size", recipe.drafter.block_size)
+    steps_expr, batch = _steps(recipe, tokens)
+    steps = var("steps", steps_expr.value)  # train.steps explains it
+    sequences = named("sequences", steps * batch)
     row = mfu_row(hw, recipe.target.load_precision, facts.num_linear_layers > 0)
     mfu, calibrated = factor(hw, CALIBRATED_MFU, row.mfu)
-    sync = grad_sync(recipe, drafter.trainable)
-    sync_s = 0.0 if calibrated else sync.seconds * steps
-    gather = target_gather(recipe)
-    gather_s = 0.0 if calibrated else gather.seconds_per_micro_step * steps * train.grad_accum
+    sync, gather = grad_sync(recipe, drafter.trainable), target_gather(recipe)
     deepest = facts.num_layers - 1 if train.labels == "target" else max(recipe.drafter.target_layer_ids)
     moe = trainer_moe(facts, deepest, [tokens.prompt_mean + o for o in outputs], train.micro_batch,
-                      "fp8" if recipe.target.load_precision == "fp8" else "bf16", dev)
-    moe_s = 0.0 if calibrated else moe.seconds * sequences / dev.count
-    dense_flops = total - (0.0 if calibrated else moe.routed_flops * sequences)
-    compute_s = dense_flops / (train.peak_flops * dev.count * mfu) + moe_s
+                      "fp8" if recipe.target.load_precision == "fp8" else "bf16", device_of(hw))
+    rest = named("rest_s", total(_compute(recipe, target_f + drafter_f, sequences, calibrated, moe, mfu),
+                                 *_overheads(recipe, steps, calibrated, sync, gather)))
     probe = tau_probe(recipe, lengths)
-    rest_s = compute_s + sync_s + gather_s  # what TAU_SHARE is a share of
-    every = tau_every(train.tau_every, measurable(train), steps, rest_s, probe.value)
-    tau_s = measurements(steps, every) * probe.value
-    seconds = rest_s + tau_s
-    mfu_source = ("measured on this node: hardware.calibrated.training_mfu (includes the gradient sync)" if calibrated
-                  else f"{row.generation}/{row.precision}/{row.kind}: {row.source}"
-                  + (f" — borrowed: {row.borrowed}" if row.borrowed else ""))
-    dflash2_params: dict[str, Any] = {
-        "conv_params": drafter.conv_params, "codebook_params": drafter.codebook_params,
-        "selector_projection_params": drafter.selector_projection_params} if drafter.conv_kernel_size else {}
-    dflash2_flops: dict[str, Any] = {
-        "conv_flops_per_token_layer": dflash2_layer_flops_per_token(drafter),
-        "selector_flops_per_slot": selector_flops_per_slot(drafter)} if drafter.conv_kernel_size else {}
+    every = named("tau_every", call(tau_every, var("given", train.tau_every), var("measurable", measurable(train)),
+                                    steps, var("rest_s", rest.value), var("tau_probe_seconds", probe.value)))
+    tau_s = named("tau_s", call(measurements, steps, every) * var("tau_probe_seconds", probe.value))
+    seconds = rest + tau_s
     terms = (
-        term("train.drafter_params", drafter.trainable, "params",
-             "num_layers x (2 h q + 2 h kv + 3 h ffn) + k h^2 (fc) + norms (num_layers x (2 h + 2 head_dim) + 2 h)"
-             + ("; DFlash2: + num_layers x 2 convolutions x (h x 2 K G kernel projection + 2 K h base kernel) "
-                "+ selector (2 V r codebooks + h r hidden projection)" if drafter.conv_kernel_size else ""),
-             layer_params=drafter.layer_params, fc_params=drafter.fc_params, norm_params=drafter.norm_params,
-             num_layers=drafter.num_layers, adamw_params=drafter.adamw_params,
-             **dflash2_params),
-        term("train.drafter_tokens_per_sample", dtoks, "tokens",
-             "E[min(anchors_per_seq, loss tokens)] x block_size over the length distribution",
-             anchors_per_seq=train.anchors_per_seq, block_size=recipe.drafter.block_size),
-        term("train.flops_per_sample", per_sample, "FLOP",
-             f"mean over {QUADRATURE} quantiles of the training length L: target forward to the deepest tapped layer "
-             "(labels: target — to its last layer, plus its LM head on the supervised positions) over L + drafter "
-             "forward/backward over the block tokens and L context tokens + frozen LM head on the supervised slots "
-             + ("+ DFlash2: per layer and block token two convolutions (kernel projections 2 h 2KG + 2 sides x 2 K "
-                "h), per supervised slot the selector (2 h r + r + 2 k r + k), both x3 " if drafter.conv_kernel_size
-                else "") + "(dflashx.resolve.flops)",
-             target=target_f, drafter_and_head=drafter_f, L_mean=tokens.train_len_mean,
-             **dflash2_flops,
-             last_target_layer=max(recipe.drafter.target_layer_ids), labels=train.labels,
-             source="Kaplan et al. 2020 (2N forward / 6N training FLOPs per token), plus attention"),
-        term("train.steps", steps, "optimizer steps", "max_steps, else ceil(epochs x steps per epoch), a step per "
-             "effective batch of the samples each rank's sampler keeps (dflashx.resolve.formulas, as the trainer "
-             "counts)",
-             samples=tokens.samples, epochs=train.epochs, steps_per_epoch=per_epoch, effective_batch=batch,
-             global_batch=train.global_batch),
+        _params_term(drafter),
+        explained("train.drafter_tokens_per_sample", block_tokens, "tokens", "mean_anchors: E[min(anchors_per_seq, "
+                  f"loss tokens)] over {QUADRATURE} quantiles of the length distribution",
+                  anchors_per_seq=train.anchors_per_seq),
+        _flops_term(recipe, target_f, drafter_f, tokens),
+        explained("train.steps", steps_expr, "optimizer steps", effective_batch=batch.value,
+                  global_batch=train.global_batch),
         sync.term,
         gather.term,
         probe,
-        term("train.tau_seconds", tau_s, "s",
-             "held-out τ measurements (ceil(steps / tau_every): every tau_every steps and at the last) x one "
-             "measurement; tau_every unset: the smallest interval keeping them within tau_share of the rest",
-             tau_every=every, given=train.tau_every, measurements=measurements(steps, every),
-             tau_share=TAU_SHARE, share_of_rest=tau_s / rest_s if rest_s else 0.0),
-        term("train.seconds", seconds, "s",
-             "(FLOPs per sample - routed experts) x sequences / (peak x GPUs x MFU) + MoE layers (moe.py) "
-             "+ steps x gradient sync + steps x grad_accum x target gather + held-out τ measurements",
-             sequences=sequences, peak_flops=train.peak_flops, gpus=dev.count, mfu=mfu, mfu_source=mfu_source,
-             compute_s=compute_s, moe_s=moe_s, moe_routed_flops_per_sample=moe.routed_flops,
-             moe_layer=moe.layer.inputs() if moe.layer else None, grad_sync_s=sync_s, target_gather_s=gather_s,
-             tau_s=tau_s,
-             calibrated=calibrated),
+        explained("train.tau_seconds", tau_s, "s", tau_share=TAU_SHARE,
+                  share_of_rest=tau_s.value / rest.value if rest.value else 0.0,
+                  measurements=measurements(int(steps.value), int(every.value))),
+        explained("train.seconds", seconds, "s", mfu_source=_mfu_source(row, calibrated),
+                  moe_layer=moe.layer.inputs() if moe.layer else None, calibrated=calibrated),
     )
-    return Training(drafter, steps, sequences, dtoks, total, seconds, every, terms)
+    return Training(drafter, int(steps.value), int(sequences.value), block_tokens.value,
+                    (target_f + drafter_f) * sequences.value, seconds.value, int(every.value), terms)

@@ -7,6 +7,6 @@ from dflashx.resolve.model import ResolvedRecipe
 
 
 def launch(recipe: ResolvedRecipe) -> TrainLaunch:
-    """`stages.train.launch` (resolved) over the profile's nodes, with the DeepSpeed config it builds."""
+    """`stages.train.launch_argv` (resolved) over the profile's nodes, with the DeepSpeed config it builds."""
     train = recipe.stages.train
-    return TrainLaunch(tuple(train.launch), train.world_size, recipe.hardware.nodes, train.deepspeed_config)
+    return TrainLaunch(tuple(train.launch_argv), train.world_size, recipe.hardware.nodes, train.deepspeed_config)

@@ -48,7 +48,7 @@ def _launched(engine: Engine, recipe: ResolvedRecipe, facts: TargetFacts, s: Ser
     """The servers to start on the profile's GPUs (`gpus` are indices on the server's node), or the CPU's one."""
     hw, servers = recipe.hardware, []
     if hw.gpu is None:  # vLLM's CPU build: one server, no GPU
-        return LaunchPlan("launch", per_replica, (_server(engine, recipe, facts, s, per_replica, 0, BASE_PORT,
+        return LaunchPlan("spawn", per_replica, (_server(engine, recipe, facts, s, per_replica, 0, BASE_PORT,
                                                           range(0), 1),))
     per_node = max(hw.gpus_per_node // s.tp, 1)  # replicas that fit on one node
     if s.dp > 1 and recipe.stages.generate.serving.dp_mode == "router":
@@ -56,12 +56,12 @@ def _launched(engine: Engine, recipe: ResolvedRecipe, facts: TargetFacts, s: Ser
             node, local = divmod(replica, per_node)
             servers.append(_server(engine, recipe, facts, s, per_replica, node, BASE_PORT + 1 + replica,
                                    range(local * s.tp, (local + 1) * s.tp), 1))
-        return LaunchPlan("launch", per_replica, tuple(servers), engine.router(tuple(servers)))
+        return LaunchPlan("spawn", per_replica, tuple(servers), engine.router(tuple(servers)))
     for node in range(math.ceil(s.dp / per_node)):
         dp_here = min(per_node, s.dp - node * per_node)
         servers.append(_server(engine, recipe, facts, s, per_replica, node, BASE_PORT, range(s.tp * dp_here),
                                dp_here))
-    return LaunchPlan("launch", per_replica, tuple(servers))
+    return LaunchPlan("spawn", per_replica, tuple(servers))
 
 
 def launch_plan(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving) -> LaunchPlan:
