@@ -5,7 +5,7 @@ lock held by the session) with the pilot's recipe.yaml and plan.json (`dflashx.r
 Its tokenize and train stages read two of the run's artifacts, which `adopt_inputs` copies in and registers
 under the names the run's stages read them by: `generate.completions` (the completions this pilot measures) and
 `ingest.eval_prompts` (the held-out τ slice); a copy by content, so an unchanged input keeps the stages' keys.
-`same_attempt` says whether pilot/plan.json is the plan a pilot would make now: an interrupted attempt, which
+`same_attempt` says whether pilot/plan.json is the plan a pilot makes now: an interrupted attempt, which
 resumes. After measuring, `drop_states` deletes the training's states and drafters (gigabytes on a real
 drafter; their entries become garbage) and `save_calibration` writes pilot/calibration.json, registered in the
 run's manifest as `pilot.calibration` (inventory and backup see it).
@@ -13,7 +13,6 @@ run's manifest as `pilot.calibration` (inventory and backup see it).
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,7 +21,6 @@ from dflashx.data.jsonl import iter_shards, write_jsonl_atomic
 from dflashx.plan.calibration import PilotCalibration
 from dflashx.plan.plan import Plan
 from dflashx.run.layout import PILOT_DIR, calibration_path
-from dflashx.run.rundir import PLAN_FILE
 from dflashx.stages.train import HELDOUT
 from dflashx.store.manifest import Manifest, atomic_write_json
 from dflashx.track.redact import redact
@@ -30,13 +28,10 @@ from dflashx.track.redact import redact
 COMPLETIONS = "generate.completions"
 
 
-def same_attempt(folder: Path, plan: Plan) -> bool:
-    """Whether `folder`'s plan.json holds `plan` (as saved: redacted)."""
-    path = folder / PLAN_FILE
-    if not path.is_file():
-        return False
-    saved = json.loads(path.read_text(encoding="utf-8"))
-    return bool(saved.get("resolved") == redact(plan.to_json())["resolved"])
+def same_attempt(saved: Plan, plan: Plan) -> bool:
+    """Whether the `saved` plan (pilot/plan.json, redacted) is `plan`: the same recipe, resolved the same."""
+    assert saved.resolved is not None and plan.resolved is not None
+    return bool(saved.resolved.model_dump(mode="json") == redact(plan.resolved.model_dump(mode="json")))
 
 
 def adopt_inputs(run_dir: Path, ids: Iterable[str], tau: bool) -> None:
