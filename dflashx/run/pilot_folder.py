@@ -1,14 +1,14 @@
 """The pilot's run folder `pilot/` and what the pilot keeps in the run's: files only, no stage runs here.
 
 `pilot/` is an ordinary run folder (the orchestrator's manifest, keys, `_STARTED` / `_SUCCESS` markers, records,
-lock held by the session) with the pilot's recipe.yaml and plan.json (`dflashx.run.orchestrator.describe_run`).
-Its tokenize and train stages read two of the run's artifacts, which `adopt_inputs` copies in and registers
-under the names the run's stages read them by: `generate.completions` (the completions this pilot measures) and
-`ingest.eval_prompts` (the held-out τ slice); a copy by content, so an unchanged input keeps the stages' keys.
-`same_attempt` says whether pilot/plan.json is the plan a pilot makes now: an interrupted attempt, which
-resumes. After measuring, `drop_states` deletes the training's states and drafters (gigabytes on a real
-drafter; their entries become garbage) and `save_calibration` writes pilot/calibration.json, registered in the
-run's manifest as `pilot.calibration` (inventory and backup see it).
+under the run's lock) with the pilot's recipe.yaml and plan.json (`dflashx.run.orchestrator.describe_run`).
+`attempt` is this pilot attempt's plan: pilot/plan.json's when a pilot makes the same plan again (an interrupted
+attempt, which resumes), else a new one. Its tokenize and train stages read two of the run's artifacts, which
+`adopt_inputs` copies in and registers under the names the run's stages read them by: `generate.completions`
+(the completions this pilot measures) and `ingest.eval_prompts` (the held-out τ slice); a copy by content, so an
+unchanged input keeps the stages' keys. After measuring, `drop_states` deletes the training's states and
+drafters (gigabytes on a real drafter; their entries become garbage) and `save_calibration` writes
+pilot/calibration.json, registered in the run's manifest as `pilot.calibration` (inventory and backup see it).
 """
 
 from __future__ import annotations
@@ -19,8 +19,12 @@ from pathlib import Path
 
 from dflashx.data.jsonl import iter_shards, write_jsonl_atomic
 from dflashx.plan.calibration import PilotCalibration
-from dflashx.plan.plan import Plan
+from dflashx.config.schema import Recipe
+from dflashx.plan.pilot import make_pilot_plan
+from dflashx.plan.plan import Plan, PlanFileError
+from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.layout import PILOT_DIR, calibration_path
+from dflashx.run.rundir import PLAN_FILE, load_plan
 from dflashx.stages.train import HELDOUT
 from dflashx.store.manifest import Manifest, atomic_write_json
 from dflashx.track.redact import redact
@@ -28,10 +32,28 @@ from dflashx.track.redact import redact
 COMPLETIONS = "generate.completions"
 
 
-def same_attempt(saved: Plan, plan: Plan) -> bool:
-    """Whether the `saved` plan (pilot/plan.json, redacted) is `plan`: the same recipe, resolved the same."""
-    assert saved.resolved is not None and plan.resolved is not None
-    return bool(saved.resolved.model_dump(mode="json") == redact(plan.resolved.model_dump(mode="json")))
+def completions(run_dir: Path) -> int:
+    """The completions the run's generate folder holds."""
+    folder = run_dir / "generate" / "completions"
+    return sum(1 for _ in iter_shards(folder)) if folder.is_dir() else 0
+
+
+def attempt(recipe: Recipe, run: ResolvedRecipe, run_dir: Path) -> tuple[Plan, bool]:
+    """This pilot attempt's plan, and whether it resumes an interrupted one: the attempt pilot/plan.json holds
+    (written before its stages, open until calibration.json is written after it) when a pilot makes the same
+    plan again (the same recipe, resolved the same), else a new one from the completions the run holds now."""
+    saved, cal = run_dir / PILOT_DIR / PLAN_FILE, calibration_path(run_dir)
+    if saved.is_file() and not (cal.is_file() and cal.stat().st_mtime_ns >= saved.stat().st_mtime_ns):
+        try:
+            old = load_plan(saved)
+        except PlanFileError:
+            old = None  # not a plan this dflashx reads: a new attempt
+        if old is not None and old.resolved is not None:
+            again = make_pilot_plan(recipe, run, (old.resolved.stages.generate.max_prompts or 0) - recipe.pilot.prompts)
+            assert again.resolved is not None
+            if old.resolved.model_dump(mode="json") == redact(again.resolved.model_dump(mode="json")):
+                return again, True
+    return make_pilot_plan(recipe, run, completions(run_dir)), False
 
 
 def adopt_inputs(run_dir: Path, ids: Iterable[str], tau: bool) -> None:
