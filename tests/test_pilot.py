@@ -21,7 +21,7 @@ from dflashx.data.jsonl import count_records, iter_shards
 from dflashx.plan.calibration import PilotCalibration, conditions
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
 from dflashx.run.layout import calibration_path
-from dflashx.run.pilot import pilot_due
+from dflashx.run.policy import pilot_due
 from dflashx.run.rundir import load_plan
 from dflashx.store.manifest import Manifest
 

@@ -1,5 +1,6 @@
 """Each pilot attempt measures under its own conditions: a pilot killed between its generation and its save
-resumes with the serving figures the generation measured (pilot/attempt.json), a second pilot under changed
+resumes with the serving figures the generation measured (its record in the run's records.jsonl: pilot/plan.json is
+the attempt, no resume file of its own), a second pilot under changed
 operational values generates `pilot.prompts` more completions and re-runs its training (the stage keys leave
 those values out), and the run's recipe.yaml stays the user's recipe, not the pilot's smaller one. The plan's
 budget errors do not stop a pilot (the session decides on them); any other error is named. The round-trip
@@ -25,6 +26,7 @@ from dflashx.plan.plan import make_plan
 from dflashx.run.layout import calibration_path
 from dflashx.run.observer import SilentObserver
 from dflashx.run.pilot import Pilot, PilotFailed
+from dflashx.run.pilot_compare import generation
 from dflashx.store.manifest import Manifest
 from dflashx.targets.facts import facts_for
 
@@ -56,6 +58,8 @@ def test_each_pilot_attempt_measures_under_its_own_conditions(tmp_path, monkeypa
         assert first.serving_ratio and first.serving_ratio > 0
         assert first.measured["generation"]["completions"] == PILOT and first.training_mfu
         assert _train_events(run_dir) == 1 and not (run_dir / "pilot" / "attempt.json").exists()
+        recorded = generation(run_dir / "records.jsonl")  # what the killed attempt's generation measured
+        assert recorded and first.measured["generation"]["measured_tokens_per_s"] == recorded["output_tokens_per_s"]
 
         again = invoke(*args, "stages.train.micro_batch=2")  # operational: in no stage key, in the conditions
         assert again.exit_code == 0, again.output

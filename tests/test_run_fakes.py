@@ -21,7 +21,7 @@ from dflashx.report.lines import EchoObserver
 from dflashx.report.progress import write_progress
 from dflashx.resolve import ResolvedRecipe, resolve
 from dflashx.run.graph import select
-from dflashx.run.orchestrator import RunResult, run_pipeline
+from dflashx.run.orchestrator import RunResult, describe_run, run_pipeline
 from dflashx.stages.base import Artifact, StageContext, StageFailed, StageResult
 from dflashx.targets.registry import lookup
 
@@ -198,6 +198,9 @@ def load_without(missing: str) -> Callable[[str], Callable[[StageContext], Stage
 
 
 def run(recipe: Recipe, run_dir: Path, lines: list[str] | None = None, **select_args: Any) -> RunResult:
+    """The stages as `dflashx run` runs them: the folder described by the plan (`describe_run`), then the pipeline."""
     observer = EchoObserver(lines.append) if lines is not None else None
-    return run_pipeline(resolved(recipe), make_plan(recipe), run_dir, select(**select_args),
+    plan = make_plan(recipe)
+    describe_run(run_dir, plan)
+    return run_pipeline(resolved(recipe), plan, run_dir, select(**select_args),
                         argv=["dflashx", "run", "fake.yaml"], on_progress=write_progress, observer=observer)

@@ -33,24 +33,26 @@ def _terms(plan):
 def test_the_derived_interval_keeps_the_measurements_within_five_percent():
     plan = _plan()
     train, terms = plan.resolved.stages.train, _terms(plan)
+    every = plan.stage("train").tau_every  # planned: the resolved recipe keeps the recipe's value (None)
+    assert train.tau_every is None
     steps, probe = terms["train.steps"].value, terms["train.tau_probe_seconds"].value
     seconds = terms["train.seconds"]
     assert train.tau_prompts == 8 and train.tau_max_new_tokens == 96  # the eval stage's, under the cap
-    assert train.tau_every >= 1 and seconds.inputs["tau_s"] == measurements(steps, train.tau_every) * probe > 0
+    assert every >= 1 and seconds.inputs["tau_s"] == measurements(steps, every) * probe > 0
     rest = seconds.value - seconds.inputs["tau_s"]
     assert seconds.inputs["tau_s"] <= TAU_SHARE * rest
-    if train.tau_every > 1:  # the smallest such interval: one step less would measure more than allowed
-        assert measurements(steps, train.tau_every - 1) * probe > TAU_SHARE * rest
-    assert terms["train.tau_seconds"].inputs["tau_every"] == train.tau_every
+    if every > 1:  # the smallest such interval: one step less would measure more than allowed
+        assert measurements(steps, every - 1) * probe > TAU_SHARE * rest
+    assert terms["train.tau_seconds"].inputs["tau_every"] == every
     stage = next(s for s in plan.to_json()["stages"] if s["name"] == "train")
     assert stage["estimates"]["seconds"] >= seconds.value  # the stage's time counts it (plus its fixed costs)
 
 
 def test_a_given_interval_is_kept_and_zero_measures_nothing():
-    assert _plan("stages.train.tau_every=10").resolved.stages.train.tau_every == 10
+    assert _plan("stages.train.tau_every=10").stage("train").tau_every == 10
     off = _plan("stages.train.tau_every=0")
-    assert off.resolved.stages.train.tau_every == 0 and _terms(off)["train.tau_seconds"].value == 0
-    assert _plan("dataset.eval_holdout=0").resolved.stages.train.tau_every == 0
+    assert off.stage("train").tau_every == 0 and _terms(off)["train.tau_seconds"].value == 0
+    assert _plan("dataset.eval_holdout=0").stage("train").tau_every == 0
 
 
 def test_a_given_interval_without_held_out_prompts_is_a_warning():
@@ -79,7 +81,7 @@ def test_a_sharded_target_cannot_be_measured_on_rank_0():
     plan = _plan(*sharded, "stages.train.tau_every=50")
     assert plan.resolved.stages.train.target_sharding == "zero3"
     assert any(f.code == "tau_sharded" and f.key == "stages.train.tau_every" for f in plan.errors)
-    assert _plan(*sharded).resolved.stages.train.tau_every == 0
+    assert _plan(*sharded).stage("train").tau_every == 0
 
 
 @pytest.mark.parametrize("model", ["Qwen/Qwen3-30B-A3B", "Qwen/Qwen3.6-35B-A3B"])

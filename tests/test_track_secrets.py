@@ -11,7 +11,7 @@ import test_run_fakes as fakes
 
 from dflashx.run import orchestrator
 from dflashx.run.graph import select
-from dflashx.run.orchestrator import run_pipeline
+from dflashx.run.orchestrator import describe_run, run_pipeline
 
 AWS_ID = "AKIAZZTESTPLANTED123"
 AWS_SECRET = "Pl4nted/Secret+Key0123456789abcdefGHIJKLm"
@@ -48,7 +48,9 @@ def test_no_planted_secret_reaches_the_run_dir(tmp_path, monkeypatch, leaky_stag
                                   "tracking.mode": "offline"})
     run_dir = tmp_path / "run"
     argv = ["dflashx", "run", "r.yaml", "--hf-token", HF, f"storage.s3.secret_key={AWS_SECRET}"]
-    result = run_pipeline(fakes.resolved(recipe), fakes.make_plan(recipe), run_dir, select(until="generate"), argv=argv)
+    plan = fakes.make_plan(recipe)
+    describe_run(run_dir, plan)  # recipe.yaml and plan.json, as the session writes them
+    result = run_pipeline(fakes.resolved(recipe), plan, run_dir, select(until="generate"), argv=argv)
     assert [o.state for o in result.outcomes] == ["done", "failed"]
     assert all(s not in result.outcomes[-1].message for s in SECRETS)
 

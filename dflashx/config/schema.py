@@ -7,8 +7,8 @@ setting. Defaults live on the fields and nowhere else (a hardware profile's fact
 `dflashx/hardware_profiles/*.yaml`); derived values (target layer ids, loss decay gamma, micro batch,
 DeepSpeed config, ...) are filled in once by `dflashx.resolve.resolve` into the `ResolvedRecipe`, except
 `stages.train.tau_every`, which needs the train-time estimate: the planner decides it once
-(`dflashx.plan.estimates.training` with `dflashx.resolve.tau.tau_every`) and `dflashx.plan.context.build_context`
-puts it in the resolved recipe (`dflashx.resolve.tau.with_tau_every`).
+(`dflashx.plan.estimates.training` with `dflashx.resolve.tau.tau_every`) and the plan holds it
+(`Plan.stage("train").tau_every`); the resolved recipe keeps the recipe's value.
 This module imports no torch, deepspeed or transformers.
 """
 

@@ -52,13 +52,17 @@ class TrainJob(BaseModel):
     drafter: ResolvedDrafter
     train: ResolvedTrainStage
     heldout: HeldOutSlice | None = None  # None: no held-out τ measured (no held-out prompts, or tau_every 0)
+    tau_every: int = 0  # the planned held-out τ interval (the plan's `stage("train").tau_every`); 0: none
 
     @classmethod
-    def of(cls, recipe: ResolvedRecipe, stage_dir: str | Path, dataset: str | Path,
-           target_path: str | Path, tokenizer_path: str | Path, heldout: HeldOutSlice | None = None) -> "TrainJob":
+    def of(cls, recipe: ResolvedRecipe, stage_dir: str | Path, dataset: str | Path, target_path: str | Path,
+           tokenizer_path: str | Path, heldout: HeldOutSlice | None = None, tau_every: int | None = None) -> "TrainJob":
+        """`tau_every`: the plan's interval (the train stage's); None takes the recipe's own value (a job built
+        without a plan: tests, benchmarks)."""
+        every = (recipe.stages.train.tau_every or 0) if tau_every is None else tau_every
         return cls(stage_dir=str(stage_dir), dataset=str(dataset), target_path=str(target_path),
                    tokenizer_path=str(tokenizer_path), target=recipe.target, drafter=recipe.drafter,
-                   train=recipe.stages.train, heldout=heldout)
+                   train=recipe.stages.train, heldout=heldout, tau_every=every)
 
     def save(self) -> Path:
         path = Path(self.stage_dir) / JOB_FILE

@@ -1,5 +1,5 @@
-"""Held-out τ while training: every `stages.train.tau_every` optimizer steps and at the last one, rank 0
-decodes the held-out slice greedily with the drafter as it stands.
+"""Held-out τ while training: every planned `tau_every` optimizer steps (`TrainJob.tau_every`) and at the
+last one, rank 0 decodes the held-out slice greedily with the drafter as it stands.
 
 The slice (`TrainJob.heldout`) is the first `tau_prompts` prompts of the ingest stage's held-out split
 (the ones the eval stage's `heldout` suite starts with, unless `stages.eval.prompts` names another file),
@@ -63,7 +63,7 @@ class TauProbe:
     @classmethod
     def of(cls, job: TrainJob, target: nn.Module, drafter: DFlashDrafter, rank: int,
            log: Log | None) -> "TauProbe | None":
-        every, heldout = job.train.tau_every, job.heldout
+        every, heldout = job.tau_every, job.heldout
         if not every or heldout is None or not heldout.prompts:
             return None
         return cls(job, every, heldout, target, drafter, rank, log)

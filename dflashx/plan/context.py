@@ -22,7 +22,6 @@ from dflashx.plan.estimates.tokens import Tokens, count_tokens
 from dflashx.plan.estimates.training import Training, estimate_training
 from dflashx.plan.explain import Term
 from dflashx.resolve.model import ResolvedRecipe
-from dflashx.resolve.tau import with_tau_every
 from dflashx.targets.registry import TargetFacts
 
 
@@ -60,7 +59,6 @@ def build_context(recipe: ResolvedRecipe, pilot_tau: tuple[TauPoint, ...] = ()) 
     tokens = count_tokens(recipe, recipe.stages.train.max_length, lengths)
     gen = estimate_generation(recipe, tokens, lengths)
     train = estimate_training(recipe, tokens, lengths)
-    recipe = with_tau_every(recipe, train.tau_every)  # the one value the train-time estimate decides
     storage = estimate_storage(recipe, tokens, train)
     memory = {
         "generate": serving_memory(recipe, facts, tokens, gen.serving),

@@ -2,7 +2,9 @@
 
 The plan holds the findings of every rule, one entry per stage (its commands, typed estimates and launch:
 generate's `LaunchPlan` and train's `TrainLaunch`, `dflashx.plan.launch`), the totals, their P10/P50/P90
-(`ranges`), the recipe with every derived value filled in (`resolved`), which figures a pilot calibrated
+(`ranges`), the recipe with every derived value filled in (`resolved`: the recipe the estimates came from,
+never edited after `resolve`), the train stage's held-out τ interval (`StagePlan.tau_every`, decided by the
+train-time estimate: `dflashx.resolve.tau.tau_every`), which figures a pilot calibrated
 (`calibration`), the drafter's predicted serving speed-up at the recipe's expected tau (`deploy`) and, for
 `--explain`, the formula and inputs of every number. It is one frozen document: `to_json` writes it (the
 layout documented in docs/planner.md), `from_json` gives back the same `Plan` (`dflashx.run.rundir.load_plan`
@@ -45,17 +47,20 @@ class StagePlan:
     estimates: Estimates = field(default_factory=Estimates)
     launch: LaunchPlan | None = None  # generate's servers, router, mode and in-flight counts
     train_launch: TrainLaunch | None = None  # train's argv, world size, nodes, engine config
+    tau_every: int | None = None  # train: the held-out τ interval planned (`Training.tau_every`); else None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "enabled": self.enabled, "commands": list(self.commands),
                 "estimates": self.estimates.to_json(), **(self.launch.to_json() if self.launch else {}),
-                **(self.train_launch.to_json() if self.train_launch else {})}
+                **(self.train_launch.to_json() if self.train_launch else {}),
+                **({"tau_every": self.tau_every} if self.tau_every is not None else {})}
 
     @classmethod
     def from_json(cls, entry: dict[str, Any]) -> StagePlan:
+        tau = entry.get("tau_every")  # absent from every stage but train
         return cls(str(entry["name"]), bool(entry["enabled"]), tuple(str(c) for c in entry["commands"]),
                    Estimates.from_json(entry["estimates"]), LaunchPlan.from_json(entry) if "mode" in entry else None,
-                   TrainLaunch.from_json(entry) if "launch" in entry else None)
+                   TrainLaunch.from_json(entry) if "launch" in entry else None, None if tau is None else int(tau))
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,8 @@ def _stage_plans(ctx: PlanContext) -> tuple[StagePlan, ...]:
         if name == "generate":
             plans.append(StagePlan(name, enabled, tuple(shell_lines(serving)), estimates, launch=serving))
         elif name == "train":
-            plans.append(StagePlan(name, enabled, (train.shell,), estimates, train_launch=train))
+            plans.append(StagePlan(name, enabled, (train.shell,), estimates, train_launch=train,
+                                   tau_every=ctx.training.tau_every))
         else:
             plans.append(StagePlan(name, enabled, estimates=estimates))
     return tuple(plans)

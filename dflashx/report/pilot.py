@@ -1,7 +1,7 @@
 """What `dflashx pilot` prints: the plan's figures against the pilot's, and the plan before and after.
 
 `sections(outcome)` -> [estimate vs measured, the plan's P10/P50/P90 before and after, the pilot's
-own time]. When the re-plan stops the run is `dflashx.run.session`'s policy.
+own time]. When the re-plan stops the run is `dflashx.run.session`'s (its policies: `dflashx.run.policy`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from dflashx.resolve.tau import curve_text
-from dflashx.plan.context import build_context
+from dflashx.plan.estimates.lengths import OutputLengths
+from dflashx.plan.estimates.tokens import count_tokens
 from dflashx.plan.plan import Plan
 from dflashx.plan.ranges import Band
 from dflashx.plan.rules_training import still_rising
@@ -39,8 +40,8 @@ def comparison(outcome: PilotOutcome) -> Section:
     recipe = before.resolved
     assert recipe is not None and before.ranges is not None
     stats, lengths, gen, train = recipe.dataset.stats, m["lengths"], m.get("generation") or {}, m.get("training") or {}
-    planned = build_context(recipe)
-    dist = planned.lengths
+    dist = OutputLengths.of(stats)  # the plan's output lengths, and what a training sample keeps of them
+    room = count_tokens(recipe, recipe.stages.train.max_length, dist).output_room
     r = before.ranges
     limit = recipe.stages.qc.thresholds.max_truncated_frac
     rows = [
@@ -53,7 +54,7 @@ def comparison(outcome: PilotOutcome) -> Section:
         ["output tokens, p90", _num(dist.quantile(0.9)), _num(lengths["output_tokens_p90"]), dist.source],
         [f"stopped at max_tokens {recipe.stages.generate.max_tokens:,}", _pct(r.truncated.p50)
          + _range(r.truncated, _pct), _pct(lengths["truncated_share"]), f"QC limit {_pct(limit)}"],
-        [f"cut at max_length {recipe.stages.train.max_length:,}", _pct(dist.share_above(planned.tokens.output_room)),
+        [f"cut at max_length {recipe.stages.train.max_length:,}", _pct(dist.share_above(room)),
          _pct(lengths["train_cut_share"]), "prompt + output tokens"],
     ]
     if gen:

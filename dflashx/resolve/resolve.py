@@ -17,7 +17,7 @@ What it fills in, and from what:
                given), the DeepSpeed config and the launch argv, target_sharding (`shard_target`,
                `auto`: when the target's weights exceed one GPU) and the ZeRO-3 config that shards it,
                the held-out τ slice (`dflashx.resolve.tau.tau_slice`; `tau_every` itself, when unset,
-               is derived from the planner's train-time estimate: `dflashx.resolve.tau.tau_every`);
+               is planned from the train-time estimate: the plan's `stage("train").tau_every`);
   target       facts, load_precision (fp32 on a CPU profile for a bf16/fp16 target);
   generate     context_length and the serving settings (tp, dp, dp_mode, weight dtype, checkpoint,
                online quantization, the MTP acceptance profile): `dflashx.resolve.serving`, one function each;

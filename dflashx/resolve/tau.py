@@ -3,19 +3,21 @@
 Every `tau_every` optimizer steps (and at the last step) rank 0 decodes the first `tau_prompts`
 held-out prompts (the ingest stage's `eval_prompts`, the ones the eval stage's `heldout` suite starts
 with) greedily, up to `tau_max_new_tokens` each, with the drafter as it stands
-(`dflashx.dflash.tau_probe`). Unset, `tau_every` is derived once, here, from the planner's train-time
-estimate and its estimate of one measurement (`dflashx.plan.estimates.training`): the smallest
+(`dflashx.dflash.tau_probe`). Unset, `tau_every` is planned once, by `tau_every` here, from the planner's
+train-time estimate and its estimate of one measurement (`dflashx.plan.estimates.training`): the smallest
 interval whose measurements cost at most `TAU_SHARE` of the rest of the stage's estimated time
 (compute, gradient sync and the target's gathers; the plan shows the share as `train.tau_seconds`'
 `share_of_rest`). Without held-out prompts
 (`dataset.eval_holdout: 0`) or with the target sharded over the ranks (ZeRO-3) nothing is measured.
+The planned interval is the plan's (`Plan.stage("train").tau_every`, which the train stage hands its job);
+the resolved recipe keeps the recipe's own value (None: planned) and is never edited after `resolve`.
 The pilot's short training measures a curve of at most `PILOT_TAU_POINTS` points instead
-(`pilot_tau_every`), whatever the full run's interval.
+(`pilot_tau_every`, which the pilot's recipe states: `dflashx.plan.pilot`), whatever the full run's interval.
 
 Public API: `TAU_SHARE`, `TAU_PROMPTS`, `TAU_MAX_NEW_TOKENS`, `tau_slice(recipe) -> (prompts,
 max_new_tokens)`, `measurable(train)`, `measurements(steps, every)`, `tau_every(given, can_measure, steps,
-train_seconds, probe_seconds)`, `PILOT_TAU_POINTS`, `pilot_tau_every(given, can_measure, steps)`,
-`with_tau_every(recipe, every)`; `TauPoint` (one measurement) and `curve_text(points)` (a curve as findings and
+train_seconds, probe_seconds)`, `PILOT_TAU_POINTS`, `pilot_tau_every(given, can_measure, steps)`;
+`TauPoint` (one measurement) and `curve_text(points)` (a curve as findings and
 reports quote it), shared by the trainer's record (`dflashx.dflash.tau_record`) and the planner's rules.
 """
 
@@ -27,7 +29,7 @@ from collections.abc import Iterable
 from pydantic import BaseModel, ConfigDict, Field
 
 from dflashx.config.schema import Recipe
-from dflashx.resolve.model import ResolvedRecipe, ResolvedTrainStage
+from dflashx.resolve.model import ResolvedTrainStage
 
 TAU_SHARE = 0.05  # most the measurements may take, as a share of the rest of the train time, when tau_every is derived
 TAU_PROMPTS = 8  # held-out prompts per measurement: a trend, not the eval stage's figure
@@ -87,8 +89,3 @@ def pilot_tau_every(given: int | None, can_measure: bool, steps: int) -> int:
         return 0
     return math.ceil(steps / PILOT_TAU_POINTS)
 
-
-def with_tau_every(recipe: ResolvedRecipe, every: int) -> ResolvedRecipe:
-    """The resolved recipe with `stages.train.tau_every` decided."""
-    train = recipe.stages.train.model_copy(update={"tau_every": every})
-    return recipe.model_copy(update={"stages": recipe.stages.model_copy(update={"train": train})})

@@ -9,7 +9,9 @@ run. Events go to records.jsonl (see `dflashx.track.records`), what a person wat
 `RunObserver` the caller hands in (`dflashx.run.observer`; the CLI's is `dflashx.report.console`).
 `_STARTED`/`_SUCCESS` keep `key_leaves` (`dflashx.run.keydiff`): a re-run says why. A stage that
 stops at a limit of the recipe (`StageResult.unfinished`: generate's max_prompts / max_minutes, which
-the pilot sets) ends `unfinished`: nothing registered, no `_SUCCESS`, the next attempt resumes.
+the pilot's plan sets) ends `unfinished`: nothing registered, no `_SUCCESS`, the next attempt resumes.
+A run folder's recipe.yaml and plan.json say what the run is (`describe_run`: the session writes the run's
+before its stages, the pilot its own in `pilot/`); each stage's provenance.json says what that stage ran under.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class Orchestrator:
 
     def __init__(self, recipe: ResolvedRecipe, plan: Plan, run_dir: Path, argv: Sequence[str],
                  on_progress: Callable[[Path], object] | None = None, observer: RunObserver | None = None,
-                 held: IO[str] | None = None, save_recipe: bool = True):
+                 held: IO[str] | None = None):
         self.recipe = recipe
         self.held = held  # the run lock, when the caller holds it for more than this pipeline (a session)
         self.on_progress = on_progress  # rewrites PROGRESS.md (the CLI passes dflashx.report.progress)
@@ -81,15 +83,11 @@ class Orchestrator:
         self.rundir = RunDir(Path(run_dir).resolve())
         self.argv = list(argv)
         self.observer = observer or SilentObserver()
-        self.save_recipe = save_recipe  # False: a sub-run of a smaller recipe (the pilot's generate)
 
     def run(self, selection: Selection) -> RunResult:
         run_id = self.rundir.ensure(self.recipe.name)
         lock = None if self.held else self.rundir.lock()
         try:
-            if self.save_recipe:
-                self.rundir.save_recipe(redact(self.recipe.model_dump(mode="json")))
-                self.rundir.save_plan(redact(self.plan.to_json()))
             self.records = RecordLog(self.rundir.path, run_id)
             result = RunResult(self.rundir.path, run_id)
             started = time.monotonic()
@@ -260,14 +258,21 @@ class Orchestrator:
         return StageOutcome(name, "failed", key, redact_text(message), duration, redact(metrics or {}))
 
 
+def describe_run(run_dir: Path, plan: Plan) -> None:
+    """The run folder's recipe.yaml (the plan's resolved recipe) and plan.json, redacted: what `dflashx status`,
+    the reports and inventory read of the run (module doc)."""
+    assert plan.resolved is not None, "a run is described by a resolved plan"
+    rundir = RunDir(Path(run_dir).resolve())
+    rundir.path.mkdir(parents=True, exist_ok=True)
+    rundir.save_recipe(redact(plan.resolved.model_dump(mode="json")))
+    rundir.save_plan(redact(plan.to_json()))
+
+
 def run_pipeline(recipe: ResolvedRecipe, plan: Plan, run_dir: Path, selection: Selection,
                  argv: Sequence[str] = (), on_progress: Callable[[Path], object] | None = None,
-                 observer: RunObserver | None = None, held: IO[str] | None = None,
-                 save_recipe: bool = True) -> RunResult:
+                 observer: RunObserver | None = None, held: IO[str] | None = None) -> RunResult:
     """Run the selected stages of `recipe` in `run_dir` (see the module docstring); `on_progress`
     is called with the run folder as each stage starts and when the run ends (PROGRESS.md);
     `observer` (default: none) sees the run as it goes; `held`: the run lock the caller already
-    holds (a session's pilot and stages, the pilot's sub-run in `pilot/`), else this call takes it;
-    `save_recipe` False leaves the folder's recipe.yaml and plan.json as they are (the pilot's generate
-    runs a smaller recipe in the run's folder: those files describe the run)."""
-    return Orchestrator(recipe, plan, run_dir, argv, on_progress, observer, held, save_recipe).run(selection)
+    holds (a session's pilot and stages, the pilot's stages in `pilot/`), else this call takes it."""
+    return Orchestrator(recipe, plan, run_dir, argv, on_progress, observer, held).run(selection)

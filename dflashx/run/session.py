@@ -3,8 +3,9 @@ and the policy between the steps. The CLI parses, calls `run_recipe` / `pilot_re
 
 `run_recipe(request, view)`:
   1. plan       `make_plan` with the pilot's calibration (`RunRequest.calibration`); any plan error
-                stops the run, except the `budget.*` ones (`BUDGET_CODES`) with
-                `continue_over_budget`;
+                stops the run, except the `budget.*` ones with `continue_over_budget` (the policies
+                between the steps are `dflashx.run.policy`'s: `blocking`, `budget_breaks`, `pilot_due`,
+                `retrain_lr`);
   2. preflight  the checks of the selected stages (`dflashx.run.preflight`), unless skipped; a
                 failed check stops the run;
   3. pilot      first when `generate` is selected, the pilot is not skipped and `pilot_due` says
@@ -12,11 +13,12 @@ and the policy between the steps. The CLI parses, calls `run_recipe` / `pilot_re
                 pilot measured it under the recipe's values), under the run lock the stages then run
                 under (one lock for the whole run). Its re-plan stops the run on errors,
                 and on broken budgets unless `continue_over_budget`; the stages then run with it;
-  4. stages     `run_pipeline` over the selection;
+  4. stages     the run folder's recipe.yaml and plan.json (`describe_run`: the plan the stages run
+                under), then `run_pipeline` over the selection;
   5. summary    `Session`: the run's result, its plan, and the retrain hint (`train.lr` / 5 when
                 training is enabled: the first thing to try when the loss does not fall).
 `pilot_recipe(request, view)` is steps 1 to 3 for `dflashx pilot` (every plan error stops it: the
-pilot re-plans from a plan without errors).
+pilot re-plans from a plan without errors); the run folder is described by the run's plan.
 
 A stop is `Stopped` (message, exit code, the findings behind it); what the person watching sees
 goes to the `SessionView` handed in, so `run/` never prints.
@@ -32,19 +34,20 @@ from typing import IO, Protocol
 from dflashx.config.schema import Recipe
 from dflashx.plan.calibration import PilotCalibration
 from dflashx.plan.findings import Finding
+from dflashx.plan.pilot import PILOT_STAGES
 from dflashx.plan.plan import Plan, make_plan
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.check import Check
 from dflashx.run.graph import Selection, select
 from dflashx.run.layout import default_run_dir
 from dflashx.run.observer import RunObserver
-from dflashx.run.orchestrator import RunResult, run_pipeline
-from dflashx.run.pilot import BUDGET_CODES, PilotFailed, PilotOutcome, pilot_due, run_pilot
+from dflashx.run.orchestrator import RunResult, describe_run, run_pipeline
+from dflashx.run.pilot import PilotFailed, PilotOutcome, run_pilot
+from dflashx.run.policy import BUDGET_CODES, blocking, budget_breaks, pilot_due, retrain_lr
 from dflashx.run.preflight import preflight, stages_to_check
 from dflashx.run.rundir import RunDir, RunDirBusy
 from dflashx.targets.registry import TargetFacts
 
-PILOT_STAGES = ["ingest", "generate", "tokenize", "train"]
 PilotFn = Callable[[Recipe, Plan, Path, RunObserver, IO[str], Iterable[str]], PilotOutcome]
 
 
@@ -98,21 +101,15 @@ class Session:
         return self.result.ok
 
 
-def budget_breaks(plan: Plan) -> list[str]:
-    """The plan's budget errors, one line each."""
-    return [f"[{f.code}] {f.key}: {f.message}" for f in plan.errors if f.code in BUDGET_CODES]
-
-
 def _plan(request: RunRequest, view: SessionView, budget_flag: bool, nothing: str) -> tuple[Plan, ResolvedRecipe]:
     """Plan the recipe, its findings to the view; Stopped on an error, except a budget.* one when
     `budget_flag` (the command takes --continue-over-budget) and the request continues over budget."""
     made = make_plan(request.recipe, request.facts, request.calibration)
     view.findings([*made.warnings, *made.errors])
-    over_ok = budget_flag and request.continue_over_budget
-    blocking = [f for f in made.errors if not (over_ok and f.code in BUDGET_CODES)]
-    if made.resolved is None or blocking:
-        hint = budget_flag and any(f.code in BUDGET_CODES for f in blocking)
-        raise Stopped(f"{request.source}: the plan has {len(blocking)} error(s); {nothing}"
+    stops = blocking(made, budget_flag and request.continue_over_budget)
+    if made.resolved is None or stops:
+        hint = budget_flag and any(f.code in BUDGET_CODES for f in stops)
+        raise Stopped(f"{request.source}: the plan has {len(stops)} error(s); {nothing}"
                       + (" (--continue-over-budget goes on over budget.*)" if hint else ""))
     return made, made.resolved
 
@@ -152,7 +149,7 @@ def _pilot(request: RunRequest, view: SessionView, made: Plan, run_dir: Path, he
                       interrupted=True) from None
     view.pilot_measured(outcome)
     after = outcome.after
-    others = [f for f in after.errors if f.code not in BUDGET_CODES]
+    others = blocking(after, over_budget_ok=True)
     if others or after.resolved is None:
         raise Stopped("stopped: with the pilot's figures the plan has errors:", others)
     breaks = "\n".join(f"  {b}" for b in budget_breaks(after))
@@ -177,17 +174,18 @@ def run_recipe(request: RunRequest, view: SessionView, on_progress: Callable[[Pa
         _preflight(request, view, resolved, made, run_dir, selection.stages, selection.force)
     held = _hold(run_dir, "")
     try:
+        describe_run(run_dir, made)
         if (request.pilot and "generate" in selection.stages
                 and pilot_due(request.recipe, run_dir, request.calibration)):
             made, resolved = _pilot(request, view, made, run_dir, held, pilot)
+            describe_run(run_dir, made)  # the re-plan the stages run under
         result = run_pipeline(resolved, made, run_dir, selection, argv=request.argv, observer=view,
                               on_progress=on_progress, held=held)
     except KeyboardInterrupt:
         raise Stopped("interrupted: run the same command again to resume", interrupted=True) from None
     finally:
         held.close()
-    train = resolved.stages.train
-    return Session(result, made, run_dir, train.lr / 5 if train.enabled else None)
+    return Session(result, made, run_dir, retrain_lr(resolved.stages.train))
 
 
 def pilot_recipe(request: RunRequest, view: SessionView, pilot: PilotFn = run_pilot) -> Plan:
@@ -200,6 +198,7 @@ def pilot_recipe(request: RunRequest, view: SessionView, pilot: PilotFn = run_pi
         _preflight(request, view, resolved, made, run_dir, PILOT_STAGES, ())
     held = _hold(run_dir, "pilot: ")
     try:
+        describe_run(run_dir, made)
         return _pilot(request, view, made, run_dir, held, pilot)[0]
     finally:
         held.close()

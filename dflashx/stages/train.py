@@ -65,7 +65,7 @@ def build_job(ctx: TrainContext) -> "TrainJob":
         recipe = recipe.model_copy(update={"drafter": drafter})
     target = _absolute(str(locate_target(recipe.target)))
     return TrainJob.of(recipe, ctx.out_dir.resolve(), Path(ctx.inputs[INPUT]).resolve(), target,
-                       _absolute(str(locate_tokenizer(recipe.target))), heldout_slice(ctx))
+                       _absolute(str(locate_tokenizer(recipe.target))), heldout_slice(ctx), _tau_every(ctx))
 
 
 def _train_launch(ctx: TrainContext) -> TrainLaunch:
@@ -79,12 +79,19 @@ def _filled(text: str, ctx: TrainContext) -> str:
     return text.replace(RUN_DIR, str(ctx.run_dir))
 
 
+def _tau_every(ctx: TrainContext) -> int:
+    """The held-out τ interval the plan decided (`StagePlan.tau_every`; the recipe's own value when given)."""
+    planned = ctx.runtime.tau_every
+    assert planned is not None, "every resolved plan plans the train stage's held-out τ interval"
+    return planned
+
+
 def heldout_slice(ctx: TrainContext) -> "HeldOutSlice | None":
     """The held-out prompts a τ measurement decodes: the first `tau_prompts` of the ingest stage's held-out
     split, read, rendered and stopped as the eval stage's `heldout` suite reads, renders and stops them
     (`dflashx.data.suites.load_prompts`, `render_prompt`, `targets.load.stop_ids`); None when not measured."""
     train = ctx.recipe.stages.train
-    if not train.tau_every or HELDOUT not in ctx.inputs:
+    if not _tau_every(ctx) or HELDOUT not in ctx.inputs:
         return None
     from dflashx.data.chat_mask import render_prompt
     from dflashx.dflash.job import HeldOutSlice
