@@ -20,9 +20,12 @@ class DFlashKeys(Strict):
     """DFlash has no keys beyond the backbone's."""
 
 
+NO_MODULES = ModuleFigures(NAME)
+
+
 def figures(shapes: Shapes, keys: DFlashKeys) -> ModuleFigures:
     """No modules of its own."""
-    return ModuleFigures(NAME)
+    return NO_MODULES
 
 
 # The minimum releases are not established here; the commands were checked against SGLang 0.5.23's argument parser

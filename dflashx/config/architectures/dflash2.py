@@ -109,8 +109,10 @@ def figures(shapes: Shapes, keys: DFlash2Keys) -> DFlash2Figures:
                     "+ selector (2 V r codebooks + h r hidden projection)",
         flops_text="+ DFlash2: per layer and block token two convolutions (kernel projections 2 h 2KG + 2 sides x "
                    "2 K h), per supervised slot the selector (2 h r + r + 2 k r + k), both x3 ",
-        inputs={"conv_params": layers * 2 * (projection + base), "codebook_params": codebooks,
-                "selector_projection_params": h * r},
+        param_inputs={"conv_params": layers * 2 * (projection + base), "codebook_params": codebooks,
+                      "selector_projection_params": h * r},
+        flop_inputs={"conv_flops_per_token_layer": conv_flops_per_token(h, kernel, projection),
+                     "selector_flops_per_slot": selector_flops_per_slot(h, r, k)},
         conv_groups=groups, conv_projection_params=projection, conv_base_params=base,
         conv_params=layers * 2 * (projection + base), codebook_params=codebooks, selector_projection_params=h * r)
 

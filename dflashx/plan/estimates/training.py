@@ -38,10 +38,7 @@ from dflashx.plan.estimates.speculative import dflash_drafter
 from dflashx.plan.estimates.moe import touched_bytes, trainer_moe
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.explain import Term, term
-from dflashx.resolve.flops import (
-    DrafterDims, block_pairs, dflash2_layer_flops_per_token, drafter_step_flops, selector_flops_per_slot,
-    target_pass_flops,
-)
+from dflashx.resolve.flops import DrafterDims, block_pairs, drafter_step_flops, target_pass_flops
 from dflashx.resolve.formulas import effective_batch, optimizer_steps, steps_per_epoch
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.resolve.tau import TAU_SHARE, measurable, measurements, tau_every
@@ -148,20 +145,14 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
     mfu_source = ("measured on this node: hardware.calibrated.training_mfu (includes the gradient sync)" if calibrated
                   else f"{row.generation}/{row.precision}/{row.kind}: {row.source}"
                   + (f" — borrowed: {row.borrowed}" if row.borrowed else ""))
-    dflash2_params: dict[str, Any] = {
-        "conv_params": drafter.conv_params, "codebook_params": drafter.codebook_params,
-        "selector_projection_params": drafter.selector_projection_params} if drafter.conv_kernel_size else {}
-    dflash2_flops: dict[str, Any] = {
-        "conv_flops_per_token_layer": dflash2_layer_flops_per_token(drafter),
-        "selector_flops_per_slot": selector_flops_per_slot(drafter)} if drafter.conv_kernel_size else {}
+    modules = drafter.modules  # the architecture's own (DFlash2: convolutions and selector; none for DFlash)
     terms = (
         term("train.drafter_params", drafter.trainable, "params",
              "num_layers x (2 h q + 2 h kv + 3 h ffn) + k h^2 (fc) + norms (num_layers x (2 h + 2 head_dim) + 2 h)"
-             + ("; DFlash2: + num_layers x 2 convolutions x (h x 2 K G kernel projection + 2 K h base kernel) "
-                "+ selector (2 V r codebooks + h r hidden projection)" if drafter.conv_kernel_size else ""),
+             + modules.params_text,
              layer_params=drafter.layer_params, fc_params=drafter.fc_params, norm_params=drafter.norm_params,
              num_layers=drafter.num_layers, adamw_params=drafter.adamw_params,
-             **dflash2_params),
+             **modules.param_inputs),
         term("train.drafter_tokens_per_sample", dtoks, "tokens",
              "E[min(anchors_per_seq, loss tokens)] x block_size over the length distribution",
              anchors_per_seq=train.anchors_per_seq, block_size=recipe.drafter.block_size),
@@ -169,11 +160,9 @@ def estimate_training(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) 
              f"mean over {QUADRATURE} quantiles of the training length L: target forward to the deepest tapped layer "
              "(labels: target — to its last layer, plus its LM head on the supervised positions) over L + drafter "
              "forward/backward over the block tokens and L context tokens + frozen LM head on the supervised slots "
-             + ("+ DFlash2: per layer and block token two convolutions (kernel projections 2 h 2KG + 2 sides x 2 K "
-                "h), per supervised slot the selector (2 h r + r + 2 k r + k), both x3 " if drafter.conv_kernel_size
-                else "") + "(dflashx.resolve.flops)",
+             + modules.flops_text + "(dflashx.resolve.flops)",
              target=target_f, drafter_and_head=drafter_f, L_mean=tokens.train_len_mean,
-             **dflash2_flops,
+             **modules.flop_inputs,
              last_target_layer=max(recipe.drafter.target_layer_ids), labels=train.labels,
              source="Kaplan et al. 2020 (2N forward / 6N training FLOPs per token), plus attention"),
         term("train.steps", steps, "optimizer steps", "max_steps, else ceil(epochs x steps per epoch), a step per "
