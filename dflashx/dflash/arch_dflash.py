@@ -39,9 +39,9 @@ def extra_loss_weight(weight: float, ramp: float) -> float:
     return 0.0
 
 
-def propose(drafter: nn.Module, hidden: torch.Tensor, lm_head: Head, anchor: int, sampling: Any,
+def propose(drafter: Any, ctx: Any, anchor: int, rows: int, embed: Head, lm_head: Head, sampling: Any,
             generator: torch.Generator | None) -> Proposal:
-    return choose(lm_head(hidden), sampling, generator)
+    return choose(drafter.draft_block(ctx, anchor, embed, lm_head, rows=rows), sampling, generator)
 
 
 def propose_rows(drafter: nn.Module, hidden: torch.Tensor, lm_head: Head, anchors: torch.Tensor, sampling: Any,

@@ -10,9 +10,10 @@ backbone and how it drafts. A module that defines these functions is one (`arch_
 - `extra_loss(drafter, out, batch, head, gold_missing, chunk) -> SelectorOutput | None`: the architecture's own
   loss term on the backbone's `LossOutput` (DFlash: none), and `extra_loss_weight(weight, ramp)`, its weight
   (`stages.train.selector_weight` x the ramp; 0 for none);
-- `propose(drafter, hidden [L, H], lm_head, anchor, sampling, generator)` and `propose_rows(drafter, hidden
-  [b, L, H], lm_head, anchors [b], sampling, generator)`: the drafted tokens of a block from its drafted rows'
-  final hidden states, and their draft distributions q when sampling (`dflash.proposal`).
+- `propose(drafter, ctx, anchor, rows, embed, lm_head, sampling, generator)`: the drafted tokens of one block of
+  `rows` rows after `anchor` over the drafter's context `ctx` (`DFlashDrafter.block_hidden` / `draft_block`),
+  and their draft distributions q when sampling; `propose_rows(drafter, hidden [b, L, H], lm_head, anchors [b],
+  sampling, generator)`: the same for b blocks from their drafted rows' final hidden states (`dflash.proposal`).
 
 `torch_half(name)` imports it on first use (the registry's one function-level import on the torch side).
 """
@@ -52,7 +53,7 @@ class TorchHalf(Protocol):
 
     def extra_loss_weight(self, weight: float, ramp: float) -> float: ...
 
-    def propose(self, drafter: nn.Module, hidden: torch.Tensor, lm_head: Head, anchor: int, sampling: Any,
+    def propose(self, drafter: Any, ctx: Any, anchor: int, rows: int, embed: Head, lm_head: Head, sampling: Any,
                 generator: torch.Generator | None) -> Proposal: ...
 
     def propose_rows(self, drafter: nn.Module, hidden: torch.Tensor, lm_head: Head, anchors: torch.Tensor,

@@ -193,10 +193,11 @@ def extra_loss_weight(weight: float, ramp: float) -> float:
     return weight * ramp
 
 
-def propose(drafter: nn.Module, hidden: torch.Tensor, lm_head: Head, anchor: int, sampling: Any,
+def propose(drafter: Any, ctx: Any, anchor: int, rows: int, embed: Head, lm_head: Head, sampling: Any,
             generator: torch.Generator | None) -> Proposal:
-    """The selector's walk from the anchor: the best candidate, or a sample of softmax(S / T) over the top-k (no
-    top-p / top-k on q, as the reference's `DFlash2DraftModel.propose`)."""
+    """The selector's walk from the anchor over the rows' final hidden states: the best candidate, or a sample of
+    softmax(S / T) over the top-k (no top-p / top-k on q, as the reference's `DFlash2DraftModel.propose`)."""
+    hidden = drafter.block_hidden(ctx, anchor, embed, rows)
     return drafter.candidate_selector.walk(hidden, lm_head(hidden), anchor, sampling.temperature, generator)
 
 

@@ -90,8 +90,7 @@ def propose(drafter: DFlashDrafter, ctx: DraftContext, anchor: int, n: int, embe
             top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """n drafted tokens after `anchor` (a block of n + 1 rows) and their draft distributions q [n, V]
     (None when greedy)."""
-    hidden = drafter.block_hidden(ctx, anchor, embed, n + 1)
-    return torch_half(drafter.config.architecture).propose(drafter, hidden, lm_head, anchor,
+    return torch_half(drafter.config.architecture).propose(drafter, ctx, anchor, n + 1, embed, lm_head,
                                                            Sampling(temperature, top_p, top_k), generator)
 
 

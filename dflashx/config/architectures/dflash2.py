@@ -163,7 +163,10 @@ ENGINES = (
     EngineSupport("vllm", NAME, "0.28.0", "0.32.0",
                   "vllm-project/vllm PR #52816, listed in the v0.28.0 release notes",
                   requires="the V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1), which needs Triton, i.e. a GPU: "
-                           "vLLM 0.32.0 refuses DFlash2 on the V1 runner"),
+                           "vLLM 0.32.0 refuses DFlash2 on the V1 runner",
+                  env={"VLLM_USE_V2_MODEL_RUNNER": "1"},
+                  gpu_only="vLLM serves DFlash2 only on its V2 model runner, which needs Triton (a GPU); its CPU build "
+                           "refuses it (\"Model Runner V1 does not support: DFlash candidate-head drafts\")"),
 )
 
 SPEC = ArchitectureSpec(

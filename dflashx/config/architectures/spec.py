@@ -87,6 +87,8 @@ class EngineSupport:
     checked: str
     source: str
     requires: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)  # what the engine's server needs in its environment
+    gpu_only: str = ""  # why the engine cannot serve it without a GPU ("" when it can)
 
     @property
     def name(self) -> str:
@@ -119,6 +121,10 @@ class ArchitectureSpec:
     causal_sliding: bool = True  # sliding layers causal as served (DFlash); False: every layer bidirectional
     keys_in_config: bool = False  # its keys (and block_size) written in config.json's dflash_config
     draft_calls: int = 3  # a draft forward's layer calls beyond its layers: embedding + norm, LM head, context
+
+    def engine(self, engine: str) -> EngineSupport:
+        """This architecture's support row for `engine` (sglang | vllm)."""
+        return next(e for e in self.engines if e.engine == engine)
 
     def key_names(self) -> tuple[str, ...]:
         return tuple(self.keys.model_fields)
