@@ -8,11 +8,12 @@ from typing import Any, Mapping
 from dflashx.config.architectures.spec import EngineSupport
 from dflashx.export.contract import Violation
 from dflashx.export.sglang import causality
-from dflashx.export.speculators import fits
+from dflashx.export.speculators import causality_fits
 from dflashx.targets.registry import TargetFacts
 
 DISPLAY = "DFlash"
 DESCRIBE = "Block-diffusion drafter (DFlash, arXiv 2602.06036)"
+VLLM_READS_DFLASH_LAYOUT = False
 
 
 def check(config: Mapping[str, Any], facts: TargetFacts,
@@ -21,7 +22,7 @@ def check(config: Mapping[str, Any], facts: TargetFacts,
 
 
 def speculators_form(config: Mapping[str, Any]) -> bool:
-    return fits(config)
+    return causality_fits(config)
 
 
 def one_folder_why() -> str:

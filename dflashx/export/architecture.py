@@ -2,7 +2,8 @@
 layout's engine contract, whether it has a speculators form, and what the README and the serve commands say of it.
 A module that defines these is one (`arch_dflash.py`, `dflash2.py`):
 
-- `DISPLAY` (the README's name for it) and `DESCRIBE` (its one-line description);
+- `DISPLAY` (the README's name for it) and `DESCRIBE` (its one-line description); `VLLM_READS_DFLASH_LAYOUT`:
+  vLLM serves it from the DFlash layout (DFlash2), never from a speculators folder;
 - `check(config, facts, shapes) -> [Violation]`: its rules on the DFlash-layout config.json and weights beyond
   the ones every architecture shares (`sglang.check_sglang`; DFlash: causality as the engines read it; DFlash2:
   its keys, causality, neutral keys, sizes, weights);
@@ -22,8 +23,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Mapping, Protocol, cast
 
-from dflashx.config.architectures import architecture
-from dflashx.config.architectures.spec import EngineSupport
+from dflashx.config.architectures import REGISTRY, architecture
+from dflashx.config.architectures.spec import ArchitectureSpec, EngineSupport
 from dflashx.export.contract import Violation
 from dflashx.targets.registry import TargetFacts
 
@@ -33,6 +34,7 @@ class ExportHalf(Protocol):
 
     DISPLAY: str
     DESCRIBE: str
+    VLLM_READS_DFLASH_LAYOUT: bool
 
     def check(self, config: Mapping[str, Any], facts: TargetFacts,
               shapes: Mapping[str, tuple[int, ...]] | None) -> list[Violation]: ...
@@ -48,6 +50,12 @@ class ExportHalf(Protocol):
     def vllm_gpu(self, row: EngineSupport) -> str: ...
 
     def vllm_cpu(self) -> str | None: ...
+
+
+def named_by(config: Mapping[str, Any]) -> ArchitectureSpec | None:
+    """The registered architecture a config.json's `architectures` names exactly (None: none does)."""
+    names = config.get("architectures")
+    return next((spec for spec in REGISTRY.values() if names == [spec.hf_name]), None)
 
 
 def export_half(name: str) -> ExportHalf:

@@ -236,6 +236,7 @@ def check_dflash2(config: Mapping[str, Any], hidden_size: int, vocab_size: int,
 DISPLAY = "DFlash2"
 DESCRIBE = ("DFlash2 drafter (DFlash's block-diffusion backbone with a grouped dynamic convolution around each "
             "sublayer and a candidate path selector; Z Lab and Inco AI, https://inco.ai/blog/dflash2/)")
+VLLM_READS_DFLASH_LAYOUT = True
 
 
 def check(config: Mapping[str, Any], facts: TargetFacts,

@@ -68,10 +68,10 @@ class Serving:
 
     @property
     def vllm_model(self) -> str:
-        """The folder vLLM loads: the speculators one where the export writes one (`vllm_dir`: DFlash, its layers'
-        causality permitting); else the DFlash-layout one (DFlash2, whose `dflash_config` vLLM's DFlash2DraftModel
-        reads, PR #52816)."""
-        return self.vllm_dir
+        """The folder vLLM loads: the speculators one for DFlash; the DFlash-layout one for an architecture vLLM reads
+        in that layout (the export half's `VLLM_READS_DFLASH_LAYOUT`: DFlash2, whose `dflash_config` vLLM's
+        DFlash2DraftModel reads, PR #52816)."""
+        return self.sglang_dir if self.half.VLLM_READS_DFLASH_LAYOUT else self.vllm_dir
 
     @property
     def one_folder(self) -> bool:
@@ -88,7 +88,6 @@ class Serving:
         family = facts.model_type if facts.thinking else ""
         block = config.get("block_size") or config["dflash_config"]["block_size"]
         name = by_hf_name(config.get("architectures") or [architecture(DEFAULT).hf_name]).name
-        vllm_dir = vllm_dir if export_half(name).speculators_form(config) else sglang_dir  # else vLLM reads the one
         return cls(target=target, sglang_dir=sglang_dir, vllm_dir=vllm_dir, block_size=int(block),
                    sliding_window=config.get("sliding_window") if slides else None,
                    every_layer_slides=slides and all(t == "sliding_attention" for t in types),

@@ -32,7 +32,7 @@ from dflashx.export.contract import (
     need_mask_id,
     need_weights,
 )
-from dflashx.export.architecture import export_half
+from dflashx.export.architecture import export_half, named_by
 from dflashx.export.causality import need_served, sglang_reads, trained, vllm_reads
 from dflashx.targets.registry import TargetFacts
 
@@ -104,8 +104,7 @@ def _architecture(config: Mapping[str, Any]) -> tuple[ArchitectureSpec, list[Vio
     """The registered architecture config.json names (its rules apply; DFlash's when it names none), and a
     violation when it names none, or names one but holds another's keys in dflash_config (the engines would build
     it without that architecture's modules)."""
-    names = config.get("architectures")
-    spec = next((s for s in REGISTRY.values() if names == [s.hf_name]), None)
+    names, spec = config.get("architectures"), named_by(config)
     if spec is None:
         known = " or ".join(f'["{s.hf_name}"] (drafter.architecture: {s.name})' for s in REGISTRY.values())
         return architecture(DEFAULT), [Violation("architectures", f"{names!r}; SGLang and transformers pick the draft "

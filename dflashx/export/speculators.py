@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from dflashx.config.architectures import dflash
+from dflashx.export.architecture import export_half, named_by
 from dflashx.export.causality import SLIDING, need_served, speculators_flag, trained, vllm_reads_speculators
 from dflashx.export.contract import (
     Violation,
@@ -131,8 +132,15 @@ def _proposal(spec: Mapping[str, Any], block: Any) -> list[Violation]:
 
 
 def fits(config: Mapping[str, Any]) -> bool:
-    """Whether a DFlash drafter's config has a speculators form vLLM reads as trained: its layers all causal or all
-    bidirectional (`export.causality`; asked by DFlash's export half, `arch_dflash.speculators_form`)."""
+    """Whether a DFlash-layout config has a speculators form vLLM reads as trained: its architecture's export half
+    says (`speculators_form`; DFlash: `causality_fits`)."""
+    spec = named_by(config)
+    return spec is not None and export_half(spec.name).speculators_form(config)
+
+
+def causality_fits(config: Mapping[str, Any]) -> bool:
+    """Whether a DFlash drafter's layers' causality fits the speculators layout's one flag: all causal or all
+    bidirectional (`export.causality`)."""
     causal = trained(config)
     return causal is not None and speculators_flag(causal) is not None
 
