@@ -11,9 +11,9 @@ typed through their architecture (`ArchitectureSpec.keys_of`); `dflashx schema` 
 # No `from __future__ import annotations` here: pydantic would evaluate every field's string
 # annotation when the class is created, which `dflashx plan`'s start-up pays (benchmarks/cli_latency.py).
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, GetJsonSchemaHandler, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, GetJsonSchemaHandler, model_validator
 from pydantic.json_schema import JsonSchemaValue
 from pydantic.fields import FieldInfo
 from pydantic_core import CoreSchema
@@ -41,7 +41,7 @@ class DrafterSpec(Strict):
     # an architecture's own keys are extra fields, each validated by its architecture (module doc)
     model_config = ConfigDict(extra="allow")
 
-    architecture: str = Field(
+    architecture: Annotated[str, AfterValidator(architectures.known)] = Field(
         architectures.DEFAULT,
         description="The drafter architecture, one of the registered ones (`dflashx.config.architectures`): "
                     + "; ".join(f"`{s.name}`: {s.summary}" for s in architectures.REGISTRY.values()) + ".",
@@ -86,6 +86,7 @@ class DrafterSpec(Strict):
         schema["additionalProperties"] = False
         return schema
 
-    def extra_fields(self) -> dict[str, FieldInfo]:
+    @classmethod
+    def extra_fields(cls) -> dict[str, FieldInfo]:
         """The architectures' keys this section holds, as fields (their markers: stage keys, calibration)."""
         return architectures.key_fields()

@@ -85,11 +85,11 @@ def marker(info: FieldInfo, kind: str) -> Any:
     return extra.get(kind) if isinstance(extra, dict) else None
 
 
-def fields_of(model: BaseModel) -> dict[str, FieldInfo]:
+def fields_of(model: type[BaseModel]) -> dict[str, FieldInfo]:
     """A section's fields, with the extra ones it declares as fields (the drafter's architecture keys:
-    `DrafterSpec.extra_fields`), so that stage keys and calibration read their markers."""
-    declared = getattr(type(model), "extra_fields", None)
-    return dict(type(model).model_fields) | (declared(model) if declared else {})
+    `DrafterSpec.extra_fields`), so that stage keys, calibration and the docs read them and their markers."""
+    declared = getattr(model, "extra_fields", None)
+    return dict(model.model_fields) | (declared() if declared else {})
 
 
 class StageBase(Strict):

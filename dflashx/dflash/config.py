@@ -34,11 +34,11 @@ and vLLM make sliding layers causal).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from dflashx.config.architectures import DEFAULT, architecture, by_hf_name, drafter_keys
+from dflashx.config.architectures import DEFAULT, architecture, by_hf_name, drafter_keys, known
 from dflashx.resolve.flops import DrafterDims, drafter_dims
 from dflashx.resolve.formulas import spread_layer_ids
 from dflashx.resolve.model import ResolvedDrafter
@@ -108,7 +108,7 @@ class DFlashConfig(BaseModel):
                                           "text stack (qwen3, qwen3_moe, gpt_oss ...); the drafter is dense either "
                                           "way.")
     target_architectures: list[str] = Field(default_factory=list, description="The target config's architectures.")
-    architecture: str = DEFAULT
+    architecture: Annotated[str, AfterValidator(known)] = DEFAULT
 
     @model_validator(mode="before")
     @classmethod

@@ -60,7 +60,7 @@ def _view(value: Any, kind: str | None) -> Any:
     if kind == "path":
         return _path_identity(value)
     if isinstance(value, BaseModel):
-        fields = fields_of(value)
+        fields = fields_of(type(value))
         kept = {name: _view(getattr(value, name), role(info)) for name, info in fields.items()}
         return {name: v for name, v in kept.items() if v is not _DROP}
     if isinstance(value, list):

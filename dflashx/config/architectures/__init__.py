@@ -70,13 +70,16 @@ def key_fields() -> dict[str, FieldInfo]:
     return {name: info for spec in REGISTRY.values() for name, info in spec.keys.model_fields.items()}
 
 
+def known(name: str) -> str:
+    """`name` when an architecture is registered under it (a field validator: the error names the key)."""
+    return architecture(name).name
+
+
 def drafter_keys(data: Any, model: type[BaseModel]) -> Any:
-    """A drafter mapping with its architecture checked and every registered architecture's keys validated by its own
-    model, defaults filled (`model`'s own fields pass through; an unknown key is refused with a did-you-mean)."""
+    """A drafter mapping with every registered architecture's keys validated by its own model, defaults filled (`model`'s own fields pass through; an unknown key is refused with a did-you-mean)."""
     if not isinstance(data, Mapping):
         return data
     out = dict(data)
-    architecture(str(out.get("architecture", DEFAULT)))
     own = set(model.model_fields)
     ours = key_fields()
     for key in out:
