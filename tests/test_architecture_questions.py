@@ -168,7 +168,8 @@ def test_the_code_before_the_registry_asked_in_many_places(tmp_path: Path) -> No
                               capture_output=True, check=True).stdout
     except (subprocess.CalledProcessError, FileNotFoundError):
         pytest.skip("no git history here")
-    tarfile.open(fileobj=io.BytesIO(blob)).extractall(tmp_path, filter="data")
+    with tarfile.open(fileobj=io.BytesIO(blob)) as archive:
+        archive.extractall(tmp_path, filter="data")
     found = scan(tmp_path / "dflashx")
     kinds = {line.split(" ", 1)[1] for line in found}
     assert len(found) > 20 and {"compares with an architecture name", "tests an architecture's module against None",

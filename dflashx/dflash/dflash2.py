@@ -166,7 +166,7 @@ def drafter_modules(config: DFlashConfig) -> dict[str, nn.Module]:
                                                keys.selector_top_k)}
 
 
-def around(layer: nn.Module, side: str, sublayer: Head, x: torch.Tensor) -> torch.Tensor:
+def around(layer: Any, side: str, sublayer: Head, x: torch.Tensor) -> torch.Tensor:
     """norm -> conv side 0 -> sublayer -> conv side 1, on the layer's `{side}_conv`."""
     conv = getattr(layer, f"{side}_conv")
     block = min(layer.block_size, x.shape[1])  # fewer rows: one decode block cut short at the end
@@ -174,11 +174,12 @@ def around(layer: nn.Module, side: str, sublayer: Head, x: torch.Tensor) -> torc
     return conv.finish(sublayer(x), dynamic, block)
 
 
-def loss_top_k(drafter: nn.Module) -> int:
-    return drafter.candidate_selector.top_k
+def loss_top_k(drafter: Any) -> int:
+    top_k: int = drafter.candidate_selector.top_k
+    return top_k
 
 
-def extra_loss(drafter: nn.Module, out: LossOutput, batch: Any, head: torch.Tensor, gold_missing: str,
+def extra_loss(drafter: Any, out: LossOutput, batch: Any, head: torch.Tensor, gold_missing: str,
                chunk: int) -> SelectorOutput | None:
     """The selector loss on the backbone's supervised rows (`selector_loss`; none when no row carries loss)."""
     rows, block = out.supervised, drafter.config.block_size
@@ -201,6 +202,6 @@ def propose(drafter: Any, ctx: Any, anchor: int, rows: int, embed: Head, lm_head
     return drafter.candidate_selector.walk(hidden, lm_head(hidden), anchor, sampling.temperature, generator)
 
 
-def propose_rows(drafter: nn.Module, hidden: torch.Tensor, lm_head: Head, anchors: torch.Tensor, sampling: Any,
+def propose_rows(drafter: Any, hidden: torch.Tensor, lm_head: Head, anchors: torch.Tensor, sampling: Any,
                  generator: torch.Generator | None) -> Proposal:
     return drafter.candidate_selector.walk_rows(hidden, lm_head(hidden), anchors, sampling.temperature, generator)

@@ -194,5 +194,5 @@ class TrainStep:
         x the ramp; a resumed engine restores its step count, so the ramp continues where it stopped); 0 for
         DFlash, which has no extra term."""
         train = self.job.train
-        return torch_half(self.cfg.architecture).extra_loss_weight(
-            train.selector_weight, selector_ramp(self.engine.global_steps, self.total_steps, train.selector_warmup_ratio))
+        ramp = selector_ramp(self.engine.global_steps, self.total_steps, train.selector_warmup_ratio)
+        return torch_half(self.cfg.architecture).extra_loss_weight(train.selector_weight, ramp)

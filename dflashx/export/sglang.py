@@ -7,10 +7,10 @@ worker's mask check in `dflash_worker.py`) and what the z-lab reference reads (z
 `config.layer_types[i]`). Commits and the rule-by-rule table: docs/export.md.
 
 Every architecture's config meets the shared rules here and its own (its export half's `check`: DFlash's is
-causality as the engines read it). A DFlash2 config (`architectures: ["DFlash2DraftModel"]`) has DFlash2's own (`check_dflash2`: its keys, the
-causality keys as vLLM 0.32.0, SGLang 0.5.23 and the reference read them, the keys the engines read that
-dflashx trains without, the sizes they take from the config, the weights). It is the folder vLLM serves
-DFlash2 from too, so `check_dflash2` holds vLLM's rules as well as SGLang's.
+causality as the engines read it). A DFlash2 config (`architectures: ["DFlash2DraftModel"]`) has DFlash2's own
+(`check_dflash2`: its keys, the causality keys as vLLM 0.32.0, SGLang 0.5.23 and the reference read them, the keys
+the engines read that dflashx trains without, the sizes they take from the config, the weights). It is the folder
+vLLM serves DFlash2 from too, so `check_dflash2` holds vLLM's rules as well as SGLang's.
 
 `check_sglang(config, facts, shapes=None) -> list[Violation]`, pure.
 """

@@ -71,7 +71,7 @@ def sequence_activations(facts: TargetFacts, drafter: DrafterDims, precision: st
     """Activation bytes of one training sequence of `length` tokens (module doc), elements in `precision`."""
     tokens = min(anchors_per_seq, length) * block_size
     element = activation_bytes(precision)
-    modules = drafter.modules  # the architecture's (DFlash2: its convolutions per token and layer, its selector per slot)
+    modules = drafter.modules  # the architecture's (DFlash2: convolutions per token and layer, selector per slot)
     per_token_layer = (KORTHIKANTI_BYTES_PER_TOKEN_PER_H / 2 * element * facts.hidden_size
                        + element * modules.activation_per_token_layer)
     selector = element * modules.activation_per_slot * tokens * (block_size - 1) / block_size

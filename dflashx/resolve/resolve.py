@@ -36,7 +36,7 @@ import math
 
 from dflashx.config.fields import Precision
 from dflashx.config.problem import describe
-from dflashx.config.schema import DrafterSpec, GenerateStage, HardwareProfile, Recipe, TargetSpec, TrainStage
+from dflashx.config.schema import GenerateStage, HardwareProfile, Recipe, TargetSpec, TrainStage
 from dflashx.resolve.deepspeed import deepspeed_config, launch_argv, target_shard_config
 from dflashx.resolve.formulas import loss_gamma, muon_lr, spread_layer_ids, train_precision
 from dflashx.resolve.model import (

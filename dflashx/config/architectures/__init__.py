@@ -76,7 +76,8 @@ def known(name: str) -> str:
 
 
 def drafter_keys(data: Any, model: type[BaseModel]) -> Any:
-    """A drafter mapping with every registered architecture's keys validated by its own model, defaults filled (`model`'s own fields pass through; an unknown key is refused with a did-you-mean)."""
+    """A drafter mapping with every registered architecture's keys validated by its own model, defaults filled
+    (`model`'s own fields pass through; an unknown key is refused with a did-you-mean)."""
     if not isinstance(data, Mapping):
         return data
     out = dict(data)

@@ -58,8 +58,8 @@ class ModuleFigures:
     calls_per_slot: int = 0  # launch-bound layer calls per drafted position beyond the block forward
     params_text: str = ""  # the `--explain` formula of these parameters ("" for none)
     flops_text: str = ""  # the `--explain` formula of these FLOPs
-    param_inputs: Mapping[str, float] = field(default_factory=dict)  # the `--explain` inputs of the parameters
-    flop_inputs: Mapping[str, float] = field(default_factory=dict)  # ... and of the FLOPs
+    param_inputs: Mapping[str, Any] = field(default_factory=dict)  # the `--explain` inputs of the parameters
+    flop_inputs: Mapping[str, Any] = field(default_factory=dict)  # ... and of the FLOPs
 
     @property
     def params(self) -> int:
