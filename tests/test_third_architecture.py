@@ -56,6 +56,8 @@ SPEC = ArchitectureSpec(
 
 # ---------------------------------------------------------------- the torch half
 
+FILE_NAMES: dict[str, str] = {}
+
 def layer_modules(config: Any) -> dict[str, nn.Module]:
     return {}
 

@@ -14,6 +14,9 @@ from dflashx.dflash.loss import LossOutput
 from dflashx.dflash.proposal import choose
 
 
+FILE_NAMES: dict[str, str] = {}
+
+
 def layer_modules(config: DFlashConfig) -> dict[str, nn.Module]:
     return {}
 

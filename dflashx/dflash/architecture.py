@@ -1,6 +1,8 @@
 """The torch half of a drafter architecture (`ArchitectureSpec.torch` names the module): what it adds to the DFlash
 backbone and how it drafts. A module that defines these functions is one (`arch_dflash.py`, `dflash2.py`):
 
+- `FILE_NAMES`: {parameter name: the name a checkpoint stores it under} where they differ (DFlash2's codebooks,
+  stored without `.weight` as the published checkpoints store them);
 - `layer_modules(config) -> {name: module}`: added to every decoder layer (DFlash2: `attention_conv`, `mlp_conv`);
 - `drafter_modules(config) -> {name: module}`: added to the drafter (DFlash2: `candidate_selector`); each module
   added either way has `reset_parameters()`, its own initialisation;
@@ -39,6 +41,8 @@ Proposal = tuple[torch.Tensor, "torch.Tensor | None"]
 
 class TorchHalf(Protocol):
     """See the module doc."""
+
+    FILE_NAMES: dict[str, str]
 
     def layer_modules(self, config: DFlashConfig) -> dict[str, nn.Module]: ...
 

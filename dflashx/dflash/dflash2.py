@@ -149,6 +149,11 @@ class PathSelector(nn.Module):
         return path, (torch.stack(q_rows, dim=1) if q_rows else None)
 
 
+# parameters stored under another name than the module's: the selector's codebooks (the published checkpoints')
+FILE_NAMES = {f"candidate_selector.{book}.weight": f"candidate_selector.{book}"
+              for book in ("predecessor_codebook", "successor_codebook")}
+
+
 def _keys(config: DFlashConfig) -> DFlash2Keys:
     keys: DFlash2Keys = SPEC.keys_of(config)
     return keys
