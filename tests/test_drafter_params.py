@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 from helpers_dflash import config_for
 
+from dflashx.config.architectures import dflash2
+from dflashx.config.architectures.dflash2 import DFlash2Keys
+from dflashx.config.architectures.spec import Shapes
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.resolve.flops import DrafterDims
 
@@ -35,14 +38,15 @@ def test_plan_counts_every_parameter_of_the_built_drafter(target, drafter):
     # the AdamW share under Muon: what is not a weight matrix a whole slot's gradient reaches
     vectors = sum(p.numel() for n, p in model.named_parameters() if p.ndim != 2 or "codebook" in n)
     assert dims.adamw_params == vectors
-    selector = model.candidate_selector
-    assert dims.selector_params == (sum(p.numel() for p in selector.parameters()) if selector else 0)
+    # the architecture's own modules (DFlash2's convolutions and selector; none for DFlash): its entry's count
+    own = sum(p.numel() for n, p in model.named_parameters() if model.own_modules & set(n.split(".")))
+    assert dims.modules.params == own
 
 
 def test_dflash2_codebooks_for_qwen36():
     """V = 248,320, r = 256: two codebooks of 63.6M each, 127M in all (issue #28)."""
-    dims = DrafterDims(5, 5120, 24, 4, 256, 17408, 248_320, 5, conv_kernel_size=2, conv_group_size=16,
-                       selector_rank=256, selector_top_k=16)
+    keys = DFlash2Keys(conv_kernel_size=2, conv_group_size=16, selector_rank=256, selector_top_k=16)
+    dims = DrafterDims(5, 5120, 24, 4, 256, 17408, 248_320, 5, dflash2.figures(Shapes(5, 5120, 248_320), keys))
     assert dims.codebook_params == 2 * 248_320 * 256 == 127_139_840
     plain = DrafterDims(5, 5120, 24, 4, 256, 17408, 248_320, 5)
     assert dims.trainable - plain.trainable == dims.conv_params + dims.selector_params

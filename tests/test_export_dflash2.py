@@ -226,7 +226,7 @@ def test_dflash2_serve_commands(seeds):
     resolved = seeds["sliding"]
     config = _exported(resolved)
     s = Serving.of(config, resolved.target.facts, "Qwen/Qwen3.6-27B", "/r/export/drafter", "/r/export/drafter-vllm")
-    assert s.dflash2
+    assert s.architecture == "dflash2"
     argv = sglang_argv(s)
     assert argv[argv.index("--speculative-algorithm") + 1] == "DFLASH"
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "8"
@@ -238,5 +238,5 @@ def test_dflash2_serve_commands(seeds):
     assert "VLLM_USE_V2_MODEL_RUNNER=1 vllm serve Qwen/Qwen3.6-27B" in readme(s, config, "qwen36", "bf16")
     plain = Serving.of(_exported(_resolved("qwen36_27b.yaml", architecture="dflash")), resolved.target.facts,
                        "Qwen/Qwen3.6-27B", "/r/d", "/r/v")
-    assert not plain.dflash2 and vllm_env(plain) == {}
+    assert plain.architecture == "dflash" and vllm_env(plain) == {}
     assert json.loads(vllm_argv(plain)[vllm_argv(plain).index("--speculative-config") + 1])["model"] == "/r/v"

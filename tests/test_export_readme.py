@@ -19,6 +19,7 @@ from helpers_dflash import drafter_config, load_target, tiny_target
 from helpers_dflash2 import random_drafter
 from helpers_reference import zlab_reference
 
+from dflashx.config.architectures import architecture
 from dflashx.dflash.checkpoint import save_drafter, weight_shapes
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.export import Serving, check_sglang, readme
@@ -93,7 +94,7 @@ def test_the_python_snippet_loads_the_export_into_the_zlab_class_it_names(export
     scope: dict = {}
     exec(snippet, scope)  # the README's own lines
     draft = scope["draft"]
-    assert type(draft) is getattr(ref, serve.ZLAB_CLASS[kind == "dflash2"])
+    assert type(draft) is getattr(ref, architecture(kind).hf_name)  # the z-lab class: the config.json name
     theirs, ours = draft.state_dict(), export.drafter.state_dict()
     assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in ours)
     if kind == "dflash2":
@@ -133,7 +134,7 @@ def test_the_cpu_command_parses_with_vllms_own_parser(exports):
 
 def test_the_engine_versions_come_from_the_one_table(exports, monkeypatch):
     dflash2 = exports["dflash2"]
-    for row in serve.engine_rows(True):
+    for row in serve.engine_rows("dflash2"):
         assert f"| {row.name} | {row.minimum} ({row.source}) | {row.name} {row.checked} |" in dflash2.text
     moved = tuple(dataclasses.replace(e, minimum="9.9.9") if e.architecture == "dflash2" else e
                   for e in engines.ENGINES)
@@ -141,7 +142,7 @@ def test_the_engine_versions_come_from_the_one_table(exports, monkeypatch):
     text = readme(dflash2.serving, dflash2.config, "x", "fp32")
     assert "| SGLang | 9.9.9 (" in text and "| vLLM | 9.9.9 (" in text and "vLLM 9.9.9 or later" in text
     dflash = exports["dflash"].text  # DFlash: no minimum established, the source says why
-    assert all(f"| {e.name} | {e.source} |" in dflash for e in serve.engine_rows(False))
+    assert all(f"| {e.name} | {e.source} |" in dflash for e in serve.engine_rows("dflash"))
 
 
 def test_release_comparison_and_the_vllm_read_here():

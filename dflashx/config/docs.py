@@ -16,6 +16,7 @@ import annotated_types as at
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from dflashx.config.fields import fields_of
 from dflashx.config.schema import Recipe
 
 GUIDE = """\
@@ -229,7 +230,7 @@ def table(prefix: str, model: type[BaseModel]) -> str:
     doc = " ".join((model.__doc__ or "").split()) if model.__doc__ and model is not Recipe else ""
     lines = [f"### {title}", "", *([doc, ""] if doc else []),
              "| key | type | default | constraints | description |", "|---|---|---|---|---|"]
-    for name, field in model.model_fields.items():
+    for name, field in fields_of(model).items():  # the drafter's architecture keys too
         key = f"{prefix}.{name}" if prefix else name
         kind = "profile name \\| section" if key == "hardware" else type_name(field.annotation)
         lines.append(f"| `{key}` | {kind} | {default_text(field)} | "

@@ -1,38 +1,50 @@
-"""The drafter section of the recipe: DFlash or DFlash2, and the names their checkpoints carry.
+"""The drafter section of the recipe: the backbone's keys, the architecture (`dflashx.config.architectures`: DFlash,
+DFlash2, any registered one) and that architecture's own keys.
 
-DFlash (arXiv 2602.06036) is the block-diffusion drafter; DFlash2 (Z Lab and Inco AI, 2026-08-18)
-keeps its backbone, inputs and chain verification and adds two modules: a grouped dynamic causal
-convolution around each sublayer and a pairwise path selector over the top-k of the unary logits.
-The DFlash2 defaults are the published checkpoints' (z-lab/Qwen3.8-27B-DFlash2: kernel 2, groups of
-16 channels, selector rank 256, top-16). Whether a DFlash2 key fits the target (a group size that
-divides the hidden size) is a plan rule: the target's shapes are not known here.
+The architectures' keys (`drafter.conv_kernel_size` ...) sit beside the backbone's; each registered architecture
+validates its own and fills its defaults (`architectures.drafter_keys`), whichever architecture the recipe names, so
+that a stage key and a calibration read the same keys for every recipe. They are the model's extra fields, read
+typed through their architecture (`ArchitectureSpec.keys_of`); `dflashx schema` lists them
+(`__get_pydantic_json_schema__`). Whether a key fits the target is the architecture's plan check.
 """
 
 # No `from __future__ import annotations` here: pydantic would evaluate every field's string
 # annotation when the class is created, which `dflashx plan`'s start-up pays (benchmarks/cli_latency.py).
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, ConfigDict, Field, GetJsonSchemaHandler, model_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic.fields import FieldInfo
+from pydantic_core import CoreSchema
 
+from dflashx.config import architectures
 from dflashx.config.fields import OUTPUT, PATH, Strict
 
-Architecture = Literal["dflash", "dflash2"]
-# The `architectures` entry of each exported config.json: what the z-lab reference, SGLang and vLLM
-# dispatch on. Defined here once; export, checkpoint and the contract checks read it.
-HF_ARCHITECTURE: dict[str, str] = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
-# DFlash2's own drafter keys, as the recipe, DFlashConfig and the exported `dflash_config` all name them.
-DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# The `architectures` entry of each built-in architecture's config.json, for readers outside dflashx (inside, ask
+# `architectures.architecture(name).hf_name`).
+HF_ARCHITECTURE: dict[str, str] = {name: architectures.architecture(name).hf_name for name in architectures.names()}
+
+
+def _schema_keys() -> dict[str, Any]:
+    """Each registered architecture's keys as JSON Schema properties, named by their architecture."""
+    out: dict[str, Any] = {}
+    for spec in architectures.REGISTRY.values():
+        for name, prop in spec.keys.model_json_schema().get("properties", {}).items():
+            out[name] = prop | {"description": f"(drafter.architecture: {spec.name}) {prop.get('description', '')}"}
+    return out
 
 
 class DrafterSpec(Strict):
     """DFlash block-diffusion drafter (arXiv 2602.06036), or DFlash2 (`architecture: dflash2`)."""
 
-    architecture: Architecture = Field(
-        "dflash",
-        description="`dflash`: the DFlash drafter; `dflash2`: DFlash2, the same backbone with a grouped dynamic "
-                    "causal convolution around each sublayer and a pairwise path selector over the top-k drafted "
-                    "tokens (the drafter SGLang and vLLM serve as DFlash2DraftModel).",
+    # an architecture's own keys are extra fields, each validated by its architecture (module doc)
+    model_config = ConfigDict(extra="allow")
+
+    architecture: Annotated[str, AfterValidator(architectures.known)] = Field(
+        architectures.DEFAULT,
+        description="The drafter architecture, one of the registered ones (`dflashx.config.architectures`): "
+                    + "; ".join(f"`{s.name}`: {s.summary}" for s in architectures.REGISTRY.values()) + ".",
         json_schema_extra=OUTPUT,
     )
     num_layers: int = Field(5, ge=1, description="Transformer layers of the drafter.", json_schema_extra=OUTPUT)
@@ -61,15 +73,20 @@ class DrafterSpec(Strict):
                     "weights, optimizer states and the exported drafter stay bf16.",
         json_schema_extra=OUTPUT,
     )
-    conv_kernel_size: int = Field(
-        2, ge=1, description="DFlash2: taps of the grouped dynamic causal convolution (a tap never reaches across "
-        "the start of a block).", json_schema_extra=OUTPUT)
-    conv_group_size: int = Field(
-        16, ge=1, description="DFlash2: channels per group that share one dynamic kernel value; must divide the "
-        "hidden size.", json_schema_extra=OUTPUT)
-    selector_rank: int = Field(
-        256, ge=1, description="DFlash2: rank r of the path selector's two V x r codebooks and its hidden "
-        "projection.", json_schema_extra=OUTPUT)
-    selector_top_k: int = Field(
-        16, ge=2, description="DFlash2: candidates per block position the selector chooses among (the top-k of the "
-        "unary logits).", json_schema_extra=OUTPUT)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _architecture_keys(cls, data: Any) -> Any:
+        return architectures.drafter_keys(data, cls)
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        schema = handler.resolve_ref_schema(handler(core))
+        schema["properties"] = schema.get("properties", {}) | _schema_keys()
+        schema["additionalProperties"] = False
+        return schema
+
+    @classmethod
+    def extra_fields(cls) -> dict[str, FieldInfo]:
+        """The architectures' keys this section holds, as fields (their markers: stage keys, calibration)."""
+        return architectures.key_fields()

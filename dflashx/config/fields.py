@@ -85,6 +85,13 @@ def marker(info: FieldInfo, kind: str) -> Any:
     return extra.get(kind) if isinstance(extra, dict) else None
 
 
+def fields_of(model: type[BaseModel]) -> dict[str, FieldInfo]:
+    """A section's fields, with the extra ones it declares as fields (the drafter's architecture keys:
+    `DrafterSpec.extra_fields`), so that stage keys, calibration and the docs read them and their markers."""
+    declared = getattr(model, "extra_fields", None)
+    return dict(model.model_fields) | (declared() if declared else {})
+
+
 class StageBase(Strict):
     """What every stage has: its on/off switch."""
 

@@ -7,7 +7,7 @@ the target's embedding and LM head are not in it. DFlash2 adds `layers.N.attenti
 `layers.N.mlp_conv.*` and `candidate_selector.*`, whose two codebooks are stored as the published
 checkpoints store them, without `.weight` (`candidate_selector.predecessor_codebook`,
 `candidate_selector.successor_codebook`; the reference maps them back with `key_mapping`, and so
-does `load_weights_into`).
+does `load_weights_into`): each architecture's torch half names such parameters (`FILE_NAMES`).
 
 Training checkpoints: `engine.save_checkpoint` writes into a temporary tag, which is put in place
 as `step-XXXXXXXX` once every rank is done; then `latest` is replaced atomically (both through
@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from dflashx.dflash.architecture import torch_half
 from dflashx.dflash.config import DFlashConfig
 from dflashx.dflash.model import DFlashDrafter
 from dflashx.dflash.tau_record import TAU_FILE
@@ -54,10 +55,6 @@ LATEST = "latest"
 STEP_GLOB = "step-*"
 BEST_TAU = "best-tau"  # in the train stage folder: the drafter with the best held-out τ so far, and its TauPoint
 META_FILE = "dflashx_state.json"  # in each training state: {"step", "loss"} (the logged window loss)
-# parameters stored under another name than the module's: the DFlash2 selector's codebooks
-FILE_NAMES = {f"candidate_selector.{book}.weight": f"candidate_selector.{book}"
-              for book in ("predecessor_codebook", "successor_codebook")}
-PARAMETER_NAMES = {file: own for own, file in FILE_NAMES.items()}
 
 
 def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype | None = None,
@@ -68,7 +65,8 @@ def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype
     hf = drafter.config.to_hf_dict()
     if dtype is not None:
         hf["torch_dtype"] = str(dtype).removeprefix("torch.")
-    state = {FILE_NAMES.get(k, k): v.detach().to(dtype or v.dtype).contiguous().cpu()
+    names = torch_half(drafter.config.architecture).FILE_NAMES  # parameters stored under another name
+    state = {names.get(k, k): v.detach().to(dtype or v.dtype).contiguous().cpu()
              for k, v in drafter.state_dict().items()}
     needed = sum(v.numel() * v.element_size() for v in state.values())
     with (stop_when_full(out_dir.parent, f"the drafter {out_dir.name}/", needed, "its weights"),
@@ -115,10 +113,11 @@ def _read_config(path: Path) -> DFlashConfig:
 
 
 def load_weights_into(drafter: DFlashDrafter, path: str | Path) -> None:
-    """Copy a checkpoint folder's weights into `drafter`; names (as stored, `FILE_NAMES`) and shapes
-    must match exactly."""
+    """Copy a checkpoint folder's weights into `drafter`; names (as stored: the architecture's `FILE_NAMES`) and
+    shapes must match exactly."""
     file = Path(path) / WEIGHTS_FILE
-    state = {PARAMETER_NAMES.get(k, k): v for k, v in load_file(str(file)).items()}
+    own_names = {stored: name for name, stored in torch_half(drafter.config.architecture).FILE_NAMES.items()}
+    state = {own_names.get(k, k): v for k, v in load_file(str(file)).items()}
     own = drafter.state_dict()
     missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     bad = [k for k in own.keys() & state.keys() if own[k].shape != state[k].shape]

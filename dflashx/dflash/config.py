@@ -13,31 +13,33 @@ Public API (stable; used by training, speculative decoding, eval and export):
   (`architectures: ["DFlashDraftModel"]`, `block_size`, `num_target_layers`,
   `dflash_config: {mask_token_id, target_layer_ids, target_model_type, target_architectures}`,
   `layer_types`, Qwen3 fields; the target's family is recorded, the drafter is dense for MoE targets too).
-  DFlash2 in the published layout (z-lab/Qwen3.8-27B-DFlash2): `architectures: ["DFlash2DraftModel"]`
-  and `dflash_config` also holds `block_size`, `conv_kernel_size`, `conv_group_size`,
-  `selector_rank` and `selector_top_k` (the reference reads each from `dflash_config` first, then the
-  top level); the architecture names are `config.drafter.HF_ARCHITECTURE`.
+  An architecture whose keys go in the config (`ArchitectureSpec.keys_in_config`; DFlash2 in the published layout,
+  z-lab/Qwen3.8-27B-DFlash2: `architectures: ["DFlash2DraftModel"]`) also writes `block_size` and its keys
+  (`conv_kernel_size`, `conv_group_size`, `selector_rank`, `selector_top_k`) in `dflash_config` (the reference
+  reads each from `dflash_config` first, then the top level); each architecture's `architectures` name is its
+  spec's `hf_name` (`dflashx.config.architectures`). The architectures' keys are extra fields, validated and
+  defaulted by their architectures as the recipe's are (`architectures.drafter_keys`).
 - `DFlashConfig.to_qwen3_config()` — a transformers `Qwen3Config` for the building blocks.
 
 Per-layer causality: the reference makes a layer causal when config `is_causal` says so, otherwise
 when the layer is a sliding-window layer. We store every layer's flag in
 `dflash_config.causal_layers` and also write the top-level `is_causal` when all layers agree, so
 the reference derives the same flags; mixes the reference cannot express are rejected.
-DFlash2 layers are all bidirectional within a block (the published checkpoints: sliding layers
-with `is_causal: false`; the causal part of DFlash2 is its convolution, which never looks ahead):
-`from_target` makes them so, the validator refuses a causal DFlash2 layer, and its config.json
-always carries `is_causal: false` (without it the reference, SGLang and vLLM make sliding layers
-causal).
+An architecture whose sliding layers are not causal (`ArchitectureSpec.causal_sliding` false: DFlash2, whose layers
+are all bidirectional within a block; the published checkpoints: sliding layers with `is_causal: false`; the
+causal part of DFlash2 is its convolution, which never looks ahead): `from_target` makes them so, the validator
+refuses a causal layer, and its config.json always carries `is_causal: false` (without it the reference, SGLang
+and vLLM make sliding layers causal).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from dflashx.config.drafter import Architecture, DFLASH2_KEYS, HF_ARCHITECTURE
-from dflashx.resolve.flops import DrafterDims, dflash2_dims
+from dflashx.config.architectures import DEFAULT, architecture, by_hf_name, drafter_keys, known
+from dflashx.resolve.flops import DrafterDims, drafter_dims
 from dflashx.resolve.formulas import spread_layer_ids
 from dflashx.resolve.model import ResolvedDrafter
 from dflashx.targets.read_config import text_section
@@ -45,20 +47,17 @@ from dflashx.targets.read_config import text_section
 LayerType = Literal["full_attention", "sliding_attention"]
 
 
-def served_causality(architecture: Architecture, layer_types: list[LayerType]) -> list[bool]:
+def served_causality(name: str, layer_types: list[LayerType]) -> list[bool]:
     """Each layer's causality as trained and served: DFlash makes sliding layers causal and full
-    layers bidirectional (what the engines derive without `is_causal`); DFlash2 makes every layer
-    bidirectional (its config.json says `is_causal: false`)."""
-    return [architecture == "dflash" and t == "sliding_attention" for t in layer_types]
+    layers bidirectional (what the engines derive without `is_causal`); an architecture whose sliding layers are
+    not causal (DFlash2) makes every layer bidirectional (its config.json says `is_causal: false`)."""
+    causal_sliding = architecture(name).causal_sliding
+    return [causal_sliding and t == "sliding_attention" for t in layer_types]
 
 
-def _architecture(d: dict[str, Any]) -> Architecture:
-    """`dflash` or `dflash2` from a config.json's `architectures` (DFlash when absent)."""
-    names = list(d.get("architectures") or [HF_ARCHITECTURE["dflash"]])
-    known = [arch for arch, name in HF_ARCHITECTURE.items() if name in names]
-    if len(known) != 1:
-        raise ValueError(f"architectures {names}: expected one of {sorted(HF_ARCHITECTURE.values())}")
-    return known[0]  # type: ignore[return-value]
+def _architecture(d: dict[str, Any]) -> str:
+    """The architecture of a config.json's `architectures` (DFlash when absent)."""
+    return by_hf_name(d.get("architectures") or [architecture(DEFAULT).hf_name]).name
 
 
 def _config_dict(target_config: Any) -> dict[str, Any]:
@@ -83,7 +82,7 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
 class DFlashConfig(BaseModel):
     """Everything that fixes the drafter's shapes and behaviour."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")  # the architectures' keys (module doc); any other key is refused
 
     num_layers: int = Field(ge=1)
     block_size: int = Field(ge=2)
@@ -109,11 +108,12 @@ class DFlashConfig(BaseModel):
                                           "text stack (qwen3, qwen3_moe, gpt_oss ...); the drafter is dense either "
                                           "way.")
     target_architectures: list[str] = Field(default_factory=list, description="The target config's architectures.")
-    architecture: Architecture = "dflash"
-    conv_kernel_size: int = Field(2, ge=1, description="DFlash2: convolution taps.")
-    conv_group_size: int = Field(16, ge=1, description="DFlash2: channels per dynamic-kernel group.")
-    selector_rank: int = Field(256, ge=1, description="DFlash2: the selector's codebook rank.")
-    selector_top_k: int = Field(16, ge=2, description="DFlash2: candidates per block position.")
+    architecture: Annotated[str, AfterValidator(known)] = DEFAULT
+
+    @model_validator(mode="before")
+    @classmethod
+    def _architecture_keys(cls, data: Any) -> Any:
+        return drafter_keys(data, cls)
 
     @model_validator(mode="after")
     def _coherent(self) -> "DFlashConfig":
@@ -129,9 +129,9 @@ class DFlashConfig(BaseModel):
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} outside the vocabulary ({self.vocab_size})")
-        if self.architecture == "dflash2" and any(self.causal_layers):
+        if not architecture(self.architecture).causal_sliding and any(self.causal_layers):
             raise ValueError(
-                "DFlash2 layers are bidirectional within a block (served with is_causal: false); "
+                f"{self.architecture} layers are bidirectional within a block (served with is_causal: false); "
                 f"causal_layers {self.causal_layers} would train what the engines do not run"
             )
         derived = [t == "sliding_attention" for t in self.layer_types]
@@ -150,8 +150,7 @@ class DFlashConfig(BaseModel):
     @property
     def dims(self) -> DrafterDims:
         """The shapes the FLOP model counts (`dflashx.resolve.flops`)."""
-        return DrafterDims(self.num_layers, self.hidden_size, self.num_attention_heads, self.num_key_value_heads,
-                           self.head_dim, self.intermediate_size, self.vocab_size, self.k, **dflash2_dims(self))
+        return drafter_dims(self, self.k)
 
     @classmethod
     def from_target(cls, drafter: ResolvedDrafter, target_config: Any, mask_token: str | None = None) -> "DFlashConfig":
@@ -189,10 +188,7 @@ class DFlashConfig(BaseModel):
             target_model_type=t.get("model_type"),
             target_architectures=list(_config_dict(target_config).get("architectures") or []),
             architecture=drafter.architecture,
-            conv_kernel_size=drafter.conv_kernel_size,
-            conv_group_size=drafter.conv_group_size,
-            selector_rank=drafter.selector_rank,
-            selector_top_k=drafter.selector_top_k,
+            **(drafter.model_extra or {}),  # the architectures' keys
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
@@ -209,10 +205,11 @@ class DFlashConfig(BaseModel):
             dflash["target_model_type"] = self.target_model_type
         if self.target_architectures:
             dflash["target_architectures"] = list(self.target_architectures)
-        if self.architecture == "dflash2":
-            dflash |= {"block_size": self.block_size} | {key: getattr(self, key) for key in DFLASH2_KEYS}
+        spec = architecture(self.architecture)
+        if spec.keys_in_config:
+            dflash |= {"block_size": self.block_size} | spec.keys_of(self).model_dump()
         out: dict[str, Any] = {
-            "architectures": [HF_ARCHITECTURE[self.architecture]],
+            "architectures": [spec.hf_name],
             "model_type": "qwen3",
             "block_size": self.block_size,
             "num_target_layers": self.num_target_layers,
@@ -246,11 +243,12 @@ class DFlashConfig(BaseModel):
     def from_hf_dict(cls, d: dict[str, Any]) -> "DFlashConfig":
         """Read a DFlash or DFlash2 config.json (ours or a public z-lab checkpoint's)."""
         dflash = dict(d.get("dflash_config") or {})
-        architecture = _architecture(d)
-        # DFlash2 keys as the reference reads them (dflash_config first, then the top level); required,
+        name = _architecture(d)
+        # an architecture's keys as the reference reads them (dflash_config first, then the top level); required,
         # as the reference has no default for them
-        dflash2 = {key: int(dflash[key] if key in dflash else d[key])
-                   for key in DFLASH2_KEYS} if architecture == "dflash2" else {}
+        spec = architecture(name)
+        keys = {key: dflash[key] if key in dflash else d[key] for key in spec.key_names()} \
+            if spec.keys_in_config else {}
         n = int(d["num_hidden_layers"])
         types = list(d.get("layer_types") or ["full_attention"] * n)
         if "causal_layers" in dflash:
@@ -290,8 +288,8 @@ class DFlashConfig(BaseModel):
             attention_bias=bool(d.get("attention_bias", False)),
             target_model_type=dflash.get("target_model_type"),
             target_architectures=list(dflash.get("target_architectures") or []),
-            architecture=architecture,
-            **dflash2,
+            architecture=name,
+            **keys,
         )
 
     def to_qwen3_config(self):

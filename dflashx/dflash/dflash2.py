@@ -18,6 +18,10 @@ PR #35371, vLLM PR #52816); parameter names are the published checkpoints':
   over the k candidates (that distribution is the draft distribution q of rejection sampling).
   The successor codebook starts at zero (SpecForge, NeMo): the untrained selector picks the top-1.
 
+This module is DFlash2's torch half (`dflashx.dflash.architecture`, named by its registry entry
+`dflashx.config.architectures.dflash2`): its modules on every layer and on the drafter, the sublayers inside the
+convolutions, the selector's loss term beside the backbone's (`selector_loss`) and its proposal, the walk.
+
 Public API: `GroupedDynamicConv(hidden, kernel, group)` with `.prepare(x, block_size) -> (y,
 dynamic)` and `.finish(y, dynamic, block_size)`; `PathSelector(hidden, vocab, rank, top_k)` with
 `.pair_scores(hidden [N, H], predecessor [N], candidates [N, k]) -> [N, k]`, `.walk(hidden [L, H],
@@ -27,9 +31,19 @@ same for b blocks at once: hidden [b, L, H], logits [b, L, V], anchor ids [b]).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dflashx.config.architectures.dflash2 import SPEC, DFlash2Keys
+from dflashx.dflash.selector_loss import SelectorOutput, selector_loss, teacher_predecessors
+
+if TYPE_CHECKING:
+    from dflashx.dflash.architecture import Head, Proposal
+    from dflashx.dflash.config import DFlashConfig
+    from dflashx.dflash.loss import LossOutput
 
 
 def _convolve(x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor, group: int) -> torch.Tensor:
@@ -133,3 +147,66 @@ class PathSelector(nn.Module):
             tokens.append(predecessor)
         path = torch.stack(tokens, dim=1) if tokens else candidates.new_zeros(candidates.shape[0], 0)
         return path, (torch.stack(q_rows, dim=1) if q_rows else None)
+
+
+# parameters stored under another name than the module's: the selector's codebooks (the published checkpoints')
+FILE_NAMES = {f"candidate_selector.{book}.weight": f"candidate_selector.{book}"
+              for book in ("predecessor_codebook", "successor_codebook")}
+
+
+def _keys(config: DFlashConfig) -> DFlash2Keys:
+    keys: DFlash2Keys = SPEC.keys_of(config)
+    return keys
+
+
+def layer_modules(config: DFlashConfig) -> dict[str, nn.Module]:
+    keys = _keys(config)
+    return {side: GroupedDynamicConv(config.hidden_size, keys.conv_kernel_size, keys.conv_group_size)
+            for side in ("attention_conv", "mlp_conv")}
+
+
+def drafter_modules(config: DFlashConfig) -> dict[str, nn.Module]:
+    keys = _keys(config)
+    return {"candidate_selector": PathSelector(config.hidden_size, config.vocab_size, keys.selector_rank,
+                                               keys.selector_top_k)}
+
+
+def around(layer: Any, side: str, sublayer: Head, x: torch.Tensor) -> torch.Tensor:
+    """norm -> conv side 0 -> sublayer -> conv side 1, on the layer's `{side}_conv`."""
+    conv = getattr(layer, f"{side}_conv")
+    block = min(layer.block_size, x.shape[1])  # fewer rows: one decode block cut short at the end
+    x, dynamic = conv.prepare(x, block)
+    return conv.finish(sublayer(x), dynamic, block)
+
+
+def loss_top_k(drafter: Any) -> int:
+    top_k: int = drafter.candidate_selector.top_k
+    return top_k
+
+
+def extra_loss(drafter: Any, out: LossOutput, batch: Any, head: torch.Tensor, gold_missing: str,
+               chunk: int) -> SelectorOutput | None:
+    """The selector loss on the backbone's supervised rows (`selector_loss`; none when no row carries loss)."""
+    rows, block = out.supervised, drafter.config.block_size
+    if rows is None:
+        return None
+    predecessors = teacher_predecessors(batch.labels, batch.block_ids, block).flatten()[rows.keep]
+    return selector_loss(drafter.candidate_selector, rows.rows, head, rows.top_k, batch.labels.flatten()[rows.keep],
+                         predecessors, rows.weights, rows.slots, block, gold_missing, chunk)
+
+
+def extra_loss_weight(weight: float, ramp: float) -> float:
+    return weight * ramp
+
+
+def propose(drafter: Any, ctx: Any, anchor: int, rows: int, embed: Head, lm_head: Head, sampling: Any,
+            generator: torch.Generator | None) -> Proposal:
+    """The selector's walk from the anchor over the rows' final hidden states: the best candidate, or a sample of
+    softmax(S / T) over the top-k (no top-p / top-k on q, as the reference's `DFlash2DraftModel.propose`)."""
+    hidden = drafter.block_hidden(ctx, anchor, embed, rows)
+    return drafter.candidate_selector.walk(hidden, lm_head(hidden), anchor, sampling.temperature, generator)
+
+
+def propose_rows(drafter: Any, hidden: torch.Tensor, lm_head: Head, anchors: torch.Tensor, sampling: Any,
+                 generator: torch.Generator | None) -> Proposal:
+    return drafter.candidate_selector.walk_rows(hidden, lm_head(hidden), anchors, sampling.temperature, generator)

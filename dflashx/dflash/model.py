@@ -39,8 +39,8 @@ import torch
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
+from dflashx.dflash.architecture import torch_half
 from dflashx.dflash.config import DFlashConfig
-from dflashx.dflash.dflash2 import GroupedDynamicConv, PathSelector
 from dflashx.dflash.masks import DraftMask, attend
 
 
@@ -98,8 +98,8 @@ class DFlashAttention(nn.Module):
 
 
 class DFlashDecoderLayer(nn.Module):
-    """norm -> [conv side 0] -> sublayer -> [conv side 1] -> residual add, for attention then the MLP
-    (the convolutions are DFlash2's, `dflash2.GroupedDynamicConv`; DFlash has none)."""
+    """norm -> sublayer -> residual add, for attention then the MLP; the architecture's modules on the layer
+    (`TorchHalf.layer_modules`) and its `around` each sublayer (DFlash2: a convolution on either side of it)."""
 
     def __init__(self, config: DFlashConfig, qwen3_config, layer_idx: int):
         super().__init__()
@@ -108,26 +108,18 @@ class DFlashDecoderLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.block_size = config.block_size
-        self.attention_conv: GroupedDynamicConv | None = None
-        self.mlp_conv: GroupedDynamicConv | None = None
-        if config.architecture == "dflash2":
-            self.attention_conv = GroupedDynamicConv(config.hidden_size, config.conv_kernel_size,
-                                                     config.conv_group_size)
-            self.mlp_conv = GroupedDynamicConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
-
-    def _around(self, conv: GroupedDynamicConv | None, sublayer: Callable[[torch.Tensor], torch.Tensor],
-                x: torch.Tensor) -> torch.Tensor:
-        if conv is None:
-            return sublayer(x)
-        block = min(self.block_size, x.shape[1])  # fewer rows: one decode block cut short at the end
-        x, dynamic = conv.prepare(x, block)
-        return conv.finish(sublayer(x), dynamic, block)
+        half = torch_half(config.architecture)
+        own = half.layer_modules(config)
+        for name, module in own.items():
+            self.add_module(name, module)
+        self.own_modules = frozenset(own)
+        self._around = half.around
 
     def forward(self, hidden: torch.Tensor, context_kv: KV, rope_block: tuple[torch.Tensor, torch.Tensor],
                 mask: Any) -> torch.Tensor:
-        hidden = hidden + self._around(self.attention_conv, lambda x: self.self_attn(x, context_kv, rope_block, mask),
+        hidden = hidden + self._around(self, "attention", lambda x: self.self_attn(x, context_kv, rope_block, mask),
                                        self.input_layernorm(hidden))
-        return hidden + self._around(self.mlp_conv, self.mlp, self.post_attention_layernorm(hidden))
+        return hidden + self._around(self, "mlp", self.mlp, self.post_attention_layernorm(hidden))
 
 
 def block_input_ids(anchor_ids: torch.Tensor, block_size: int, mask_token_id: int) -> torch.Tensor:
@@ -147,10 +139,11 @@ class DFlashDrafter(nn.Module):
         self.fc = nn.Linear(config.k * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(qwen3)
-        self.candidate_selector: PathSelector | None = None
-        if config.architecture == "dflash2":
-            self.candidate_selector = PathSelector(config.hidden_size, config.vocab_size, config.selector_rank,
-                                                   config.selector_top_k)
+        own = torch_half(config.architecture).drafter_modules(config)
+        for name, module in own.items():
+            self.add_module(name, module)
+        # the architecture's modules, by name on the drafter and its layers: they start as their trainers start them
+        self.own_modules = frozenset(own).union(*(layer.own_modules for layer in self.decoder_layers))
         self.reset_parameters()
 
     @property
@@ -172,8 +165,8 @@ class DFlashDrafter(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, Qwen3RMSNorm):
                 nn.init.ones_(module.weight)
-        for module in self.modules():  # DFlash2's modules start as their trainers start them
-            if isinstance(module, (GroupedDynamicConv, PathSelector)):
+        for name, module in self.named_modules():  # the architecture's own (module doc of dflash.architecture)
+            if name.rsplit(".", 1)[-1] in self.own_modules:
                 module.reset_parameters()
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ from transformers import PreTrainedModel
 
 from dflashx.dflash.acceptance import summarize
 from dflashx.dflash.anchors import build_block_batch, valid_anchor_positions
+from dflashx.dflash.architecture import torch_half
 from dflashx.dflash.capture import FeatureCapture
 from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.model import DFlashDrafter
@@ -78,7 +79,7 @@ def overfit(drafter: DFlashDrafter, target: PreTrainedModel, samples: Sequence[S
             block_embeds = embed(blocks.block_ids)
         batches.append((block_embeds, features, blocks, torch.arange(ids.shape[1], device=device)[None],
                         DraftMask(blocks.anchors, ids.shape[1], cfg.block_size, backend="sdpa")))
-    scale = selector_weight if drafter.candidate_selector is not None else 0.0
+    scale = torch_half(cfg.architecture).extra_loss_weight(selector_weight, 1.0)
     optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     drafter.train()
     loss = torch.zeros(())

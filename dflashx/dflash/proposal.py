@@ -1,8 +1,10 @@
 """The drafter's proposal in one decode cycle: the drafted tokens and, when sampling, their draft
 distributions q (what rejection sampling compares the target's p with).
 
+Each architecture proposes from the drafted rows' final hidden states (`TorchHalf.propose`, its registry entry's
+torch half):
 - DFlash: the argmax of each drafted row's logits, or a sample of the serving distribution
-  `probs(logits, T, top_p, top_k)` (q over the full vocabulary, filtered as the target's p is).
+  `probs(logits, T, top_p, top_k)` (q over the full vocabulary, filtered as the target's p is): `choose`.
 - DFlash2: the path selector's walk from the anchor over the rows' final hidden states and unary
   logits (`dflash2.PathSelector.walk`): the best candidate, or a sample of softmax(S / T) over the
   top-k candidates (q zero outside them), as the reference's `DFlash2DraftModel.propose` (which
@@ -34,6 +36,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from dflashx.dflash.architecture import torch_half
 from dflashx.dflash.model import KV, DFlashDrafter, DraftContext
 
 Head = Callable[[torch.Tensor], torch.Tensor]
@@ -87,11 +90,8 @@ def propose(drafter: DFlashDrafter, ctx: DraftContext, anchor: int, n: int, embe
             top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """n drafted tokens after `anchor` (a block of n + 1 rows) and their draft distributions q [n, V]
     (None when greedy)."""
-    if drafter.candidate_selector is None:
-        return choose(drafter.draft_block(ctx, anchor, embed, lm_head, rows=n + 1), Sampling(temperature, top_p, top_k),
-                      generator)
-    hidden = drafter.block_hidden(ctx, anchor, embed, n + 1)
-    return drafter.candidate_selector.walk(hidden, lm_head(hidden), anchor, temperature, generator)
+    return torch_half(drafter.config.architecture).propose(drafter, ctx, anchor, n + 1, embed, lm_head,
+                                                           Sampling(temperature, top_p, top_k), generator)
 
 
 @torch.no_grad()
@@ -102,6 +102,4 @@ def propose_rows(drafter: DFlashDrafter, context_kv: list[KV], starts: torch.Ten
     `rows`) after anchors[i] at positions starts[i]..; tokens [b, rows-1] and q [b, rows-1, V] (None when
     greedy). Past a block's own rows the tokens are filler: what a decoder verifies there it discards."""
     hidden = drafter.rows_hidden(context_kv, starts, anchors, embed, rows, used)
-    if drafter.candidate_selector is None:
-        return choose(lm_head(hidden), sampling, generator)
-    return drafter.candidate_selector.walk_rows(hidden, lm_head(hidden), anchors, sampling.temperature, generator)
+    return torch_half(drafter.config.architecture).propose_rows(drafter, hidden, lm_head, anchors, sampling, generator)

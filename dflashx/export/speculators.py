@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from dflashx.config.drafter import HF_ARCHITECTURE
+from dflashx.config.architectures import dflash
+from dflashx.export.architecture import export_half, named_by
 from dflashx.export.causality import SLIDING, need_served, speculators_flag, trained, vllm_reads_speculators
 from dflashx.export.contract import (
     Violation,
@@ -97,7 +98,7 @@ def from_speculators(spec: Mapping[str, Any], num_target_layers: int) -> dict[st
     causal = vllm_reads_speculators({**spec, "transformer_layer_config": {**layers, "layer_types": types}})
     return {
         **layers,
-        "architectures": [HF_ARCHITECTURE["dflash"]],
+        "architectures": [dflash.SPEC.hf_name],
         "block_size": spec["block_size"],
         "num_target_layers": num_target_layers,
         "dflash_config": {
@@ -131,11 +132,17 @@ def _proposal(spec: Mapping[str, Any], block: Any) -> list[Violation]:
 
 
 def fits(config: Mapping[str, Any]) -> bool:
-    """Whether a DFlash-layout config has a speculators form vLLM reads as trained: a DFlash drafter whose layers
-    are all causal or all bidirectional (`export.causality`)."""
+    """Whether a DFlash-layout config has a speculators form vLLM reads as trained: its architecture's export half
+    says (`speculators_form`; DFlash: `causality_fits`)."""
+    spec = named_by(config)
+    return spec is not None and export_half(spec.name).speculators_form(config)
+
+
+def causality_fits(config: Mapping[str, Any]) -> bool:
+    """Whether a DFlash drafter's layers' causality fits the speculators layout's one flag: all causal or all
+    bidirectional (`export.causality`)."""
     causal = trained(config)
-    return config.get("architectures") == [HF_ARCHITECTURE["dflash"]] and causal is not None \
-        and speculators_flag(causal) is not None
+    return causal is not None and speculators_flag(causal) is not None
 
 
 def _causality(spec: Mapping[str, Any], causal: Sequence[bool] | None) -> list[Violation]:

@@ -71,11 +71,10 @@ def sequence_activations(facts: TargetFacts, drafter: DrafterDims, precision: st
     """Activation bytes of one training sequence of `length` tokens (module doc), elements in `precision`."""
     tokens = min(anchors_per_seq, length) * block_size
     element = activation_bytes(precision)
-    conv = 2 * (2 * drafter.hidden_size + 2 * drafter.conv_kernel_size * drafter.conv_groups) \
-        if drafter.conv_kernel_size else 0
-    per_token_layer = KORTHIKANTI_BYTES_PER_TOKEN_PER_H / 2 * element * facts.hidden_size + element * conv
-    r, k = drafter.selector_rank, drafter.selector_top_k
-    selector = element * ((2 + k) * r + k) * tokens * (block_size - 1) / block_size if r else 0.0
+    modules = drafter.modules  # the architecture's (DFlash2: convolutions per token and layer, selector per slot)
+    per_token_layer = (KORTHIKANTI_BYTES_PER_TOKEN_PER_H / 2 * element * facts.hidden_size
+                       + element * modules.activation_per_token_layer)
+    selector = element * modules.activation_per_slot * tokens * (block_size - 1) / block_size
     return SequenceActivations(
         length=length, drafter_tokens=tokens,
         drafter_layers=per_token_layer * tokens * drafter.num_layers + selector,

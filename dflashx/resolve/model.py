@@ -20,7 +20,7 @@ from dflashx.config.schema import (
     DeploySpec, DrafterSpec, EvalStage, EvalSuite, GenerateStage, Recipe, ServingSpec, SpeculativeSpec, Stages,
     TargetSpec, TrainStage,
 )
-from dflashx.resolve.flops import DrafterDims, dflash2_dims
+from dflashx.resolve.flops import DrafterDims, drafter_dims
 from dflashx.targets.registry import TargetFacts
 
 _FROZEN = ConfigDict(frozen=True, defer_build=True)
@@ -52,9 +52,7 @@ class ResolvedDrafter(DrafterSpec):
 
     @property
     def dims(self) -> DrafterDims:
-        return DrafterDims(self.num_layers, self.hidden_size, self.num_attention_heads, self.num_key_value_heads,
-                           self.head_dim, self.intermediate_size, self.vocab_size, len(self.target_layer_ids),
-                           **dflash2_dims(self))
+        return drafter_dims(self, len(self.target_layer_ids))
 
 
 class ResolvedTrainStage(TrainStage):

@@ -37,7 +37,7 @@ from typing import Literal
 
 from dflashx.config.fields import Precision
 from dflashx.config.problem import describe
-from dflashx.config.schema import DrafterSpec, GenerateStage, HardwareProfile, Recipe, TargetSpec, TrainStage
+from dflashx.config.schema import GenerateStage, HardwareProfile, Recipe, TargetSpec, TrainStage
 from dflashx.resolve.deepspeed import deepspeed_config, launch_argv, target_shard_config
 from dflashx.resolve.formulas import loss_gamma, muon_lr, spread_layer_ids, train_precision
 from dflashx.resolve.model import (
@@ -104,7 +104,7 @@ def _drafter(recipe: Recipe, facts: TargetFacts) -> ResolvedDrafter:
                            "set drafter.mask_token_id to an unused token id of the target's vocabulary")
     ids = list(d.target_layer_ids) if d.target_layer_ids else spread_layer_ids(facts.num_layers, d.num_target_layers)
     return ResolvedDrafter(**{
-        **d.model_dump(include=set(DrafterSpec.model_fields)),
+        **d.model_dump(),
         "target_layer_ids": ids,
         "mask_token_id": mask,
         "layer_types": list(d.layer_types) if d.layer_types else ["full_attention"] * d.num_layers,

@@ -23,19 +23,9 @@ Published figures (docs/planner.md, "Speculative decoding"):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-
+from dflashx.config.architectures import architecture, dflash2
+from dflashx.config.architectures.spec import PublishedAcceptance
 from dflashx.config.schema import Recipe
-
-
-@dataclass(frozen=True)
-class PublishedAcceptance:
-    """A published acceptance measurement and where it comes from."""
-
-    figures: tuple[float, ...]
-    source: str
-    figure: str
-    conditions: str
 
 
 MTP_QWEN36 = PublishedAcceptance(
@@ -44,19 +34,8 @@ MTP_QWEN36 = PublishedAcceptance(
     "aggregate_accept_rate at --spec-draft-n-max 1, 2, 3, 4: 0.8835, 0.815, 0.7127, 0.6421",
     "Qwen3.6-35B-A3B with its MTP head (GGUF), llama-server, one request at a time; the 27B's own profile is "
     "not published, its MTP head has the same design (one full-attention layer on the last hidden state)")
-DFLASH_B16 = PublishedAcceptance(
-    (6.36,), "github.com/sgl-project/sglang/pull/16818 (Add DFLASH speculative decoding support)",
-    "average accept length (tokens per verify step) 6.36 at TP 1, concurrency 1",
-    "Qwen/Qwen3-8B + z-lab/Qwen3-8B-DFlash-b16 (block 16), GSM8K, greedy, SGLang")
-DFLASH_BLOCK = 16
-DFLASH2_B8 = PublishedAcceptance(
-    (5.46,), "huggingface.co/z-lab/Qwen3.8-27B-DFlash2 (model card), reproduced 5.37 in xllm #2279",
-    "mean acceptance length 5.46 on GSM8K",
-    "Qwen3.8-27B + its DFlash2 drafter (block 8, 5 sliding-window layers of window 2048, top-16, rank 256); "
-    "for comparison vllm-project/speculators issue #1014 quotes Qwen3.5-4B MTP / DFlash / DFlash2 at 4.78 / 4.99 "
-    "/ 6.20 (GSM8K) and 5.04 / 5.42 / 6.76 (MATH-500): about +21% over DFlash for about +1.3% cycle latency")
-# The published figure each architecture's expectation starts from, and the block it was measured at.
-PUBLISHED_DRAFTER = {"dflash": (DFLASH_B16, DFLASH_BLOCK), "dflash2": (DFLASH2_B8, 8)}
+# The published figure DFlash2's expectation starts from (its entry holds it; tests/test_plan_dflash2.py reads it).
+DFLASH2_B8 = dflash2.PUBLISHED
 
 
 def accepted_length(acceptance: Sequence[float | None], drafts: int) -> float:
@@ -93,8 +72,8 @@ def mtp_acceptance(recipe: Recipe) -> list[float]:
 
 def _published_alpha(recipe: Recipe) -> tuple[float, PublishedAcceptance]:
     """The geometric ratio of the published figure for the recipe's drafter architecture."""
-    figure, block = PUBLISHED_DRAFTER[recipe.drafter.architecture]
-    return geometric_profile(figure.figures[0], block - 1)[0], figure
+    spec = architecture(recipe.drafter.architecture)
+    return geometric_profile(spec.published.figures[0], spec.published_block - 1)[0], spec.published
 
 
 def expected_drafter_acceptance(recipe: Recipe) -> list[float]:
@@ -117,7 +96,7 @@ def tau_source(recipe: Recipe) -> str:
     if recipe.deploy.expected_tau is not None:
         return "deploy.expected_tau (the recipe)"
     _, figure = _published_alpha(recipe)
-    block = PUBLISHED_DRAFTER[recipe.drafter.architecture][1]
+    block = architecture(recipe.drafter.architecture).published_block
     served = recipe.deploy.temperature
     sampled = (f"; measured greedily, while deploy.temperature is {served:g} (rejection sampling accepts less or "
                "more than greedy; the eval measures it): set deploy.expected_tau for the served figure"

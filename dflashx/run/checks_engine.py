@@ -17,7 +17,8 @@ import json
 import subprocess
 import sys
 
-from dflashx.export.engines import Architecture, Engine, at_least, support
+from dflashx.config.architectures import DEFAULT
+from dflashx.export.engines import Engine, at_least, support
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.check import Check
 
@@ -47,7 +48,7 @@ def installed(python: str, engine: Engine, timeout_s: float = 30.0) -> tuple[boo
     return bool(answer["module"]), dict(answer["versions"])
 
 
-def launched_engines(recipe: ResolvedRecipe) -> list[tuple[Engine, str, Architecture | None]]:
+def launched_engines(recipe: ResolvedRecipe) -> list[tuple[Engine, str, str | None]]:
     """(engine, the recipe key that launches it, the drafter architecture it serves or None) for this run."""
     gen, out = recipe.stages.generate, []
     if gen.enabled and gen.serving.mode == "spawn" and gen.backend in ("sglang", "vllm"):
@@ -58,7 +59,7 @@ def launched_engines(recipe: ResolvedRecipe) -> list[tuple[Engine, str, Architec
     return out
 
 
-def check_engine(recipe: ResolvedRecipe, engine: Engine, key: str, drafter: Architecture | None) -> Check:
+def check_engine(recipe: ResolvedRecipe, engine: Engine, key: str, drafter: str | None) -> Check:
     python = recipe.stages.generate.server_python or sys.executable
     module, versions = installed(python, engine)
     code = f"engine {engine}"
@@ -66,16 +67,15 @@ def check_engine(recipe: ResolvedRecipe, engine: Engine, key: str, drafter: Arch
         return Check(code, key, "fail", f"{key}: {engine}, but {python} has no {engine} (stages.generate."
                      "server_python: the interpreter the servers start with)", INSTALL[engine])
     distribution, release = next(iter(versions.items()))
-    row = support(engine, drafter or "dflash")
+    row = support(engine, drafter or DEFAULT)
     where = f"{distribution} {release} in {python}"
     if drafter and row.minimum and not at_least(release, row.minimum):
         return Check(code, key, "fail", f"{key}: {where} is older than {row.name} {row.minimum}, the first release "
                      f"that serves a {drafter} drafter ({row.source})",
                      f"install {engine} >= {row.minimum} there ({INSTALL[engine]})")
-    if drafter == "dflash2" and engine == "vllm" and recipe.hardware.gpu is None:
-        return Check(code, key, "fail", f"{key}: vLLM serves DFlash2 only on its V2 model runner, which needs Triton, "
-                     f"i.e. a GPU; profile {recipe.hardware.name} has none", "measure DFlash2 through vLLM on a GPU "
-                     "node, or unset the key on the CPU")
+    if drafter and row.gpu_only and recipe.hardware.gpu is None:
+        return Check(code, key, "fail", f"{key}: {row.gpu_only}; profile {recipe.hardware.name} has none",
+                     f"measure {drafter} through {row.name} on a GPU node, or unset the key on the CPU")
     if not at_least(release, row.checked) or not at_least(row.checked, release):
         return Check(code, key, "warn", f"{key}: {where}; dflashx's commands and contract rules were read against "
                      f"{row.name} {row.checked}", f"install {engine}=={row.checked} there if the server refuses a flag")

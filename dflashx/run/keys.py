@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from dflashx.config.fields import STAGE_KEY, marker
+from dflashx.config.fields import STAGE_KEY, fields_of, marker
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.stages.graph import GRAPH
 from dflashx.store.hashing import fingerprint
@@ -60,7 +60,7 @@ def _view(value: Any, kind: str | None) -> Any:
     if kind == "path":
         return _path_identity(value)
     if isinstance(value, BaseModel):
-        fields = type(value).model_fields
+        fields = fields_of(type(value))
         kept = {name: _view(getattr(value, name), role(info)) for name, info in fields.items()}
         return {name: v for name, v in kept.items() if v is not _DROP}
     if isinstance(value, list):

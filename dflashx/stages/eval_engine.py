@@ -32,7 +32,8 @@ import httpx
 from dflashx.backends.servers import LaunchArgs, ServerPool
 from dflashx.backends.vllm import SpecCounters
 from dflashx.plan.expand.draft import dflash_spec
-from dflashx.plan.expand.vllm import CPU_KV_ENV, V2_RUNNER_ENV, command, cpu_kv_gib
+from dflashx.config.architectures import architecture
+from dflashx.plan.expand.vllm import CPU_KV_ENV, command, cpu_kv_gib
 from dflashx.plan.launch import LOCAL_HOST, LaunchPlan, ServerSpec
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.resolve.serving import kv_elem_bytes
@@ -71,8 +72,8 @@ def _spec(recipe: ResolvedRecipe, folder: Path | None) -> ServerSpec:
                    on_gpu=on_gpu, tp=tp, moe=facts.is_moe, speculative=spec)
     env = {} if on_gpu else {CPU_KV_ENV: str(cpu_kv_gib(facts, kv_elem_bytes("auto", precision),
                                                          gen.context_length, 1))}
-    if folder and recipe.drafter.architecture == "dflash2":
-        env[V2_RUNNER_ENV] = "1"
+    if folder:  # what vLLM needs to draft with this architecture (DFlash2: its V2 model runner)
+        env |= architecture(recipe.drafter.architecture).engine("vllm").env
     return ServerSpec(f"http://{LOCAL_HOST}:{PORT}", 1, tuple(argv), PORT, tuple(range(tp)) if on_gpu else (), 0,
                       tuple(sorted(env.items())))
 
@@ -152,10 +153,8 @@ def _version() -> str:
 
 def skipped(recipe: ResolvedRecipe) -> str | None:
     """Why the engine cannot measure this drafter here, else None."""
-    if recipe.drafter.architecture == "dflash2" and recipe.hardware.gpu is None:
-        return ("vLLM serves DFlash2 only on its V2 model runner, which needs Triton (a GPU); its CPU build refuses "
-                "it (\"Model Runner V1 does not support: DFlash candidate-head drafts\")")
-    return None
+    why = architecture(recipe.drafter.architecture).engine("vllm").gpu_only
+    return why if why and recipe.hardware.gpu is None else None
 
 
 def section(recipe: ResolvedRecipe, drafter: Path, prompts: Sequence[Sequence[int]], ours: Sequence[Sequence[int]],

@@ -28,12 +28,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from dflashx.config.drafter import HF_ARCHITECTURE
+from dflashx.config.architectures import architecture
 from dflashx.config.fields import TORCH_DTYPE
 from dflashx.export import (Serving, Violation, check_sglang, check_speculators, commands, readme, report,
                             to_speculators)
 from dflashx.export.causality import trained
-from dflashx.export.speculators import fits
+from dflashx.export.architecture import export_half
 from dflashx.data import chat_contract
 from dflashx.dflash.tau_record import HeldOutTau
 from dflashx.stages.base import Artifact, ExportContext, StageContext, StageFailed, StageResult
@@ -96,12 +96,13 @@ def check_written(ctx: ExportContext, drafter_dir: Path, vllm_dir: Path | None) 
 def write_folders(drafter: Any, out: Path, vllm_out: Path, dtype: Any, target: str) -> Path | None:
     """The drafter in the DFlash layout at `out` and, where it has one, the speculators layout at `vllm_out` (its
     folder, or None: vLLM serves DFlash2 from the DFlash layout itself, PR #52816 qwen3_dflash2.py, and a DFlash
-    drafter whose layers differ in causality has no speculators form, `speculators.fits`). The export round-trip
+    drafter whose layers differ in causality has no speculators form: the architecture's export half says,
+    `speculators_form`). The export round-trip
     gate writes through it too."""
     from dflashx.dflash.checkpoint import save_drafter
 
     save_drafter(drafter, out, dtype=dtype)
-    if not fits(json.loads((out / CONFIG).read_text())):
+    if not export_half(drafter.config.architecture).speculators_form(json.loads((out / CONFIG).read_text())):
         return None
     write_speculators(out, vllm_out, target)
     return vllm_out
@@ -141,7 +142,7 @@ def run(ctx: ExportContext) -> StageResult:
         if trained_for is not None:
             chat_contract.write(folder, trained_for)
     print(f"export: serve the drafter with\n{commands(serving)}", flush=True)  # stage.log under `dflashx run`
-    kind = HF_ARCHITECTURE[drafter.config.architecture]
+    kind = architecture(drafter.config.architecture).hf_name
     artifacts = {OUT: Artifact(OUT, tier="irreplaceable", description=f"{kind} drafter (SGLang / z-lab / vLLM "
                                "layout): config.json + model.safetensors")}
     if speculators:

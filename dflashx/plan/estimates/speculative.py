@@ -40,8 +40,9 @@ from dflashx.plan.estimates.device import Device
 from dflashx.plan.estimates.engine import EngineRow
 from dflashx.plan.estimates.prefill import DraftPass, Prefill, mtp_prompt_pass, prefill, scan_seconds
 from dflashx.plan.estimates.serving import Batch, SpecMemory, drafter_on, mtp_on
+from dflashx.config.architectures import architecture
 from dflashx.plan.expr import Expr, named, var
-from dflashx.resolve.flops import DrafterDims, dflash2_layer_flops_per_token
+from dflashx.resolve.flops import DrafterDims
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.resolve.serving import kv_elem_bytes
 from dflashx.resolve.speculative import accepted_length
@@ -52,7 +53,8 @@ from dflashx.resolve.speculative import accepted_length
 # context projection of the accepted features (`fc` and k/v, `DFlashDrafter.extend_context`, its own pass).
 # DFlash2: the same three, plus the selector (`Drafter.extra_calls`: the in-process walk scores one drafted
 # position per call, `dflash.dflash2.PathSelector.walk`). EAGLE / EAGLE-3 (`drafters.py`): `fc` and the LM head.
-DRAFT_EXTRA_CALLS = {"mtp": 1, "dflash": 3, "dflash2": 3, "eagle": 2, "eagle3": 2}
+# A DFlash-family drafter's are its architecture's (`ArchitectureSpec.draft_calls`, `Drafter.method_calls`).
+DRAFT_EXTRA_CALLS = {"mtp": 1, "eagle": 2, "eagle3": 2}
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,13 @@ class Drafter:
     moe_layers: int = 0  # draft layers with routed experts: their touched experts are read per forward
     row_bytes: float = 0.0  # table rows read per sequence and forward (DFlash2's codebooks)
     table_bytes: float = 0.0  # the tables those rows come from: a forward reads at most all of them
-    extra_calls: int = 0  # launch-bound layer calls beyond DRAFT_EXTRA_CALLS (DFlash2's walk)
+    extra_calls: int = 0  # launch-bound layer calls beyond the method's (DFlash2's walk)
+    method_calls: int | None = None  # the method's layer calls beyond its layers; None: DRAFT_EXTRA_CALLS's
+
+    @property
+    def calls(self) -> int:
+        """The method's launch-bound layer calls per forward beyond its layers."""
+        return DRAFT_EXTRA_CALLS[self.method] if self.method_calls is None else self.method_calls
 
 
 def mtp_drafter(recipe: ResolvedRecipe) -> Drafter:
@@ -98,12 +106,6 @@ def mtp_drafter(recipe: ResolvedRecipe) -> Drafter:
                    prompt.moe_layers)
 
 
-def selector_serving_flops(dims: DrafterDims) -> float:
-    """FLOPs of DFlash2's selector per drafted position as vLLM serves it (module doc; 0 for DFlash)."""
-    h, r, k = dims.hidden_size, dims.selector_rank, dims.selector_top_k
-    return 2.0 * h * r + k * r + 2.0 * k * k * r + k * k if r else 0.0
-
-
 def dflash_drafter(recipe: ResolvedRecipe, dims: DrafterDims, block_size: int, window: int | None,
                    tau: float) -> Drafter:
     """A DFlash (or DFlash2) drafter as SGLang's DFLASH serves it: one forward of the block (anchor + B-1
@@ -115,15 +117,17 @@ def dflash_drafter(recipe: ResolvedRecipe, dims: DrafterDims, block_size: int, w
     dense = dims.num_layers * dims.layer_params
     kv_per_token = dims.num_layers * 2 * dims.num_key_value_heads * dims.head_dim * 2
     context = 2.0 * (dims.fc_params + dims.num_layers * dims.kv_params)
+    modules = dims.modules  # the architecture's own (DFlash2: convolutions on the block, selector per drafted slot)
     per_token = (2.0 * dense + 2.0 * head * (block_size - 1) / block_size
-                 + dims.num_layers * dflash2_layer_flops_per_token(dims)
-                 + selector_serving_flops(dims) * (block_size - 1) / block_size)
-    rows = (block_size - 1) * 2 * dims.selector_top_k * dims.selector_rank * 2
-    return Drafter("dflash2" if dims.selector_rank else "dflash", 1, block_size, dims.num_layers,
-                   (dims.trainable - dims.codebook_params + head) * 2, per_token, 4.0 * width * dims.num_layers,
+                 + dims.num_layers * modules.layer_flops_per_token
+                 + modules.serving_slot_flops * (block_size - 1) / block_size)
+    rows = (block_size - 1) * modules.table_row_elements_per_slot * 2
+    return Drafter(modules.architecture, 1, block_size, dims.num_layers,
+                   (dims.trainable - modules.table_params + head) * 2, per_token, 4.0 * width * dims.num_layers,
                    kv_per_token, window, context * tau, DraftPass(context), block_size, block_size - 1,
                    SpecMemory(dims.trainable * 2, kv_per_token, block_size), row_bytes=rows,
-                   table_bytes=dims.codebook_params * 2, extra_calls=block_size - 1 if dims.selector_rank else 0)
+                   table_bytes=modules.table_params * 2, extra_calls=(block_size - 1) * modules.calls_per_slot,
+                   method_calls=architecture(modules.architecture).draft_calls)
 
 
 def drafter_window(recipe: ResolvedRecipe) -> int | None:
@@ -174,7 +178,7 @@ def draft_step(recipe: ResolvedRecipe, dev: Device, b: Batch, row: EngineRow, d:
     r = Roofline((weights, attention), dev.peak_flops(dtype), gemm(recipe, dtype), gemm_efficiency(recipe, rows))
     share = d.layers / recipe.target.facts.num_layers
     moe = moe_forward(recipe, dev, row, rows, dtype, graphed=True) if d.moe_layers else None
-    return Step(r, overhead_seconds(r, row, d.layers + DRAFT_EXTRA_CALLS[d.method] + d.extra_calls),
+    return Step(r, overhead_seconds(r, row, d.layers + d.calls + d.extra_calls),
                 allreduce_seconds(recipe, rows) * share, moe, d.moe_layers)
 
 

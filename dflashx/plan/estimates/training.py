@@ -24,7 +24,6 @@ they are then not added again), else the cited table row (`mfu.py`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from dflashx.plan.estimates.decode import dense_read_bytes
 from dflashx.plan.estimates.speculative import drafter_window
@@ -39,10 +38,7 @@ from dflashx.plan.estimates.moe import TrainerMoe, touched_bytes, trainer_moe
 from dflashx.plan.estimates.tokens import Tokens
 from dflashx.plan.explain import Term, explained, term
 from dflashx.plan.expr import Expr, call, const, named, total, var
-from dflashx.resolve.flops import (
-    DrafterDims, block_pairs, dflash2_layer_flops_per_token, drafter_step_flops, selector_flops_per_slot,
-    target_pass_flops,
-)
+from dflashx.resolve.flops import DrafterDims, block_pairs, drafter_step_flops, target_pass_flops
 from dflashx.resolve.formulas import effective_batch, optimizer_steps, steps_per_epoch
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.resolve.tau import TAU_SHARE, measurable, measurements, tau_every
@@ -121,21 +117,15 @@ def tau_probe(recipe: ResolvedRecipe, lengths: Lengths) -> Term:
 def _params_term(drafter: DrafterDims) -> Term:
     """Every parameter of the built drafter (`DrafterDims.trainable`): the matrices a slot's gradient reaches
     whole, and what a Muon run leaves to the auxiliary AdamW (norms, base kernels, codebooks)."""
-    dflash2_params: dict[str, Any] = {
-        "conv_params": drafter.conv_params, "codebook_params": drafter.codebook_params,
-        "selector_projection_params": drafter.selector_projection_params} if drafter.conv_kernel_size else {}
     trainable = var("matrices", drafter.matrices) + var("adamw_params", drafter.adamw_params)
     return explained("train.drafter_params", trainable, "params", layer_params=drafter.layer_params,
                      fc_params=drafter.fc_params, norm_params=drafter.norm_params, num_layers=drafter.num_layers,
-                     **dflash2_params)
+                     **drafter.modules.param_inputs)
 
 
 def _flops_term(recipe: ResolvedRecipe, target_f: float, drafter_f: float, tokens: Tokens) -> Term:
     """FLOPs per training sample, each part by `dflashx.resolve.flops` and averaged over QUADRATURE lengths."""
     drafter, train = recipe.drafter.dims, recipe.stages.train
-    dflash2_flops: dict[str, Any] = {
-        "conv_flops_per_token_layer": dflash2_layer_flops_per_token(drafter),
-        "selector_flops_per_slot": selector_flops_per_slot(drafter)} if drafter.conv_kernel_size else {}
     per_sample = var("target", target_f) + var("drafter_and_head", drafter_f)
     return explained(
         "train.flops_per_sample", per_sample, "FLOP",
@@ -143,8 +133,8 @@ def _flops_term(recipe: ResolvedRecipe, target_f: float, drafter_f: float, token
         "forward to the deepest tapped layer (labels: target — its last layer and LM head); drafter_and_head = "
         "the drafter's forward/backward over the block tokens with L context tokens and the frozen LM head on "
         "the supervised slots; Kaplan et al. 2020 (2N forward / 6N training FLOPs per token), plus attention",
-        L_mean=tokens.train_len_mean, **dflash2_flops, last_target_layer=max(recipe.drafter.target_layer_ids),
-        labels=train.labels)
+        L_mean=tokens.train_len_mean, **drafter.modules.flop_inputs,
+        last_target_layer=max(recipe.drafter.target_layer_ids), labels=train.labels)
 
 
 def _steps(recipe: ResolvedRecipe, tokens: Tokens) -> tuple[Expr, Expr]:

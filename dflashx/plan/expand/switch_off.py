@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from dflashx.config.architectures import names
 from dflashx.plan.expand.draft import dflash_spec
 
 # The releases these facts were read in: `dflashx.export.engines.ENGINES`' `checked` (tests keep them equal).
@@ -50,7 +51,7 @@ def vllm_schedule(above: int, drafts: int) -> list[list[int]]:
 
 def _vllm(method: str, block: int, above: int) -> SwitchOff:
     drafts = block - 1
-    spec = dflash_spec("<drafter>", block) if method in ("dflash", "dflash2") else {
+    spec = dflash_spec("<drafter>", block) if method in names() else {
         "method": method, "num_speculative_tokens": drafts}
     spec["num_speculative_tokens_per_batch_size"] = vllm_schedule(above, drafts)
     text = (f"--speculative-config '{json.dumps(spec)}' (the batch is the step's scheduled requests; ignored with "

@@ -16,6 +16,7 @@ import json
 import math
 from typing import Any, Mapping
 
+from dflashx.config.architectures import architecture
 from dflashx.plan.estimates.generation import Serving
 from dflashx.plan.expand.draft import vllm_speculative
 from dflashx.plan.expand.engine import Engine
@@ -28,7 +29,6 @@ MODULE = ("python", "-m", "vllm.entrypoints.openai.api_server")
 DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}  # fp8: the GEMMs' weights
 KV_CACHE_DTYPE = {"bf16": "bfloat16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"  # GiB of host memory the CPU build gives its KV cache
-V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # DFlash2 drafts only on vLLM's V2 model runner (export.engines)
 GIB = 1 << 30
 
 
@@ -88,8 +88,8 @@ def cpu_kv_cache_gib(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving) -> 
 
 def server_env(recipe: ResolvedRecipe, facts: TargetFacts, s: Serving) -> Mapping[str, str]:
     env = {CPU_KV_ENV: str(cpu_kv_cache_gib(recipe, facts, s))} if recipe.hardware.gpu is None else {}
-    if recipe.stages.generate.serving.drafter and recipe.drafter.architecture == "dflash2":
-        env[V2_RUNNER_ENV] = "1"
+    if recipe.stages.generate.serving.drafter:  # what vLLM needs to draft with it (DFlash2: its V2 model runner)
+        env |= architecture(recipe.drafter.architecture).engine("vllm").env
     return env
 
 
