@@ -36,7 +36,8 @@ def _schema_keys() -> dict[str, Any]:
 
 
 class DrafterSpec(Strict):
-    """DFlash block-diffusion drafter (arXiv 2602.06036), or DFlash2 (`architecture: dflash2`)."""
+    """The drafter: DFlash's block-diffusion backbone (arXiv 2602.06036) and its architecture (`dflash`, `dflash2` or
+    another registered one, `dflashx.config.architectures`) with that architecture's own keys."""
 
     # an architecture's own keys are extra fields, each validated by its architecture (module doc)
     model_config = ConfigDict(extra="allow")
