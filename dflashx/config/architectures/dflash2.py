@@ -105,10 +105,6 @@ def figures(shapes: Shapes, keys: DFlash2Keys) -> DFlash2Figures:
         slot_flops=selector_flops_per_slot(h, r, k), serving_slot_flops=selector_serving_flops(h, r, k),
         activation_per_token_layer=2 * (2 * h + 2 * kernel * groups), activation_per_slot=(2 + k) * r + k,
         table_row_elements_per_slot=2 * k * r, calls_per_slot=1,
-        params_text="; DFlash2: + num_layers x 2 convolutions x (h x 2 K G kernel projection + 2 K h base kernel) "
-                    "+ selector (2 V r codebooks + h r hidden projection)",
-        flops_text="+ DFlash2: per layer and block token two convolutions (kernel projections 2 h 2KG + 2 sides x "
-                   "2 K h), per supervised slot the selector (2 h r + r + 2 k r + k), both x3 ",
         param_inputs={"conv_params": layers * 2 * (projection + base), "codebook_params": codebooks,
                       "selector_projection_params": h * r},
         flop_inputs={"conv_flops_per_token_layer": conv_flops_per_token(h, kernel, projection),

@@ -56,8 +56,6 @@ class ModuleFigures:
     activation_per_slot: float = 0.0  # activation elements kept for backward, per supervised slot
     table_row_elements_per_slot: float = 0.0  # table elements a drafted position reads when serving
     calls_per_slot: int = 0  # launch-bound layer calls per drafted position beyond the block forward
-    params_text: str = ""  # the `--explain` formula of these parameters ("" for none)
-    flops_text: str = ""  # the `--explain` formula of these FLOPs
     param_inputs: Mapping[str, Any] = field(default_factory=dict)  # the `--explain` inputs of the parameters
     flop_inputs: Mapping[str, Any] = field(default_factory=dict)  # ... and of the FLOPs
 
