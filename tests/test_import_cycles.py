@@ -130,31 +130,6 @@ HEAVY_PACKAGES = frozenset({
 })
 OPTIONAL_MODULES = frozenset({"dflashx.tiny"})  # the embedded default, built on first use (`targets.locate`)
 LAZY_FROM = ("dflashx.cli",)
-# Function-level imports of light modules still to be hoisted (issue 39), in modules other sessions were editing
-# when this test was written (run/, dflash/, backends/, data/). A new one is a failure, and so is an entry whose
-# import has moved to module level (take it off).
-LAZY_IMPORT_OFFENDERS = frozenset({
-    ("dflashx.backends.context_gate", "dflashx.targets.load"),
-    ("dflashx.backends.transformers_local", "dflashx.targets.load"),
-    ("dflashx.data.chat_contract", "dflashx.targets.load"),
-    ("dflashx.data.chat_mask", "dflashx.targets.load"),
-    ("dflashx.data.qc_checks", "dflashx.data.jsonl"),
-    ("dflashx.dflash.tau_probe", "dflashx.dflash.acceptance"),
-    ("dflashx.run.checks_inputs", "dflashx.targets.load"),
-    ("dflashx.run.checks_inputs", "dflashx.targets.read_config"),
-    ("dflashx.run.checks_node", "dflashx.backends.servers"),
-    ("dflashx.run.checks_node", "dflashx.config.load"),
-    ("dflashx.run.checks_node", "dflashx.store.base"),
-    ("dflashx.run.roundtrip", "dflashx.config.fields"),
-    ("dflashx.run.roundtrip", "dflashx.data.formats"),
-    ("dflashx.run.roundtrip", "dflashx.data.sources"),
-    ("dflashx.run.roundtrip", "dflashx.stages.eval_drafters"),
-    ("dflashx.run.roundtrip", "dflashx.stages.export"),
-    ("dflashx.run.roundtrip", "dflashx.targets.load"),
-    ("dflashx.run.roundtrip", "dflashx.targets.locate"),
-})
-
-
 def _module_level(path: Path, modules: dict[str, Path]) -> set[str]:
     """What `path` imports when it is imported: statements outside functions (in `try`/`if`/class bodies too),
     dflashx modules by name and third-party packages by their top-level name."""
@@ -209,8 +184,7 @@ def lazy_imports_of_light_modules() -> set[tuple[str, str]]:
 
 def test_a_light_module_is_imported_at_module_level() -> None:
     found = lazy_imports_of_light_modules()
-    assert sorted(found - LAZY_IMPORT_OFFENDERS) == [], "import these at module level (or add a heavy package)"
-    assert sorted(LAZY_IMPORT_OFFENDERS - found) == [], "hoisted: take these off LAZY_IMPORT_OFFENDERS"
+    assert sorted(found) == [], "import these at module level (or add a heavy package)"
 
 
 def test_heavy_means_a_heavy_package_somewhere_below() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from dflashx.config.schema import ChatTemplateSpec, TargetSpec
 from dflashx.data.chat_mask import render_prompt
+from dflashx.targets.load import load_tokenizer
 
 log = logging.getLogger(__name__)
 Refuse = Callable[[dict[str, Any], int, str], None]  # (prompt, its tokens, error text)
@@ -62,7 +63,6 @@ def open_gate(target: TargetSpec, max_tokens: int, context_length: int) -> Conte
     """The gate with the target's tokenizer, or None (with one warning) when it cannot be loaded:
     the server's own refusals (HTTP 400) are then what is counted."""
     try:
-        from dflashx.targets.load import load_tokenizer
 
         tokenizer = load_tokenizer(target)
     except Exception as exc:  # noqa: BLE001 - a hub id without network, a folder without a tokenizer, ...

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Iterator
 from dflashx.backends.base import Backend, Emit, completion_record, split_think
 from dflashx.config.schema import ChatTemplateSpec, GenerateStage
 from dflashx.data.chat_mask import THINK_OPEN, render_prompt
+from dflashx.targets.load import model_from, tokenizer_from
 
 
 def _batched(items: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
@@ -57,7 +58,6 @@ class TransformersBackend(Backend):
     def __enter__(self) -> "TransformersBackend":
         import torch
 
-        from dflashx.targets.load import model_from, tokenizer_from
 
         self.device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = tokenizer_from(self.tokenizer_path, padding_side="left")

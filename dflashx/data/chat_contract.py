@@ -18,6 +18,7 @@ from typing import Any
 
 from dflashx.config.schema import TargetSpec
 from dflashx.store.atomic import atomic_write_json
+from dflashx.targets.load import load_tokenizer
 
 CONTRACT_FILE = "chat_contract.json"
 
@@ -81,7 +82,6 @@ def check(expected: ChatContract, folder: Path, what: str) -> None:
 
 def recipe_contract(target: TargetSpec) -> ChatContract:
     """The contract the recipe renders with: its target tokenizer's template and its flags."""
-    from dflashx.targets.load import load_tokenizer
 
     tokenizer = load_tokenizer(target)
     chat = target.chat_template

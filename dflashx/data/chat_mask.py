@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from dflashx.targets.load import tokenizer_from
+
 if TYPE_CHECKING:
     from dflashx.config.schema import ChatTemplateSpec
 
@@ -110,7 +112,6 @@ class ChatMasker:
 
     @classmethod
     def from_path(cls, path: str | Path, **kwargs: Any) -> "ChatMasker":
-        from dflashx.targets.load import tokenizer_from
 
         tokenizer = tokenizer_from(path)
         if not getattr(tokenizer, "is_fast", False):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from dflashx.config.schema import QCThresholds
+from dflashx.data.jsonl import count_records
 from dflashx.data.qc_inputs import QCSample, is_tokenized_dataset, iter_samples
 
 THINKING_OFF = "thinking seems off — check target.chat_template.enable_thinking"
@@ -295,7 +296,6 @@ def run_qc(path: str | Path, thresholds: QCThresholds, tokenizer_path: str | Pat
         note = ("no tokenizer given: loss-mask sizes are counted as whitespace-separated words of "
                 "reasoning + answer, not tokens")
     if masker is not None and not tokenized:
-        from dflashx.data.jsonl import count_records
 
         total = count_records(path)
         every = max(1, -(-total // mask_sample)) if mask_sample else 1

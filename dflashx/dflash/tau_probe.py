@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 import torch
 from torch import nn
 
+from dflashx.dflash.acceptance import summarize
 from dflashx.dflash.checkpoint import BEST_TAU, best_tau, copy_drafter, save_best_tau
 from dflashx.dflash.job import HeldOutSlice, TrainJob, torch_dtype
 from dflashx.dflash.model import DFlashDrafter
@@ -72,7 +73,6 @@ class TauProbe:
         return step % self.every == 0 or step == total
 
     def _decode(self) -> dict[str, Any]:
-        from dflashx.dflash.acceptance import summarize
         from dflashx.dflash.batch_decode import BatchDecoder
 
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []

@@ -13,7 +13,9 @@ from dflashx.config.schema import SourceSpec, TargetSpec
 from dflashx.data.formats import FormatError, to_prompt
 from dflashx.data.sources import SourceError, iter_source, source_files
 from dflashx.run.check import Check
+from dflashx.targets.load import tokenizer_from
 from dflashx.targets.locate import builtin_identity, is_builtin, locate_tokenizer
+from dflashx.targets.read_config import facts_from_config
 
 SAMPLE_RECORDS = 5  # first records of each local source parsed in its declared format
 LOCAL, NOT_ON_HUB = "local folder", "not on the hub, or gated (set HF_TOKEN)"
@@ -117,7 +119,6 @@ def check_source(index: int, spec: SourceSpec) -> Check:
 
 def check_target(target: TargetSpec, mask_id: int | None) -> Check:
     """A readable config.json (builtin targets: built on first use, not here) that fits the mask token."""
-    from dflashx.targets.read_config import facts_from_config
 
     if is_builtin(target.model):
         return Check("target", "target.model", "ok", f"target.model: {target.model} is built in, built on first use "
@@ -140,7 +141,6 @@ def check_target(target: TargetSpec, mask_id: int | None) -> Check:
 def _vocabulary(tokenizer_json: Path | None, folder: Path) -> dict[int, str]:
     """Token id -> token of a tokenizer.json (vocab + added tokens), else of AutoTokenizer(folder)."""
     if tokenizer_json is None:
-        from dflashx.targets.load import tokenizer_from
 
         return {i: t for t, i in tokenizer_from(folder).get_vocab().items()}
     data = json.loads(tokenizer_json.read_text(encoding="utf-8"))

@@ -10,11 +10,14 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+from dflashx.backends.servers import base_url
 from dflashx.config.gpus import gpu_model, match_gpu
+from dflashx.config.load import available_profiles, load_profile
 from dflashx.config.schema import GpuSpec, HardwareProfile, S3Spec
 from dflashx.plan.context import Totals
 from dflashx.plan.explain import human_bytes
 from dflashx.run.check import Check
+from dflashx.store.base import StoreError
 from dflashx.store.manifest import Manifest
 
 
@@ -60,7 +63,6 @@ def check_s3(spec: S3Spec, run_name: str) -> Check:
     """Head the bucket, then put (read back and verified by the store) and delete one probe object."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from dflashx.store.base import StoreError
     from dflashx.store.s3 import S3Store
 
     endpoint = spec.endpoint_url or "the default AWS endpoint"
@@ -93,7 +95,6 @@ def _fits(gpu: GpuSpec, device: tuple[str, int]) -> tuple[bool, bool]:
 
 def _profiles_for(found: list[tuple[str, int]]) -> str:
     """`hardware=NAME` choices whose GPUs this machine has, for the fix line."""
-    from dflashx.config.load import available_profiles, load_profile
 
     names = []
     for name in available_profiles():
@@ -134,7 +135,6 @@ def check_server(index: int, url: str, model: str) -> Check:
     """An attached server answers `/health` and `/v1/models` (and serves the target, by name)."""
     import httpx
 
-    from dflashx.backends.servers import base_url
 
     name, key, base = f"server {index}", f"stages.generate.urls[{index}]", base_url(url)
     fix = f"start the server (`dflashx plan` lists its command), or fix or remove {key}"

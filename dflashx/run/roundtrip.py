@@ -42,8 +42,15 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from dflashx.config.fields import TORCH_DTYPE
+from dflashx.data.formats import FormatError, to_prompt
+from dflashx.data.sources import iter_source
 from dflashx.resolve.model import ResolvedRecipe
 from dflashx.run.check import Check
+from dflashx.stages.eval_drafters import load, read_folder
+from dflashx.stages.export import OUT, VLLM_DIR, contract_violations, write_folders
+from dflashx.targets.load import load_model, load_tokenizer, stop_ids
+from dflashx.targets.locate import locate_target
 
 ROUNDTRIP_DIR = "roundtrip"  # the pilot's folder for the gate's export (pilot/roundtrip/)
 SAMPLES = 2  # prompts overfitted: two replies, so the drafter cannot learn one fixed sequence of tokens
@@ -122,8 +129,6 @@ class GateResult:
 
 def _prompts(recipe: ResolvedRecipe, n: int) -> list[dict[str, Any]]:
     """The first `n` prompts of the recipe's sources, as ingest parses them."""
-    from dflashx.data.formats import FormatError, to_prompt
-    from dflashx.data.sources import iter_source
 
     out: list[dict[str, Any]] = []
     for spec in recipe.dataset.sources:
@@ -179,7 +184,6 @@ def prepare(recipe: ResolvedRecipe) -> Overfitted:
     from dflashx.dflash.job import TrainJob
     from dflashx.dflash.overfit import decode_tau, overfit
     from dflashx.dflash.trainer import build_drafter
-    from dflashx.targets.load import load_model, load_tokenizer, stop_ids
 
     t0 = time.perf_counter()
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -203,9 +207,6 @@ def export(o: Overfitted, folder: Path) -> list[Path]:
     afresh: an earlier export's folders there are deleted first (`check` reads every folder present)."""
     import torch
 
-    from dflashx.config.fields import TORCH_DTYPE
-    from dflashx.stages.export import OUT, VLLM_DIR, write_folders
-    from dflashx.targets.locate import locate_target
 
     dtype = getattr(torch, TORCH_DTYPE[o.recipe.stages.export.dtype])
     for old in (OUT, VLLM_DIR):
@@ -236,8 +237,6 @@ def _differences(o: Overfitted, name: str, read: Any, raw: dict[str, Any]) -> li
 def check(o: Overfitted, folder: Path) -> GateResult:
     """Step 4 on every exported folder under `folder`; `GateResult` with the checks of steps 1 and 4."""
     from dflashx.dflash.overfit import decode_tau
-    from dflashx.stages.eval_drafters import load, read_folder
-    from dflashx.stages.export import OUT, VLLM_DIR, contract_violations
 
     t0, recipe = time.perf_counter(), o.recipe
     facts, block = recipe.target.facts, o.drafter.config.block_size
