@@ -82,7 +82,8 @@ class Pilot:
             self.plan, self.resumed = attempt(self.recipe, self.resolved, self.run_dir)
         except ValueError as e:  # pydantic's ValidationError too: a pilot.* value the pilot's recipe refuses
             raise PilotFailed(f"the pilot's recipe (the run's with pilot.*) is invalid: {e}") from None
-        assert self.plan.resolved is not None, "the pilot's recipe resolves as the run's did"
+        if self.plan.resolved is None:  # the run's recipe resolved: only a pilot.* value can break it
+            raise PilotFailed(f"the pilot's recipe does not resolve: {self.plan.errors[0].message}")
         self.pilot = self.plan.resolved
 
     def run(self) -> PilotOutcome:
