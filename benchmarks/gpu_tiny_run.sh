@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 38 on one GPU, as it was run on the lent H100 (2026-12-07): the image's environment as it comes, a fresh
+# HOME and no inductor cache per run, `dflashx run recipes/tiny.yaml hardware=local` with the pilot and preflight on
+# (DFlash, DFlash2), each run's plan against its stages (benchmarks/tiny_run.py at +-25%);
+# then the trainer step beside f5ac536's, interleaved (benchmarks/train_step_vs.py), in what time is left.
+# Needs: dflashx's missing dependencies as wheels in .whl/ (../shared/tools/device-wheels.sh, torch, nvidia-*,
+# triton, transformers and cuda-* wheels deleted), f5ac536's package in .devrun/f5ac536/
+# (`git archive f5ac536 dflashx | tar -x -C .devrun/f5ac536`); writes to $OUT. SKIP_TINY=1 / SKIP_BENCH=1.
+set -u
+export PYTHONUNBUFFERED=1
+T0=$SECONDS
+LIMIT=${LIMIT:-570}
+python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=/tmp/site:$PWD
+export HOME=$(mktemp -d)  # no extensions, no inductor cache, no tiny target
+echo "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST-unset}"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+python3 -c "import torch, transformers, deepspeed; print(torch.__version__, transformers.__version__, deepspeed.__version__)"
+python3 -m dflashx.cli.main profiles --show local 2>&1 | tail -15
+run() {  # name, overrides...
+  local name=$1; shift
+  local start=$SECONDS
+  export HOME=$(mktemp -d); rm -rf /tmp/torchinductor_* /tmp/runs/$name  # each run cold: no tiny target, no compile caches
+  timeout ${BUDGET:-150} python3 -m dflashx.cli.main run recipes/tiny.yaml hardware=local tracking.mode=disabled \
+      --run-dir /tmp/runs/$name "$@" > $OUT/$name.log 2>&1
+  echo "== $name: exit $? in $((SECONDS - start)) s (wall, the CLI's start included)"
+  sed "s/\x1b\[[0-9;]*m//g" $OUT/$name.log | grep -E "^[0-9:]{8} [+~>]|round trip|Error|error" | tail -25 | cut -c1-160
+  python3 -m benchmarks.tiny_run --from /tmp/runs/$name --tolerance 1.25 --out $OUT/$name.tiny_run.json 2>&1 | grep -v "^note" | head -12
+  (cd /tmp/runs && tar czf $OUT/$name.tgz --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
+      --exclude='dataset' --exclude='completions' --exclude='wandb' $name) 2>/dev/null
+}
+if [ -z "${SKIP_TINY-}" ]; then
+  BUDGET=130 run dflash
+  BUDGET=130 run dflash2 drafter.architecture=dflash2
+fi
+[ -n "${SKIP_BENCH-}" ] && { echo "== all done in $((SECONDS - T0)) s"; exit 0; }
+left=$((LIMIT - (SECONDS - T0)))
+echo "== trainer step vs f5ac536 with $left s left"
+if [ $left -gt 90 ]; then
+  timeout $left python3 -m benchmarks.train_step_vs --baseline .devrun/f5ac536 --label f5ac536 \
+      --repeats ${REPEATS:-5} --out $OUT/train_step_vs.json 2>&1 | grep -v Warning | tail -40
+fi
+echo "== all done in $((SECONDS - T0)) s"
