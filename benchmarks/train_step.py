@@ -278,10 +278,10 @@ def environment(device: str) -> dict[str, Any]:
             "causal_conv1d": importlib.util.find_spec("causal_conv1d") is not None, **versions}
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_step_args(p: argparse.ArgumentParser) -> None:
+    """The target, batch and timing arguments a trainer row is built and timed with (here and in
+    benchmarks/train_step_vs.py)."""
     p.add_argument("--tiny", action="store_true", help="small shapes (CPU smoke test)")
-    p.add_argument("--shape", choices=["all", "none", *SHAPES], default="all")
     p.add_argument("--target-layers", type=int, default=16)
     p.add_argument("--drafter-layers", type=int, default=5)
     p.add_argument("--seq", type=int, default=3072)
@@ -289,6 +289,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block", type=int, default=16)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=5)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_step_args(p)
+    p.add_argument("--shape", choices=["all", "none", *SHAPES], default="all")
     p.add_argument("--no-fp8", action="store_true")
     p.add_argument("--vary", action="store_true", help=f"add the row '{VARY}'")
     p.add_argument("--variants", nargs="*", metavar="NAME",

@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import torch
 
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.shapes import SHAPES, build_target, shape_of
 from benchmarks.step_parts import random_batch, timed
-from benchmarks.train_step import VARIANTS, _free, code_of, environment, make_job
+from benchmarks.train_step import VARIANTS, _free, add_step_args, code_of, environment, make_job
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_step_vs.json"
 BASE = "dflashx_base"
@@ -54,26 +55,19 @@ def install_baseline(root: Path, into: Path) -> None:
 
 def one_repeat(code, label: str, variant: str, shape_name: str, target, batch, args, arch_list: str | None) -> dict:
     overrides = dict(VARIANTS)[variant]
-    saved = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    if arch_list is not None:
-        os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
-    try:
-        with tempfile.TemporaryDirectory() as stage:
-            job = make_job(shape_name, shape_of(shape_name, args.tiny), target, args, overrides, stage, code)
-            torch._dynamo.reset()
-            _free()
-            device = torch.device(args.device)
-            with device:
-                drafter = code.build_drafter(job, target.config)
-            trainer = code.TrainStep(job, target, drafter, 1000, device)
-            t0 = time.perf_counter()
-            first, seconds = timed(lambda: trainer.step(batch, 0), args.warmup, args.iters)
-            trainer.engine.destroy()
-            trainer = drafter = None  # frees the engine before the next trainer builds one
-    finally:
-        if arch_list is not None:
-            os.environ.pop("TORCH_CUDA_ARCH_LIST", None) if saved is None else os.environ.update(
-                TORCH_CUDA_ARCH_LIST=saved)
+    env = {"TORCH_CUDA_ARCH_LIST": arch_list} if arch_list is not None else {}
+    with patch.dict(os.environ, env), tempfile.TemporaryDirectory() as stage:
+        job = make_job(shape_name, shape_of(shape_name, args.tiny), target, args, overrides, stage, code)
+        torch._dynamo.reset()
+        _free()
+        device = torch.device(args.device)
+        with device:
+            drafter = code.build_drafter(job, target.config)
+        trainer = code.TrainStep(job, target, drafter, 1000, device)
+        t0 = time.perf_counter()
+        first, seconds = timed(lambda: trainer.step(batch, 0), args.warmup, args.iters)
+        trainer.engine.destroy()
+        trainer = drafter = None  # frees the engine before the next trainer builds one
     return {"code": label, "variant": variant, "step_s": seconds, "first_call_s": first,
             "row_s": time.perf_counter() - t0}
 
@@ -98,14 +92,7 @@ def main() -> None:
     p.add_argument("--shape", choices=list(SHAPES), default="qwen3-32b-dense")
     p.add_argument("--variants", nargs="*", default=["trainer", "trainer, dflash2"])
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--tiny", action="store_true", help="small shapes (CPU smoke test)")
-    p.add_argument("--target-layers", type=int, default=16)
-    p.add_argument("--drafter-layers", type=int, default=5)
-    p.add_argument("--seq", type=int, default=3072)
-    p.add_argument("--anchors", type=int, default=512)
-    p.add_argument("--block", type=int, default=16)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--iters", type=int, default=5)
+    add_step_args(p)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     args.device = "cuda" if torch.cuda.is_available() else "cpu"
