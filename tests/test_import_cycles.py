@@ -36,6 +36,16 @@ def _type_checking_only(tree: ast.AST) -> set[int]:
     return skip
 
 
+def _named_by(node: ast.AST, modules: dict[str, Path]) -> set[str]:
+    """What one import statement names (`from pkg import mod` names the module when it is one)."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names}
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        subs = (f"{node.module}.{alias.name}" for alias in node.names)
+        return {sub if sub in modules else node.module for sub in subs}
+    return set()
+
+
 def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
     """The dflashx modules `path` imports, at module level or in a function (`from pkg import mod` counts
     the module)."""
@@ -43,14 +53,8 @@ def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
     skip = _type_checking_only(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                found.add(sub if sub in modules else node.module)
+        if id(node) not in skip:
+            found |= _named_by(node, modules)
     return {name for name in found if name in modules}
 
 
@@ -141,12 +145,7 @@ def _module_level(path: Path, modules: dict[str, Path]) -> set[str]:
         for node in statements:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or id(node) in skip:
                 continue
-            if isinstance(node, ast.Import):
-                found.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for alias in node.names:
-                    sub = f"{node.module}.{alias.name}"
-                    found.add(sub if sub in modules else node.module)
+            found.update(_named_by(node, modules))
             for block in ("body", "orelse", "handlers", "finalbody"):
                 inner = getattr(node, block, None)
                 if isinstance(inner, list):
