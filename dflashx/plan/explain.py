@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dflashx.plan.expr import Expr
+    from dflashx.plan.expr import Expr, Named
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,19 @@ def explained(key: str, expr: Expr, unit: str, source: str = "", **context: Any)
     the one expression; `context` adds what the formula does not compute with (notes, labels, the figures a
     reader compares it with)."""
     return Term(key, expr.value, unit, lambda: (expr.formula(), {**expr.inputs(), **context}), source)
+
+
+def explained_parts(key: str, value: float, unit: str, *parts: Named, source: str = "", **context: Any) -> Term:
+    """A term whose formula is several named expressions side by side (a band's P10 and P90 around `value`):
+    "p10 = ...; p90 = ...", each part's value and operands its inputs, as `explained` renders one."""
+
+    def render() -> tuple[str, dict[str, Any]]:
+        inputs: dict[str, Any] = {p.name: p.value for p in parts}
+        for p in parts:
+            inputs |= {k: v for k, v in p.inputs().items() if k not in inputs}
+        return "; ".join(f"{p.name} = {p.formula()}" for p in parts), inputs | context
+
+    return Term(key, value, unit, render, source)
 
 
 def human_bytes(n: float) -> str:

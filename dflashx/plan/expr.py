@@ -9,10 +9,11 @@ is rendered from that same tree, so the text cannot drift from the arithmetic (i
 
 `var` is a named operand (an input of the explanation), `const` a number written into the text (2 bytes, 0.5),
 `named` a sub-expression that its parents show by name and the explanation defines once ("where compute_s =
-..."). `+ - * /` combine them (plain numbers are lifted to constants); `minimum`, `maximum`, `ceil` and
-`total` are the functions, and `call` applies one of the shared formulas (`dflashx.resolve.formulas`, ...) to
-named operands: the value is that function's, the text its name and arguments, so no formula is written
-twice. `explain.explained` turns one into a `Term`. Pure Python: the planner's layer.
+..."). `+ - * /` combine them (plain numbers are lifted to constants); `minimum`, `maximum`, `ceil`, `total`,
+`ln`, `exp` and `hypot` are the functions, and `call` applies one of the shared formulas
+(`dflashx.resolve.formulas`, ...) to named operands: the value is that function's, the text its name and
+arguments, so no formula is written twice. `explain.explained` turns one into a `Term`. Pure Python: the
+planner's layer.
 """
 
 from __future__ import annotations
@@ -228,6 +229,19 @@ def ceil(arg: Expr | float) -> Expr:
 def total(*args: Expr | float) -> Expr:
     """A sum of several parts, shown as `a + b + c` (one sum, not nested pairs)."""
     return Call("total", tuple(lift(a) for a in args), lambda *values: sum(values))
+
+
+def ln(arg: Expr | float) -> Expr:
+    return Call("ln", (lift(arg),), math.log)
+
+
+def exp(arg: Expr | float) -> Expr:
+    return Call("exp", (lift(arg),), math.exp)
+
+
+def hypot(*args: Expr | float) -> Expr:
+    """sqrt(a^2 + b^2 + ...): independent log errors combined in quadrature."""
+    return Call("hypot", tuple(lift(a) for a in args), math.hypot)
 
 
 def call(function: Callable[..., float], *args: Expr, name: str = "") -> Expr:

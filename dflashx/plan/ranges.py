@@ -27,7 +27,8 @@ from dflashx.plan.estimates.cost import usd
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
 from dflashx.plan.estimates.lengths import scaled_stats
 from dflashx.plan.estimates.mfu import MEASURED
-from dflashx.plan.explain import Term, term
+from dflashx.plan.explain import Term, explained_parts, term
+from dflashx.plan.expr import Expr, Named, const, exp, hypot, ln, named, var
 
 Z90 = 1.2815515655446004  # standard normal 90th percentile
 GUESS_FACTOR = 1.5
@@ -118,13 +119,28 @@ def model_error(ctx: PlanContext, stage: str, rse: dict[str, float]) -> tuple[fl
     return math.log(factor), source
 
 
-def _band(low: float, mid: float, high: float, spread: float) -> Band:
-    """A band around `mid` from the length scenarios `low`/`high` widened by a model error (log)."""
+@dataclass(frozen=True)
+class _Spread:
+    """A band around `p50` as expressions (their `--explain` text is read off them): P10 and P90 from the
+    length scenarios' logs and the model's log error, combined in quadrature."""
+
+    p50: float
+    p10: Named
+    p90: Named
+
+    @property
+    def band(self) -> Band:
+        return Band(self.p10.value, self.p50, self.p90.value)
+
+
+def _spread(low: float, mid: float, high: float, log_error: Expr) -> _Spread:
+    """The band around `mid` from the length scenarios `low`/`high` widened by a model's log error."""
     if mid <= 0:
-        return Band(0.0, 0.0, 0.0)
-    down = math.log(mid / low) if low > 0 else 0.0
-    up = math.log(high / mid) if high > 0 else 0.0
-    return Band(mid * math.exp(-math.hypot(down, spread)), mid, mid * math.exp(math.hypot(up, spread)))
+        return _Spread(0.0, named("p10", const(0.0)), named("p90", const(0.0)))
+    p50 = var("p50", mid)
+    down = named("log_length_low", ln(p50 / var("length_p10", low))) if low > 0 else const(0.0)
+    up = named("log_length_high", ln(var("length_p90", high) / p50)) if high > 0 else const(0.0)
+    return _Spread(mid, named("p10", p50 / exp(hypot(down, log_error))), named("p90", p50 * exp(hypot(up, log_error))))
 
 
 def plan_ranges(ctx: PlanContext, rse: dict[str, float] | None = None) -> Ranges:
@@ -137,10 +153,16 @@ def plan_ranges(ctx: PlanContext, rse: dict[str, float] | None = None) -> Ranges
     names = [name for name, stage in recipe.stages if stage.enabled]
     seconds = {n: [stage_estimates(c, n).seconds for c in (low, ctx, high)] for n in names}
     errors = {n: model_error(ctx, n, rse) for n in names}
-    stages = {n: _band(seconds[n][0], seconds[n][1], seconds[n][2], errors[n][0]) for n in names}
+    spreads = {n: _spread(seconds[n][0], seconds[n][1], seconds[n][2], var("log_model_error", errors[n][0]))
+               for n in names}
+    stages = {n: s.band for n, s in spreads.items()}
     mid_total = sum(s[1] for s in seconds.values())
-    model_total = math.sqrt(sum((seconds[n][1] * errors[n][0]) ** 2 for n in names)) / mid_total if mid_total else 0.0
-    total = _band(sum(s[0] for s in seconds.values()), mid_total, sum(s[2] for s in seconds.values()), model_total)
+    model_total = named("log_model_error", hypot(*(var(f"{n}_seconds", seconds[n][1])
+                                                    * var(f"{n}_log_model_error", errors[n][0]) for n in names
+                                                    if errors[n][0]))
+                        / var("total_p50", mid_total)) if mid_total else const(0.0)
+    totals = _spread(sum(s[0] for s in seconds.values()), mid_total, sum(s[2] for s in seconds.values()), model_total)
+    total = totals.band
     rate = usd(1.0, ctx.recipe.hardware)  # USD per second of the node
     costs = {n: b.times(rate) for n, b in stages.items()} | {"total": total.times(rate)}
     cap = recipe.stages.generate.max_tokens
@@ -152,13 +174,11 @@ def plan_ranges(ctx: PlanContext, rse: dict[str, float] | None = None) -> Ranges
         term("ranges.truncated_share", truncated.p50, "fraction",
              "share of completions longer than generate.max_tokens at the P10 / P50 / P90 mean", p10=truncated.p10,
              p90=truncated.p90, max_tokens=cap, qc_limit=recipe.stages.qc.thresholds.max_truncated_frac),
-        *(term(f"ranges.{n}.seconds", stages[n].p50, "s",
-               "P50 x exp(-/+ sqrt(ln(length scenario / P50)^2 + ln(model error)^2))",
-               p10=stages[n].p10, p90=stages[n].p90, length_p10=seconds[n][0], length_p90=seconds[n][2],
-               model_error=math.exp(errors[n][0]), model_error_source=errors[n][1]) for n in names if errors[n][0]),
-        term("ranges.total_seconds", total.p50, "s",
-             "length scenarios re-planned; stage model errors independent, combined in quadrature",
-             p10=total.p10, p90=total.p90, length_p10=sum(s[0] for s in seconds.values()),
-             length_p90=sum(s[2] for s in seconds.values()), model_error=math.exp(model_total)),
+        *(explained_parts(f"ranges.{n}.seconds", stages[n].p50, "s", spreads[n].p10, spreads[n].p90,
+                          model_error=math.exp(errors[n][0]), model_error_source=errors[n][1])
+          for n in names if errors[n][0]),
+        explained_parts("ranges.total_seconds", total.p50, "s", totals.p10, totals.p90,
+                        model_error=math.exp(model_total.value),
+                        note="length scenarios re-planned; stage model errors independent, combined in quadrature"),
     )
     return Ranges(mean, truncated, stages, total, costs, terms)
