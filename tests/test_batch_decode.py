@@ -56,6 +56,10 @@ def test_a_batch_decodes_each_prompt_as_the_per_prompt_decoder_does(tilted, arch
         decoder = BatchDecoder(target, draft, **kw)
         assert decoder.batched
         _same(decoder.generate(ps, NEW, stop_token_ids=[stop]), single)
+        # a batch runs until its longest row ends: its cycles are that row's, per chunk of rows
+        chunk = kw.get("max_rows", len(ps))
+        assert decoder.cycles == sum(max(len(r.accepted) for r in single[lo: lo + chunk])
+                                     for lo in range(0, len(ps), chunk))
 
 
 def test_eager_attention_is_batched_too(tilted):
@@ -153,7 +157,25 @@ def test_a_hybrid_target_is_decoded_one_prompt_at_a_time():
     decoder = BatchDecoder(target, draft)
     assert not decoder.batched and "LinearAttention" in (decoder.reason or "")
     ps = [[7, 3, 19, 42, 11], [5, 60, 8], [33, 2, 9, 14, 27, 81, 4]]
-    _same(decoder.generate(ps, 12), [SpecDecoder(target, draft).generate(p, 12) for p in ps])
+    alone = [SpecDecoder(target, draft).generate(p, 12) for p in ps]
+    _same(decoder.generate(ps, 12), alone)
+    assert decoder.cycles == sum(len(r.accepted) for r in alone)  # one prompt after another
+
+
+def test_the_planner_knows_which_targets_decode_batched():
+    """The eval's price on a GPU (batched or one prompt at a time) asks the target's facts what the decoder
+    asks its cache: the same answer for a dense, a hybrid and a sliding-window target."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from dflashx.targets.read_config import facts_from_config
+
+    sliding = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, sliding_window=8, use_sliding_window=True,
+        layer_types=["sliding_attention", "full_attention"]))
+    for target in (build_target("qwen3"), build_target("qwen3_5"), sliding):
+        facts = facts_from_config(target.config.to_dict())
+        assert facts.full_attention_only == (unbatchable(target) is None), target.config.model_type
 
 
 def test_sliding_window_targets_stay_refused_and_flash_attention_is_not_batched():

@@ -95,19 +95,26 @@ def test_drafter_for_another_target_is_refused(setup, tmp_path):
         eval_stage.run(ctx)
 
 
-def test_a_sampled_deployment_is_measured_greedily_and_over_seeds_at_its_temperature(setup, tmp_path):
+def test_a_sampled_deployment_is_measured_greedily_and_over_seeds_at_its_temperature(setup, tmp_path, monkeypatch):
     """deploy.temperature > 0: every suite and drafter decoded greedily (the figures as before, exact) and the
-    trained drafter stages.eval.sampling_seeds times at the serving settings (the baselines stay greedy); the
-    sampled tau is the mean over the seeds with its standard error, and the predicted speed-up reads the
-    sampled acceptance."""
+    trained drafter stages.eval.sampling_seeds times at the serving settings (the baselines stay greedy), the
+    seeds' runs as one batch; the sampled tau is the mean over the seeds with its standard error, and the
+    predicted speed-up reads the sampled acceptance."""
     import statistics
+
+    from dflashx.dflash.batch_decode import BatchDecoder
 
     root, target, prompts = setup
     logs: list = []
     ctx = _ctx(tmp_path, target, {"train.checkpoint": root / "ckpt", "ingest.eval_prompts": prompts}, logs,
                deploy={"temperature": 0.8, "top_p": 0.9, "top_k": 20}, sampling_seeds=3)
     assert ctx.config.sampled_runs == 3 and ctx.config.decodes == 3 * (2 + 3)
+    batches: list[tuple[int, float]] = []  # a spy on the real decoder: (rows, temperature) per batch
+    generate = BatchDecoder.generate
+    monkeypatch.setattr(BatchDecoder, "generate", lambda self, rows, *a, **kw: (
+        batches.append((len(rows), kw.get("temperature", 0.0))), generate(self, rows, *a, **kw))[1])
     result = eval_stage.run(ctx)
+    assert batches == [(3, 0.0), (3 * 3, 0.8), (3, 0.0)]  # trained greedy, its 3 seeds at once; untrained
     data = json.loads((ctx.out_dir / "report" / "eval.json").read_text())
     assert data["sampling"] == {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "seeds": 3}
     assert data["greedy_agreement"] == 1.0 and result.metrics["greedy_agreement"] == 1.0  # the greedy run is exact

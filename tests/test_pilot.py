@@ -93,6 +93,8 @@ def test_pilot_in_process_calibrates_the_next_plan_and_its_completions_are_reuse
     cal = PilotCalibration.model_validate_json(calibration_path(run_dir).read_bytes())
     assert cal.stats["samples"] == PROMPTS  # the ingest's count, not the recipe's 256
     assert cal.measured["lengths"]["completions"] == PILOT
+    assert cal.stats["generated"] == PILOT  # kept: the full generation resumes after them
+    assert cal.decode_cycle_seconds and cal.decode_cycle_seconds > 0  # each probe's seconds per batched cycle
     assert 0 < cal.training_mfu <= 1 and cal.measured["training"]["windows"] >= 3
     assert cal.serving_ratio and cal.serving_ratio > 0
     assert not (run_dir / "pilot" / "train" / "checkpoints").exists()  # full training states deleted
@@ -122,6 +124,11 @@ def test_pilot_in_process_calibrates_the_next_plan_and_its_completions_are_reuse
     assert before["calibration"] is None and after["calibration"]["run_id"] == cal.run_id
     applied = after["calibration"]["applied"]
     assert applied["dataset.stats.samples"] == PROMPTS
+    # the generation left: the pilot's completions are kept, so the re-plan prices the rest of the prompts
+    work = next(t for t in plan_json(recipe, "--explain")["explain"] if t["key"] == "generate.seconds")
+    rate = work["inputs"]
+    assert rate["generated"] == PILOT and rate["samples"] == PROMPTS
+    assert work["value"] == pytest.approx((PROMPTS - PILOT) * rate["output_tokens_mean"] / rate["tokens_per_second"])
     assert after["calibration"]["tau_curve"] == [p.model_dump() for p in cal.tau_curve]  # for the rules
     assert applied[f"hardware.calibrated.{CALIBRATED_MFU}"] == pytest.approx(cal.training_mfu)
     assert f"hardware.calibrated.{CALIBRATED_SERVING}" in applied

@@ -86,9 +86,10 @@ class EvalStage(StageBase):
     sampling_seeds: int = Field(
         5, ge=2, description="When deploy.temperature > 0: how often every suite is decoded with the trained drafter "
         "(the one whose tau predicts the served speed-up; the baselines are compared greedily) at the serving sampling "
-        "settings (rejection sampling, seeds 0..N-1) beside the greedy decode; tau there is reported as the mean "
-        "over the seeds with its 95% interval (Student's t over the seeds; at least 2 seeds). Each seed costs "
-        "about one greedy decode's time. Keyed through the resolved `sampled_runs` (0 when greedy).",
+        "settings (rejection sampling; the N runs decode as one batch from a generator seeded 0) beside the greedy "
+        "decode; tau there is reported as the mean over the seeds with its 95% interval (Student's t over the "
+        "seeds; at least 2 seeds). Each seed adds about one greedy decode's work (on a GPU less: one batch). "
+        "Keyed through the resolved `sampled_runs` (0 when greedy).",
         json_schema_extra=OPERATIONAL)
     prompts: str | None = Field(None, description="JSONL of held-out prompts (the `heldout` suite); default: "
                                 "dataset.eval_holdout.", json_schema_extra=PATH)

@@ -82,8 +82,10 @@ class HardwareProfile(Strict):
                                            description="Host memory bandwidth, TB/s; used when `gpu` is null.",
                                            json_schema_extra=NODE_FACT)
     calibrated: dict[str, FiniteFloat] = Field(
-        default_factory=dict, description="Measured factors written by `dflashx calibrate` (serving_ratio: "
-        "measured / predicted generation throughput; training_mfu: measured MFU).", json_schema_extra=UNCALIBRATED
+        default_factory=dict, description="Measured factors written by `dflashx calibrate` and the pilot "
+        "(serving_ratio: measured / predicted generation throughput; training_mfu: measured MFU; tau_probe_seconds: "
+        "one held-out τ measurement; decode_cycle_seconds: one batched draft-verify cycle of it).",
+        json_schema_extra=UNCALIBRATED
     )
     unknown: list[str] = Field(
         default_factory=list, description="Facts `hardware: local` could neither read nor look up (dotted keys, "

@@ -166,6 +166,9 @@ class DatasetStats(Strict):
         "measured on; 0 when measured on the whole dataset). Null: the mean is a person's estimate, and the "
         "plan's P10-P90 range assumes it is within a factor 1.5 of the truth.",
     )
+    generated: int = Field(0, ge=0, description="Completions the run already holds (a pilot's, kept for the full "
+                           "generation, which resumes after them): the generate stage's time is planned for the "
+                           "rest. `dflashx pilot` writes it.")
     prompt_bytes_mean: FiniteFloat = Field(
         1200.0, gt=0, description="Bytes of one prompt record on disk (storage estimates)."
     )

@@ -36,7 +36,8 @@ Prompts decode `max_rows` at a time (default `batch_rows`: every prompt on a CPU
 the free memory holds at their full length); the prefill runs at most `PREFILL_TOKENS` padded tokens a
 forward. One host read per cycle (the accepted counts and tokens, which decide what each row does next).
 
-Public API: `BatchDecoder(target, drafter, max_rows=None, compact=True)` with `.batched`, `.reason` and
+Public API: `BatchDecoder(target, drafter, max_rows=None, compact=True)` with `.batched`, `.reason`, `.cycles`
+(the draft-verify cycles the last `generate` ran: what a launch-bound GPU decode's time follows) and
 `.generate(prompts, max_new_tokens, temperature=0.0, stop_token_ids=(), generator=None, top_p=1.0, top_k=0)
 -> list[DecodeResult]`; `unbatchable(target) -> str | None`; `batch_rows(target, drafter, prompts,
 max_new_tokens) -> int`.
@@ -129,6 +130,7 @@ class BatchDecoder:
         self.single = SpecDecoder(target, drafter)  # the layers, head and embedding; the fallback
         self.target, self.drafter, self.cfg = self.single.target, self.single.drafter, self.single.cfg
         self.device, self.max_rows, self.compact = self.single.device, max_rows, compact
+        self.cycles = 0  # the draft-verify cycles (target forwards after the prefills) the last `generate` ran
         self.reason = unbatchable(target)
         self.layers = len(find_decoder_layers(target))
         self.mask_dtype = next(self.single.embed.parameters()).dtype  # the attention's activations
@@ -165,14 +167,18 @@ class BatchDecoder:
             raise ValueError("max_new_tokens must be >= 1")
         stops = frozenset(stop_token_ids)
         if not self.batched:
-            return [self.single.generate(p, max_new_tokens, temperature, stops, generator, top_p, top_k)
-                    for p in prompts]
+            results = [self.single.generate(p, max_new_tokens, temperature, stops, generator, top_p, top_k)
+                       for p in prompts]
+            self.cycles = sum(len(r.accepted) for r in results)
+            return results
         sampling = Sampling(temperature, top_p, top_k)
         rows = self.max_rows or batch_rows(self.target, self.drafter, prompts, max_new_tokens)
-        results: list[DecodeResult] = []
+        results = []
+        self.cycles = 0
         for lo in range(0, len(prompts), rows):
             batch = _Batch(self, prompts[lo : lo + rows], max_new_tokens, sampling, stops, generator)
             results.extend(batch.run())
+            self.cycles += batch.cycles
         return results
 
 
@@ -190,6 +196,7 @@ class _Batch:
         self.results = [DecodeResult(output_ids=[], target_forwards=1) for _ in self.prompts]
         self.live = list(range(batch))  # the result each batch row decodes
         self.starts = [len(p) for p in self.prompts]  # each row's length: the position of its anchor
+        self.cycles = 0  # draft-verify cycles run
 
     def _first(self, logits: torch.Tensor) -> torch.Tensor:
         if self.sampling.temperature <= 0:
@@ -275,6 +282,7 @@ class _Batch:
             if self.dec.compact:
                 self._drop_finished()
             self.cycle()
+            self.cycles += 1
         seconds = time.perf_counter() - t0
         for result in self.results:
             del result.output_ids[self.max_new :]

@@ -72,7 +72,7 @@ class TauProbe:
     def due(self, step: int, total: int) -> bool:
         return step % self.every == 0 or step == total
 
-    def _decode(self) -> dict[str, Any]:
+    def _decode(self) -> tuple[dict[str, Any], int]:
         from dflashx.dflash.batch_decode import BatchDecoder
 
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
@@ -85,7 +85,7 @@ class TauProbe:
             results = decoder.generate(self.heldout.prompts, self.job.train.tau_max_new_tokens, 0.0,
                                        self.heldout.stop_ids)
         self.drafter.train(training)
-        return summarize(results, self.drafter.config.block_size)
+        return summarize(results, self.drafter.config.block_size), decoder.cycles
 
     def measure(self, step: int) -> None:
         """Rank 0 decodes the slice, logs the line and keeps the drafter when it is the best so far; every
@@ -94,11 +94,12 @@ class TauProbe:
 
         if self.rank == 0:
             start = time.perf_counter()
-            summary = self._decode()
+            summary, cycles = self._decode()
             point = TauPoint(step=step, tau=summary["tau"])
             row = tau_row(point, heldout_accepted_plus_one=summary["accepted_plus_one"],
                           heldout_acceptance_by_position=summary["acceptance_by_position"],
-                          heldout_prompts=summary["prompts"], heldout_seconds=time.perf_counter() - start)
+                          heldout_prompts=summary["prompts"], heldout_seconds=time.perf_counter() - start,
+                          heldout_decode_cycles=cycles)
             with self.metrics.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             if self.log is not None:

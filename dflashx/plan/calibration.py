@@ -13,9 +13,11 @@ values differ from the recipe being planned is not applied, and the plan says wh
             the servers reported (`stages.generate.serving.speculative.acceptance` becomes the geometric
             profile with that tau): the node, the target, the generation settings;
   training  `hardware.calibrated[CALIBRATED_MFU]`, the MFU the trainer measured (gradient sync
-            included), and `[CALIBRATED_TAU_PROBE]`, the seconds one held-out τ measurement took (its
-            batched decode is launch-bound on a GPU, which no roofline prices): the node, the target, the
-            drafter, the batch and lengths of training;
+            included), `[CALIBRATED_TAU_PROBE]`, the seconds one held-out τ measurement took (its
+            batched decode is launch-bound on a GPU, which no roofline prices), and
+            `[CALIBRATED_DECODE_CYCLE]`, the seconds of one batched draft-verify cycle in it (what the eval
+            stage's batched decodes cost per cycle): the node, the target, the drafter, the batch and lengths
+            of training;
   tau       the pilot's held-out τ curve (`tau_curve`): what decides how the drafter learns and what is
             decoded, i.e. the data and training groups' values, the optimisation and objective (the
             `calibrates("tau")` fields: lr, optimizer, labels, loss, ...) and the held-out slice
@@ -41,7 +43,9 @@ from dflashx.config.schema import DatasetStats, Recipe
 from dflashx.config.tree import flatten
 from dflashx.resolve.tau import TauPoint, tau_slice
 from dflashx.plan.context import PlanContext, build_context
-from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING, CALIBRATED_TAU_PROBE
+from dflashx.plan.estimates.device import (
+    CALIBRATED_DECODE_CYCLE, CALIBRATED_MFU, CALIBRATED_SERVING, CALIBRATED_TAU_PROBE,
+)
 from dflashx.resolve import resolve
 from dflashx.resolve.speculative import geometric_profile
 from dflashx.targets.registry import TargetFacts
@@ -69,6 +73,8 @@ class PilotCalibration(BaseModel):
     training_mfu_rse: float | None = Field(None, ge=0, description="Relative standard error of the MFU.")
     tau_probe_seconds: float | None = Field(None, gt=0, description="Seconds one held-out τ measurement took in "
                                             "the pilot's training (the median of its measurements).")
+    decode_cycle_seconds: float | None = Field(None, gt=0, description="Seconds of one batched draft-verify cycle "
+                                               "in the pilot's held-out τ measurements (the median of theirs).")
     tau_curve: list[TauPoint] = Field(default_factory=list, description="Held-out τ the pilot's training measured, "
                                       "by optimizer step (the last at its last step); empty: none measured.")
     measured: dict[str, Any] = Field(default_factory=dict, description="The pilot's raw figures, for reports.")
@@ -194,7 +200,8 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, Ca
         "serving": {f"hardware.calibrated.{CALIBRATED_SERVING}": cal.serving_ratio,
                     MTP_KEY: mtp_profile(recipe, cal.mtp_accept_length)},
         "training": {f"hardware.calibrated.{CALIBRATED_MFU}": cal.training_mfu,
-                     f"hardware.calibrated.{CALIBRATED_TAU_PROBE}": cal.tau_probe_seconds},
+                     f"hardware.calibrated.{CALIBRATED_TAU_PROBE}": cal.tau_probe_seconds,
+                     f"hardware.calibrated.{CALIBRATED_DECODE_CYCLE}": cal.decode_cycle_seconds},
         "tau": {TAU_CURVE: cal.tau_curve or None},
     }
     applied: dict[str, Any] = {}
@@ -217,7 +224,8 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, Ca
                 recipe = with_mtp_accept_length(recipe, cal.mtp_accept_length)
         elif group == "training":
             calibrated |= {key: float(value) for key, value in ((CALIBRATED_MFU, cal.training_mfu),
-                                                                (CALIBRATED_TAU_PROBE, cal.tau_probe_seconds))
+                                                                (CALIBRATED_TAU_PROBE, cal.tau_probe_seconds),
+                                                                (CALIBRATED_DECODE_CYCLE, cal.decode_cycle_seconds))
                            if value is not None}
     updated = recipe.model_copy(update={
         "dataset": recipe.dataset.model_copy(update={"stats": stats}),
@@ -236,7 +244,7 @@ def uncalibrated(recipe: Recipe, stats: dict[str, Any], **sections: dict[str, An
     models predict for the conditions a measurement was taken under."""
     hardware = recipe.hardware.model_copy(update={"calibrated": {
         k: v for k, v in recipe.hardware.calibrated.items()
-        if k not in (CALIBRATED_SERVING, CALIBRATED_MFU, CALIBRATED_TAU_PROBE)}})
+        if k not in (CALIBRATED_SERVING, CALIBRATED_MFU, CALIBRATED_TAU_PROBE, CALIBRATED_DECODE_CYCLE)}})
     measured = DatasetStats.model_validate({**recipe.dataset.stats.model_dump(), **stats})
     stages = recipe.stages.model_copy(update={name: getattr(recipe.stages, name).model_copy(update=values)
                                               for name, values in sections.items()})

@@ -149,6 +149,7 @@ class Pilot:
         mine = records[-int(generated["completions_written"]):] if generated else []  # this generation's
         outputs = [int(r["usage"]["completion_tokens"]) for r in mine]
         ctx, batch, tau = compare.prediction(self.recipe, self.resolved, stats, outputs, generated)
+        stats |= {"generated": len(records)}  # kept for the full generation (not the prediction's conditions)
         trained: dict[str, Any] | None = None
         curve: list[TauPoint] = []
         if self.recipe.stages.tokenize.enabled and self.recipe.stages.train.enabled:

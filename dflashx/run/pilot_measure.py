@@ -101,11 +101,25 @@ def training_stats(windows: list[dict[str, Any]], world: int,
             "tokens_per_s_per_gpu": statistics.median(w["tokens_per_s"] for w in used) / world,
             "tflops_per_gpu": statistics.median(w["tflops"] for w in used) / world,
             "step_s": statistics.median(step_s) if step_s else None,
-            "tau_probe_s": probe_seconds(probes)}
+            "tau_probe_s": probe_seconds(probes), "decode_cycle_s": cycle_seconds(probes)}
+
+
+def _timed(probes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The held-out τ measurements that were timed, the first left out when there are more (it pays the decoder's
+    first use)."""
+    return [p for p in (probes[1:] if len(probes) > 1 else probes) if p.get("heldout_seconds")]
 
 
 def probe_seconds(probes: Sequence[dict[str, Any]]) -> float | None:
-    """The median seconds of the held-out τ measurements (the first left out when there are more)."""
-    seconds = [float(p["heldout_seconds"]) for p in (probes[1:] if len(probes) > 1 else probes)
-               if p.get("heldout_seconds")]
+    """The median seconds of the held-out τ measurements."""
+    seconds = [float(p["heldout_seconds"]) for p in _timed(probes)]
     return statistics.median(seconds) if seconds else None
+
+
+def cycle_seconds(probes: Sequence[dict[str, Any]]) -> float | None:
+    """The median seconds of one batched draft-verify cycle in the held-out τ measurements (each measurement's
+    seconds over its `heldout_decode_cycles`, the prefill included): what a batched decode on this node costs per
+    cycle, whatever its rows, while it is launch-bound."""
+    per = [float(p["heldout_seconds"]) / int(p["heldout_decode_cycles"]) for p in _timed(probes)
+           if p.get("heldout_decode_cycles")]
+    return statistics.median(per) if per else None

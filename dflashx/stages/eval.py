@@ -6,7 +6,8 @@ when set, else `ingest.eval_prompts`). Every suite of `stages.eval.suites` (reso
 (`dflashx.stages.eval_drafters`: the trained one, then `stages.eval.baselines`, e.g. `untrained`
 or a published drafter's folder) greedily and, when the drafter will be served sampled
 (`deploy.temperature` > 0), `sampled_runs` more times at the serving settings (temperature, top_p,
-top_k; rejection sampling, generator seeded 0..N-1), `dflashx.dflash.spec_decode`. Writes `report`:
+top_k; rejection sampling, the N runs decoded as one batch from one generator seeded 0),
+`dflashx.dflash.spec_decode`. Writes `report`:
 eval.json, acceptance.png and speedup.png (the predicted serving speed-up, at the served tau).
 
 eval.json: `suites: {suite: {drafter: summary}}` (greedy: tau, accepted_plus_one, acceptance per
@@ -107,31 +108,36 @@ Decoded = dict[str, dict[str, list[list[Any]]]]  # {suite: {drafter: [[DecodeRes
 
 def _decode(ctx: EvalContext, target: Any, drafters: list[EvalDrafter], suites: dict[str, dict[str, Any]],
             stops: list[int]) -> Decoded:
-    """Run 0 greedy, and for the trained drafter runs 1..sampled_runs at the serving settings (seed = run - 1;
-    the baselines are compared greedily); each run decodes a suite's prompts as one batch (`BatchDecoder`: in
-    chunks where the GPU's memory asks for them; one prompt at a time for a hybrid target); one drafter in
-    memory at a time."""
+    """Per drafter, every suite's prompts greedily as one batch (`BatchDecoder`: in chunks where the GPU's memory
+    asks for them; one prompt at a time for a hybrid target) and, for the trained drafter, the `sampled_runs` runs
+    at the serving settings as one more batch of runs x prompts rows drawn from one generator seeded 0 (the
+    baselines are compared greedily); one drafter in memory at a time. On a GPU a batch's decode costs about the
+    same per cycle whatever its rows (launch-bound), so one batch per drafter and setting, not per suite and run."""
     import torch
 
     from dflashx.dflash.batch_decode import BatchDecoder
 
     cfg, device = ctx.config, next(target.parameters()).device
-    greedy, served = [{"temperature": 0.0}], [{"temperature": 0.0}] + [_served(ctx)] * cfg.sampled_runs
-    total, done = sum(len(s["encoded"]) for s in suites.values()) * (len(drafters) + cfg.sampled_runs), 0
+    prompts = [(name, p) for name, suite in suites.items() for p in suite["encoded"]]
+    total, done = len(prompts) * (len(drafters) + cfg.sampled_runs), 0
     results: Decoded = {name: {} for name in suites}
     for drafter in drafters:
         decoder = BatchDecoder(target, load(drafter, device))
-        for name, suite in suites.items():
-            results[name][drafter.name] = []
-            for run, setting in enumerate(served if drafter.name == TRAINED else greedy):
-                gen = torch.Generator(device=decoder.device).manual_seed(max(0, run - 1))
-                runs = decoder.generate(suite["encoded"], cfg.max_new_tokens, stop_token_ids=stops, generator=gen,
-                                        **setting)
-                results[name][drafter.name].append(runs)
-                live = f"eval/{drafter.name}_tau" + ("_sampled" if run else "")  # the greedy figure stays apart
-                for result in runs:
-                    done += 1
-                    ctx.log({live: result.tau, "eval/decoded": done, "eval/decodes": total})
+        runs = 1 + (cfg.sampled_runs if drafter.name == TRAINED else 0)
+        for name in suites:
+            results[name][drafter.name] = [[] for _ in range(runs)]
+        # (the first run a batch holds, its setting, its runs): the greedy run 0, then runs 1.. sampled
+        batches = [(0, {"temperature": 0.0}, 1)] + ([(1, _served(ctx), runs - 1)] if runs > 1 else [])
+        for first, setting, copies in batches:
+            rows = [p for _ in range(copies) for _, p in prompts]
+            gen = torch.Generator(device=decoder.device).manual_seed(0)
+            decoded = decoder.generate(rows, cfg.max_new_tokens, stop_token_ids=stops, generator=gen, **setting)
+            live = f"eval/{drafter.name}_tau" + ("_sampled" if first else "")  # the greedy figure stays apart
+            for i, result in enumerate(decoded):
+                run, (name, _) = first + i // len(prompts), prompts[i % len(prompts)]
+                results[name][drafter.name][run].append(result)
+                done += 1
+                ctx.log({live: result.tau, "eval/decoded": done, "eval/decodes": total})
         del decoder
     return results
 

@@ -108,6 +108,12 @@ class TargetFacts(BaseModel):
         return sum(t == "linear_attention" for t in self.types)
 
     @property
+    def full_attention_only(self) -> bool:
+        """Every layer keeps a whole KV cache (no linear-attention state, no sliding window): a cache whose rows
+        can each be rolled back to their own length, which the eval's batched decoder needs."""
+        return all(t == "full_attention" for t in self.types)
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 

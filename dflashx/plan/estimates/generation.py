@@ -127,6 +127,16 @@ def _throughput(dp: int, rate: Rate, calibration: float) -> Expr:
     return var("dp", dp) * named("replica_tokens_per_s", rate.throughput) * var("calibration", calibration)
 
 
+def _output_left(recipe: ResolvedRecipe, tokens: Tokens) -> Expr:
+    """The output tokens the generate stage still has to produce: every sample's, less those of the completions
+    the run already holds (`dataset.stats.generated`: the pilot's, which the stage resumes after)."""
+    done = min(recipe.dataset.stats.generated, tokens.samples)
+    if not done:
+        return var("output_tokens", tokens.output)
+    return named("output_tokens", (var("samples", tokens.samples) - var("generated", done))
+                 * var("output_tokens_mean", tokens.output_mean))
+
+
 def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths) -> Generation:
     facts, dev = recipe.target.facts, device_of(recipe.hardware)
     gen = recipe.stages.generate
@@ -138,7 +148,7 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths
     rate = sp.spec if sp else replica_rate(recipe, dev, b, row, tokens.output_mean, tokens.prompt_mean)
     throughput = _throughput(s.dp, rate, s.calibration)
     tps = throughput.value
-    seconds_expr = var("output_tokens", tokens.output) / var("tokens_per_second", tps) if tokens.output else const(0.0)
+    seconds_expr = (_output_left(recipe, tokens) / var("tokens_per_second", tps)) if tokens.output else const(0.0)
     seconds = seconds_expr.value
     terms = [
         explained("generate.batch", maximum(minimum(*(var(k, v) for k, v in b.caps.items())), 1),
@@ -152,7 +162,7 @@ def estimate_generation(recipe: ResolvedRecipe, tokens: Tokens, lengths: Lengths
         explained("generate.tokens_per_second", throughput, "tokens/s", calibrated=s.calibrated, tau=rate.tau,
                   calibration_source=("measured (hardware.calibrated.serving_ratio)" if s.calibrated
                                       else "none: predicted from facts and engine measurements")),
-        explained("generate.seconds", seconds_expr, "s", output_tokens=tokens.output,
+        explained("generate.seconds", seconds_expr, "s",
                   mtp=(f"on ({sp.draft.name}): see generate.speculation" if sp else "off (target.mtp false, or no "
                        "MTP layer / no server on GPUs; no stages.generate.serving.drafter)")),
     ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dflashx.config.schema import Recipe
 from dflashx.plan.estimates.deployment import predict_speedup
 from dflashx.plan.estimates.speculative import drafter_window
-from dflashx.plan.estimates.device import device_of
+from dflashx.plan.estimates.device import CALIBRATED_DECODE_CYCLE, device_of, factor
 from dflashx.plan.estimates.engine import Measured
 from dflashx.plan.estimates.fixed import TOKENIZE_PER_SAMPLE
 from dflashx.plan.estimates.generation import Serving
@@ -67,17 +67,59 @@ def in_process_tokens_per_s(recipe: ResolvedRecipe, acceptance: list[float | Non
 
 
 def eval_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
-    """Batch-1 target decode of every eval token (an upper bound: speculation only shortens it):
-    each suite's prompts, once per drafter and run (greedy, and the sampled runs at deploy.temperature:
-    `ResolvedEvalStage.decodes`). On the CPU the stage's decoder
-    is the measured in-process engine: `eval_in_process_seconds`."""
+    """The eval stage's decodes. On the CPU its decoder is the measured in-process engine
+    (`eval_in_process_seconds`); on a GPU it decodes batched (`eval_batched_seconds`) unless the target's cache
+    cannot roll rows back (linear-attention or sliding layers: `eval_one_by_one_seconds`)."""
     if recipe.hardware.gpu is None:
         return eval_in_process_seconds(recipe)
+    if recipe.target.facts.full_attention_only:
+        return eval_batched_seconds(recipe, s)
+    return eval_one_by_one_seconds(recipe, s)
+
+
+def eval_one_by_one_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
+    """Batch-1 target decode of every eval token, one prompt after another (an upper bound: speculation only
+    shortens it): each suite's prompts, once per drafter and run (greedy, and the sampled runs at
+    deploy.temperature: `ResolvedEvalStage.decodes`)."""
     ev = recipe.stages.eval
     tokens = named("tokens", var("decodes", ev.decodes) * var("max_new_tokens", ev.max_new_tokens))
     per_token = batch1_seconds_per_token(recipe, var("weight_bytes", s.weight_bytes), s.tp)
     return explained("eval.seconds", tokens * per_token, "s", "decodes: suites x drafters x runs, one prompt each; "
                      "efficiency: the batch-1 decoder's share of the bandwidth (EVAL_BANDWIDTH_EFFICIENCY)")
+
+
+def decode_cycle_seconds(recipe: ResolvedRecipe, weight_bytes: Expr, tp: int) -> Expr:
+    """One batched draft-verify cycle on a GPU: what the pilot's held-out τ measurements measured per cycle on this
+    node (hardware.calibrated.decode_cycle_seconds: a small model's decode is launch-bound, which no roofline
+    prices), else the batch-1 bandwidth bound per token (a cycle at τ 1 reads the weights once)."""
+    measured, calibrated = factor(recipe.hardware, CALIBRATED_DECODE_CYCLE, 0.0)
+    if calibrated:
+        return var("measured_cycle_s", measured)
+    return batch1_seconds_per_token(recipe, weight_bytes, tp)
+
+
+def eval_batched_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
+    """The eval stage on a GPU (`BatchDecoder`): one batch per drafter and setting, every suite's prompts its rows
+    (the trained drafter greedily, its sampled runs as one more batch of runs x prompts rows, each baseline
+    greedily; assumed to fit one batch: the decoder chunks by memory). A batch runs until its longest row ends:
+    the output-length quantile at rows / (rows + 1) (the longest of `rows` draws), capped at max_new_tokens, over
+    the row's τ (the trained drafter at deploy's expected τ, a baseline at τ 1) cycles, each at
+    `decode_cycle_seconds`."""
+    ev = recipe.stages.eval
+    prompts = round(ev.decodes / (1 + len(ev.baselines) + ev.sampled_runs))  # every suite's, once
+
+    def longest(name: str, rows: int) -> Expr:
+        cap = OutputLengths.of(recipe.dataset.stats).quantile(rows / (rows + 1))
+        return var(name, min(cap, ev.max_new_tokens))
+
+    greedy, tau = longest("longest_output", prompts), var("expected_tau", recipe.deploy.expected_tau)
+    batches = greedy / tau + var("baselines", len(ev.baselines)) * greedy
+    if ev.sampled_runs:
+        batches = batches + longest("longest_sampled_output", prompts * ev.sampled_runs) / tau
+    cycle = named("cycle_s", decode_cycle_seconds(recipe, var("weight_bytes", s.weight_bytes), s.tp))
+    return explained("eval.seconds", named("cycles", batches) * cycle, "s",
+                     "longest_*: the output-length quantile at rows / (rows + 1), capped at max_new_tokens; a batch "
+                     "runs until its longest row ends", rows=prompts, sampled_runs=ev.sampled_runs)
 
 
 def eval_in_process_seconds(recipe: ResolvedRecipe) -> Term:
