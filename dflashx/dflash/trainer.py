@@ -33,6 +33,7 @@ import json
 import logging
 import random
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -58,6 +59,7 @@ from dflashx.targets.load import model_from, tokenizer_from
 
 __all__ = ["TrainJob", "build_drafter", "main", "run_training"]
 Log = Callable[[dict[str, Any], int], None]
+METRICS = "metrics.jsonl"  # under logs/: one line per log step and per held-out τ measurement
 
 
 def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any, DFlashDrafter]:
@@ -166,6 +168,43 @@ class EagerClock:
         return (now - self.start) / (DECIDE_AFTER_STEPS - WARMUP_STEPS)
 
 
+@dataclass
+class StepEnd:
+    """What rank `rank` does after optimizer step `step`: the compile decision (`compile: when_it_pays`), the
+    metrics line at `log_every` and the last step, the held-out τ probe when due, the training state at
+    `checkpoint_every` and the last step."""
+
+    job: TrainJob
+    trainer: TrainStep
+    window: Window
+    probe: TauProbe | None
+    clock: EagerClock
+    rank: int
+    log: Log | None
+    write_kernels: Callable[[], None]
+    last: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self, step: int, g: int, epoch: int, total: int) -> None:
+        train, stage, engine = self.job.train, Path(self.job.stage_dir), self.trainer.engine
+        eager_s = self.clock.tick(step) if train.compile == "when_it_pays" else None
+        if eager_s is not None:
+            self.trainer.compile_if_it_pays(eager_s, total - step)
+            self.write_kernels()
+        if step % train.log_every == 0 or step == total:
+            self.last = self.window.read(engine.get_lr()[0]) | {"step": step, "epoch": epoch, "total_steps": total}
+            if self.rank == 0:
+                with (stage / "logs" / METRICS).open("a") as f:
+                    f.write(json.dumps(self.last) + "\n")
+                if self.log is not None:
+                    self.log(self.last, step)
+        if self.probe is not None and self.probe.due(step, total):  # before the checkpoint, which then covers it
+            with self.window.paused():  # the next window's MFU is the training's
+                self.probe.measure(step)
+        if step % train.checkpoint_every == 0 or step == total:  # after the log: its loss ranks the state
+            ckpt.save_training_state(engine, stage / "checkpoints", step, {"micro": g, "step": step}, _rank_state(g),
+                                     loss=self.last.get("loss"), keep=train.keep_checkpoints)
+
+
 def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     """Train one process's part of the job; rank 0 exports the drafter and returns the metrics."""
     rank, world, local = setup_distributed()
@@ -184,30 +223,25 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
         raise ValueError(f"{job.dataset}: {len(ds)} rows cannot fill one global batch of {train.global_batch}")
     total = optimizer_steps(per_epoch, train.epochs, train.max_steps)
     trainer = TrainStep(job, target, drafter, total, device)
-    engine = trainer.engine
 
     def write_kernels() -> None:
         if rank == 0:
             atomic_write_text(stage / "logs" / "kernels.json", json.dumps(trainer.kernels, indent=2) + "\n")
 
     write_kernels()
-
     g = 0  # micro batches consumed (per rank)
-    resumed = ckpt.load_training_state(engine, stage / "checkpoints", rank)
+    resumed = ckpt.load_training_state(trainer.engine, stage / "checkpoints", rank)
     if resumed is not None:
         client, rank_state = resumed
         g = int(client["micro"])
         _restore_rank_state(rank_state)
     step = g // accum
     window = Window(drafter.config.block_size, train.peak_flops, world, accum)
-    metrics_file = stage / "logs" / "metrics.jsonl"
     if rank == 0:
-        _trim_metrics(metrics_file, step)
-    last: dict[str, Any] = {}
-    probe = TauProbe.of(job, target, drafter, rank, log)
-
+        _trim_metrics(stage / "logs" / METRICS, step)
+    end = StepEnd(job, trainer, window, TauProbe.of(job, target, drafter, rank, log), EagerClock(step), rank, log,
+                  write_kernels)
     epoch_micro = per_epoch * accum
-    clock = EagerClock(step)
     if train.mode == "offline":
         trainer.features_of = _offline_features(job, trainer.capture, ds, rank, world, pad_id, device)
     while step < total:
@@ -220,31 +254,14 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
             if g % accum:
                 continue
             step += 1
-            eager_s = clock.tick(step) if train.compile == "when_it_pays" else None
-            if eager_s is not None:
-                trainer.compile_if_it_pays(eager_s, total - step)
-                write_kernels()
-            if step % train.log_every == 0 or step == total:
-                last = window.read(engine.get_lr()[0]) | {"step": step, "epoch": epoch, "total_steps": total}
-                if rank == 0:
-                    with metrics_file.open("a") as f:
-                        f.write(json.dumps(last) + "\n")
-                    if log is not None:
-                        log(last, step)
-            if probe is not None and probe.due(step, total):  # before the checkpoint, which then covers it
-                with window.paused():  # the next window's MFU is the training's
-                    probe.measure(step)
-            if step % train.checkpoint_every == 0 or step == total:  # after the log: its loss ranks the state
-                ckpt.save_training_state(engine, stage / "checkpoints", step, {"micro": g, "step": step},
-                                         _rank_state(g),
-                                         loss=last.get("loss"), keep=train.keep_checkpoints)
+            end(step, g, epoch, total)
             if step >= total or g % epoch_micro == 0:
                 break
     if rank == 0:
         ckpt.save_drafter(drafter, stage / "checkpoint", dtype=torch_dtype(train.precision))
-        if probe is not None:
-            probe.finish(stage / "checkpoint")
-    return last | {"kernels": trainer.kernels}
+        if end.probe is not None:
+            end.probe.finish(stage / "checkpoint")
+    return end.last | {"kernels": trainer.kernels}
 
 
 def main(argv: list[str] | None = None) -> None:
