@@ -10,8 +10,14 @@ set -u
 export PYTHONUNBUFFERED=1
 T0=$SECONDS
 LIMIT=${LIMIT:-570}
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
+# as `pip install dflashx` leaves them: dflashx and the dependencies the image lacks byte-compiled at install
+# (pip compiles by default; a process that imports uncompiled modules compiles them again each time when the
+# image sets PYTHONDONTWRITEBYTECODE), the image's own packages as they come
+python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
+python3 -m compileall -q -j 0 dflashx benchmarks > /dev/null
 export PYTHONPATH=/tmp/site:$PWD
+echo "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE-unset}; transformers byte-compiled in the image:" \
+    $(python3 -c "import pathlib, transformers; print(any(pathlib.Path(transformers.__file__).parent.glob('__pycache__/*.pyc')))")
 export HOME=$(mktemp -d)  # no extensions, no inductor cache, no tiny target
 echo "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST-unset}"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c "import torch, transformers, deepspeed; print(torch.__version__, transformers.__version__, deepspeed.__version__)"

@@ -116,6 +116,11 @@ def test_a_sampled_deployment_is_measured_greedily_and_over_seeds_at_its_tempera
     result = eval_stage.run(ctx)
     assert batches == [(3, 0.0), (3 * 3, 0.8), (3, 0.0)]  # trained greedy, its 3 seeds at once; untrained
     data = json.loads((ctx.out_dir / "report" / "eval.json").read_text())
+    timed = data["decode_batches"]  # what the GPU price counts: each batch's cycles, those of its longest row
+    assert [(b["drafter"], b["sampled"], b["rows"]) for b in timed] == [
+        ("trained", False, 3), ("trained", True, 9), ("untrained", False, 3)]
+    greedy = data["suites"]["heldout"]["untrained"]
+    assert timed[2]["cycles"] <= greedy["cycles"] and all(b["seconds"] > 0 for b in timed)
     assert data["sampling"] == {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "seeds": 3}
     assert data["greedy_agreement"] == 1.0 and result.metrics["greedy_agreement"] == 1.0  # the greedy run is exact
     assert sum("eval/trained_tau" in m for m in logs) == 3 and sum("eval/trained_tau_sampled" in m for m in logs) == 9

@@ -13,7 +13,8 @@ eval.json, acceptance.png and speedup.png (the predicted serving speed-up, at th
 eval.json: `suites: {suite: {drafter: summary}}` (greedy: tau, accepted_plus_one, acceptance per
 draft position, accepted-length histogram, tokens/s, cycles, prompts, per prompt tau, and the same per
 prompt `source` and per prompt-length bucket; when sampled, `sampled`: tau per seed, their mean, its
-standard error and 95% interval, acceptance pooled over the seeds), `sampling` (the serving settings
+standard error and 95% interval, acceptance pooled over the seeds), `decode_batches` (per batch: drafter,
+sampled or not, rows, draft-verify cycles, seconds), `sampling` (the serving settings
 and seeds, null when greedy), `suite_prompts: {suite: {prompts, prompt_ids,
 prompt_sources, prompt_tokens, greedy_agreement}}`, `drafters: {drafter: {kind, path, layout,
 block_size, target_layer_ids}}`; and, as before suites existed, the first suite's figures at the
@@ -107,12 +108,16 @@ Decoded = dict[str, dict[str, list[list[Any]]]]  # {suite: {drafter: [[DecodeRes
 
 
 def _decode(ctx: EvalContext, target: Any, drafters: list[EvalDrafter], suites: dict[str, dict[str, Any]],
-            stops: list[int]) -> Decoded:
+            stops: list[int]) -> tuple[Decoded, list[dict[str, Any]]]:
     """Per drafter, every suite's prompts greedily as one batch (`BatchDecoder`: in chunks where the GPU's memory
     asks for them; one prompt at a time for a hybrid target) and, for the trained drafter, the `sampled_runs` runs
     at the serving settings as one more batch of runs x prompts rows drawn from one generator seeded 0 (the
     baselines are compared greedily); one drafter in memory at a time. On a GPU a batch's decode costs about the
-    same per cycle whatever its rows (launch-bound), so one batch per drafter and setting, not per suite and run."""
+    same per cycle whatever its rows (launch-bound), so one batch per drafter and setting, not per suite and run.
+    Also each batch's drafter, setting, rows, draft-verify cycles and seconds (eval.json `decode_batches`: what the
+    planner's price of a GPU eval counts)."""
+    import time
+
     import torch
 
     from dflashx.dflash.batch_decode import BatchDecoder
@@ -121,6 +126,7 @@ def _decode(ctx: EvalContext, target: Any, drafters: list[EvalDrafter], suites: 
     prompts = [(name, p) for name, suite in suites.items() for p in suite["encoded"]]
     total, done = len(prompts) * (len(drafters) + cfg.sampled_runs), 0
     results: Decoded = {name: {} for name in suites}
+    timed: list[dict[str, Any]] = []
     for drafter in drafters:
         decoder = BatchDecoder(target, load(drafter, device))
         runs = 1 + (cfg.sampled_runs if drafter.name == TRAINED else 0)
@@ -131,7 +137,10 @@ def _decode(ctx: EvalContext, target: Any, drafters: list[EvalDrafter], suites: 
         for first, setting, copies in batches:
             rows = [p for _ in range(copies) for _, p in prompts]
             gen = torch.Generator(device=decoder.device).manual_seed(0)
+            start = time.perf_counter()
             decoded = decoder.generate(rows, cfg.max_new_tokens, stop_token_ids=stops, generator=gen, **setting)
+            timed.append({"drafter": drafter.name, "sampled": bool(first), "rows": len(rows),
+                          "cycles": decoder.cycles, "seconds": time.perf_counter() - start})
             live = f"eval/{drafter.name}_tau" + ("_sampled" if first else "")  # the greedy figure stays apart
             for i, result in enumerate(decoded):
                 run, (name, _) = first + i // len(prompts), prompts[i % len(prompts)]
@@ -139,7 +148,7 @@ def _decode(ctx: EvalContext, target: Any, drafters: list[EvalDrafter], suites: 
                 done += 1
                 ctx.log({live: result.tau, "eval/decoded": done, "eval/decodes": total})
         del decoder
-    return results
+    return results, timed
 
 
 def _agreeing(runs: dict[str, list[Any]]) -> list[bool]:
@@ -157,7 +166,7 @@ def _summary(runs: list[list[Any]], block_size: int, suite: dict[str, Any]) -> d
 def evaluate(ctx: EvalContext, target: Any, drafters: list[EvalDrafter], suites: dict[str, dict[str, Any]],
              stops: list[int]) -> tuple[dict[str, Any], Decoded]:
     """Decode every suite with every drafter: the eval.json content (see the module docstring) and the decodes."""
-    results = _decode(ctx, target, drafters, suites, stops)
+    results, batches = _decode(ctx, target, drafters, suites, stops)
     agree = {suite: _agreeing({d: runs[0] for d, runs in by_drafter.items()}) for suite, by_drafter in results.items()}
     blocks = {d.name: d.config.block_size for d in drafters}
     table = {suite: {name: _summary(runs, blocks[name], suites[suite]) for name, runs in by_drafter.items()}
@@ -178,6 +187,7 @@ def evaluate(ctx: EvalContext, target: Any, drafters: list[EvalDrafter], suites:
         **{k: v for k, v in info[first].items() if k != "greedy_agreement"},
         **{name: table[first][name] for name in (TRAINED, UNTRAINED) if name in table[first]},
         "greedy_agreement": sum(every) / len(every),  # over every suite's prompts
+        "decode_batches": batches,
     }, results
 
 
