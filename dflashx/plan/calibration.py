@@ -44,7 +44,7 @@ from dflashx.config.tree import flatten
 from dflashx.resolve.tau import TauPoint, tau_slice
 from dflashx.plan.context import PlanContext, build_context
 from dflashx.plan.estimates.device import (
-    CALIBRATED_DECODE_CYCLE, CALIBRATED_MFU, CALIBRATED_SERVING, CALIBRATED_TAU_PROBE,
+    CALIBRATED_DECODE_CYCLE, CALIBRATED_KEYS, CALIBRATED_MFU, CALIBRATED_SERVING, CALIBRATED_TAU_PROBE,
 )
 from dflashx.resolve import resolve
 from dflashx.resolve.speculative import geometric_profile
@@ -244,7 +244,7 @@ def uncalibrated(recipe: Recipe, stats: dict[str, Any], **sections: dict[str, An
     models predict for the conditions a measurement was taken under."""
     hardware = recipe.hardware.model_copy(update={"calibrated": {
         k: v for k, v in recipe.hardware.calibrated.items()
-        if k not in (CALIBRATED_SERVING, CALIBRATED_MFU, CALIBRATED_TAU_PROBE, CALIBRATED_DECODE_CYCLE)}})
+        if k not in CALIBRATED_KEYS}})
     measured = DatasetStats.model_validate({**recipe.dataset.stats.model_dump(), **stats})
     stages = recipe.stages.model_copy(update={name: getattr(recipe.stages, name).model_copy(update=values)
                                               for name, values in sections.items()})

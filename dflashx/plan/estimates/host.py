@@ -105,12 +105,11 @@ def eval_batched_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
     the output-length quantile at rows / (rows + 1) (the longest of `rows` draws), capped at max_new_tokens, over
     the row's τ (the trained drafter at deploy's expected τ, a baseline at τ 1) cycles, each at
     `decode_cycle_seconds`."""
-    ev = recipe.stages.eval
-    prompts = round(ev.decodes / (1 + len(ev.baselines) + ev.sampled_runs))  # every suite's, once
+    ev, lengths = recipe.stages.eval, OutputLengths.of(recipe.dataset.stats)
+    prompts = round(prompts_per_drafter(recipe))
 
     def longest(name: str, rows: int) -> Expr:
-        cap = OutputLengths.of(recipe.dataset.stats).quantile(rows / (rows + 1))
-        return var(name, min(cap, ev.max_new_tokens))
+        return var(name, min(lengths.quantile(rows / (rows + 1)), ev.max_new_tokens))
 
     greedy, tau = longest("longest_output", prompts), var("expected_tau", recipe.deploy.expected_tau)
     batches = greedy / tau + var("baselines", len(ev.baselines)) * greedy
@@ -122,6 +121,13 @@ def eval_batched_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
                      "runs until its longest row ends", rows=prompts, sampled_runs=ev.sampled_runs)
 
 
+def prompts_per_drafter(recipe: ResolvedRecipe) -> float:
+    """Every suite's prompts, once: what one drafter decodes greedily (`ResolvedEvalStage.decodes` over the trained
+    drafter, the baselines and the sampled runs)."""
+    ev = recipe.stages.eval
+    return ev.decodes / (1 + len(ev.baselines) + ev.sampled_runs)
+
+
 def eval_in_process_seconds(recipe: ResolvedRecipe) -> Term:
     """The eval stage on the CPU: its speculative decoder is the in-process engine whose fixed time per
     layer call was measured (engine.IN_PROCESS), decoding one prompt at a time, as `deploy.speedup` at
@@ -131,7 +137,7 @@ def eval_in_process_seconds(recipe: ResolvedRecipe) -> Term:
     bound for a public one). A decode stops at the end of turn: the output-length distribution's mean, capped at
     max_new_tokens (the suites' prompts taken as like the training prompts)."""
     ev, block = recipe.stages.eval, recipe.drafter.block_size
-    prompts = ev.decodes / (1 + len(ev.baselines) + ev.sampled_runs)
+    prompts = prompts_per_drafter(recipe)
     output = OutputLengths.of(recipe.dataset.stats).clipped_moment(1, ev.max_new_tokens)
     trained = var("tokens_per_s_trained", in_process_tokens_per_s(recipe, list(recipe.deploy.acceptance)))
     baseline = var("tokens_per_s_baseline", in_process_tokens_per_s(recipe, [0.0] * (block - 1)))
