@@ -9,7 +9,8 @@ and pyarrow (which the pipeline imports at W&B's start), import torch and transf
 target's tokenizer and weights (twice: the first load also imports the architecture's modeling code),
 import matplotlib (QC and eval plots), draw one QC histogram figure (twice: the first also sets
 matplotlib up), import datasets, set up the one-rank process group (imports DeepSpeed), build the
-DeepSpeed engine around a fresh drafter, save one training checkpoint, write and read the drafter's
+DeepSpeed engine around a fresh drafter (twice: the first also pays DeepSpeed's once-per-process set-up, as
+the run's train stage after its pilot's does not), save one training checkpoint, write and read the drafter's
 safetensors, then take the tokenize stage's datasets steps on 8 lines (load_dataset, map, filter,
 save_to_disk) and run the tokenize stage's function on 400 one-line completions (its cost per sample).
 The parent
@@ -165,6 +166,8 @@ def _train_parts(parts: dict[str, float], resolved: Any, target: Any, tokenizer:
     job = TrainJob.of(resolved, tmp / "train", tmp / "dataset", target_path, target_path)
     drafter = build_drafter(job, target.config, tokenizer)
     step = _timed(parts, "engine_build", lambda: TrainStep(job, target, drafter, 10, torch.device("cpu")))
+    again = build_drafter(job, target.config, tokenizer)  # a second train stage in the same process (after a pilot)
+    _timed(parts, "engine_build_again", lambda: TrainStep(job, target, again, 10, torch.device("cpu")))
     _timed(parts, "checkpoint_save", lambda: ckpt.save_training_state(step.engine, tmp / "ckpt", 1, {"micro": 1},
                                                                      {}, loss=1.0, keep=2))
     _timed(parts, "drafter_save", lambda: ckpt.save_drafter(drafter, tmp / "drafter"))

@@ -20,6 +20,7 @@ from dflashx.cli.main import app
 from dflashx.data.jsonl import count_records, iter_shards
 from dflashx.plan.calibration import PilotCalibration, conditions
 from dflashx.plan.estimates.device import CALIBRATED_MFU, CALIBRATED_SERVING
+from dflashx.plan.estimates.fixed import PARTS
 from dflashx.run.layout import calibration_path
 from dflashx.run.policy import pilot_due
 from dflashx.run.rundir import load_plan
@@ -243,6 +244,12 @@ def test_run_pilots_first_when_enabled_then_not_again(tmp_path):
         assert first.exit_code == 0, first.output
         assert "Estimate vs measured" in first.output and "pilot generate" in first.output
         assert calibration_path(tmp_path / "runs" / "tiny").is_file()
+        # the run followed its pilot in this process: its train stage pays neither the one-rank group, nor
+        # DeepSpeed's set-up, nor the modeling code (generation by a server loads no model), which the pilot's
+        # training paid; `dflashx plan` later (a process of its own) counts them
+        ran = load_plan(tmp_path / "runs" / "tiny" / "plan.json").stage("train").estimates.seconds
+        later = next(s for s in plan_json(recipe)["stages"] if s["name"] == "train")["estimates"]["seconds"]
+        assert later - ran == pytest.approx(sum(PARTS[p].value for p in ("process_group", "engine_setup", "modeling")))
         again = invoke("run", str(recipe), "--until", "generate", "--skip-preflight")
         skipped = invoke("run", str(recipe), "stages.generate.temperature=0.5", "--until", "ingest", "--skip-preflight")
     assert again.exit_code == 0 and "pilot generate" not in again.output  # measured already: no second pilot

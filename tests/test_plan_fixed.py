@@ -21,8 +21,10 @@ from dflashx.plan.estimates.fixed import (
     PROVENANCE_IMPORTS,
     checkpoint_saves,
     fixed_costs,
+    process_parts,
     target_read_seconds,
 )
+from dflashx.plan.pilot import pilot_recipe
 from dflashx.plan.plan import make_plan
 from dflashx.resolve import resolve
 from dflashx.targets.registry import lookup
@@ -86,6 +88,25 @@ def test_launched_ranks_pay_their_own_process():
     assert "interpreter" not in set().union(*(p for s, p in parts.items() if s != "train"))
 
 
+def test_a_run_after_its_pilot_in_the_process_pays_no_part_twice():
+    """The pilot's stages leave their imports, the one-rank group (a lone trainer keeps it open) and DeepSpeed's
+    set-up paid in the `dflashx run` process; the run that follows there pays only what it does each time."""
+    pilot = resolve(pilot_recipe(tiny_recipe(tracking__mode="disabled"), True, 0), TINY)
+    paid = process_parts(pilot)
+    assert {"torch", "modeling", "pandas", "datasets", "process_group", "engine_setup"} <= paid
+    assert not paid & {"matplotlib", "figure_setup"}  # the pilot draws no figure
+    run = tiny(tracking__mode="disabled")
+    cold, warm = fixed_costs(run, steps=100), fixed_costs(run, steps=100, paid=paid)
+    assert payers(cold, "engine_setup") == payers(cold, "process_group") == ["train"]
+    for part in ("process_group", "engine_setup", "modeling", "datasets", "pandas"):
+        assert payers(warm, part) == [], part
+    assert payers(warm, "engine") == ["train"] and payers(warm, "matplotlib") == ["qc"]
+    assert warm.seconds["train"] == pytest.approx(
+        cold.seconds["train"] - PARTS["process_group"].value - PARTS["engine_setup"].value)
+    launched = resolve(seeds_recipe("h100_x8"), lookup("Qwen/Qwen3.6-27B"))  # its ranks are processes of their own
+    assert not process_parts(launched) & {"process_group", "engine_setup"}
+
+
 def test_checkpoint_saves_follow_the_trainers_rule():
     """The trainer saves when step % checkpoint_every == 0 or at the last step (dflash/trainer.py)."""
     for total, every in [(350, 50), (351, 50), (7, 50), (50, 50), (1, 1)]:
@@ -117,7 +138,8 @@ def test_the_constants_are_the_cited_measurements():
         assert value == pytest.approx(m[name if name == "interpreter" else f"{name}_cpu"], abs=0.006), name
     assert PARTS["modeling"].value == pytest.approx(MEDIANS_S["model_load_first"] - MEDIANS_S["model_load"])
     assert PARTS["wandb_service"].value == pytest.approx(MEDIANS_S["wandb_run_first"] - MEDIANS_S["wandb_run"])
-    assert PARTS["engine"].value == MEDIANS_S["engine_build"]
+    assert PARTS["engine"].value == MEDIANS_S["engine_build_again"]
+    assert PARTS["engine_setup"].value == pytest.approx(MEDIANS_S["engine_build"] - MEDIANS_S["engine_build_again"])
     assert PARTS.keys() >= ONCE_PER_PROCESS
 
 

@@ -51,9 +51,11 @@ class PlanContext:
         ]
 
 
-def build_context(recipe: ResolvedRecipe, pilot_tau: tuple[TauPoint, ...] = ()) -> PlanContext:
+def build_context(recipe: ResolvedRecipe, pilot_tau: tuple[TauPoint, ...] = (),
+                  paid: frozenset[str] = frozenset()) -> PlanContext:
     """The estimates of `recipe`; `pilot_tau`: the held-out τ curve a pilot measured (`CalibrationReport.tau_curve`),
-    for the rules only."""
+    for the rules only; `paid`: the once-per-process fixed parts the process that runs the stages paid before them
+    (`dflashx.plan.estimates.fixed.process_parts` of its pilot's recipe)."""
     facts = recipe.target.facts
     lengths = OutputLengths.of(recipe.dataset.stats)
     tokens = count_tokens(recipe, recipe.stages.train.max_length, lengths)
@@ -71,7 +73,7 @@ def build_context(recipe: ResolvedRecipe, pilot_tau: tuple[TauPoint, ...] = ()) 
     }
     seconds = {stage: t.value for stage, t in time_terms.items()}
     seconds.update(generate=gen.seconds, train=train.seconds)
-    fixed = fixed_costs(recipe, train.steps)  # a stage's time: its work + its fixed costs
+    fixed = fixed_costs(recipe, train.steps, paid)  # a stage's time: its work + its fixed costs
     for stage, s in fixed.seconds.items():
         seconds[stage] = seconds.get(stage, 0.0) + s
     return PlanContext(recipe, lengths, tokens, gen, train, storage, memory, seconds,

@@ -161,12 +161,13 @@ def range_findings(ranges: Ranges, recipe: Recipe) -> list[Finding]:
 
 
 def make_plan(recipe: Recipe, facts: TargetFacts | None = None,
-              calibration: PilotCalibration | None = None) -> Plan:
+              calibration: PilotCalibration | None = None, paid: frozenset[str] = frozenset()) -> Plan:
     """Plan a validated recipe. `facts`: `dflashx.targets.facts.facts_for(recipe.target)`, what the CLI
     passes (a local folder's config.json and tokenizer, else the registry); without them the planner,
     which reads no files, uses that function's registry rule (`registry_facts`) alone, so a local target
     must be given its facts. `calibration` (a pilot's measurements, read by the caller) replaces the
-    figures it measured."""
+    figures it measured. `paid`: the once-per-process fixed parts the process that will run the stages has paid
+    (the pilot's, `dflashx.plan.estimates.fixed.process_parts`, when the run follows it in the same process)."""
     report = None
     if calibration is not None:
         recipe, report = apply_calibration(recipe, calibration)
@@ -177,7 +178,7 @@ def make_plan(recipe: Recipe, facts: TargetFacts | None = None,
         resolved = resolve(recipe, facts)
     except ResolveError as e:
         return _unresolved(recipe, error(e.code, e.key, e.message, e.fix))
-    ctx = build_context(resolved, report.tau_curve if report else ())
+    ctx = build_context(resolved, report.tau_curve if report else (), paid)
     stages = _stage_plans(ctx)
     ranges = plan_ranges(ctx, report.rse if report else None)
     deploy = expected_speedup(resolved)

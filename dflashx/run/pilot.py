@@ -14,7 +14,8 @@ session holds for the pilot and the stages after it (`held`):
                attempt resumes its own interrupted one; the states and drafters are deleted after;
   3. compare   every figure against the planner's prediction for the pilot's conditions, and write
                `pilot/calibration.json` (`dflashx.run.pilot_compare`), which `dflashx plan` of the same recipe
-               applies; then re-plan with it (the one plan after the session's).
+               applies; then re-plan with it (the one plan after the session's), the once-per-process costs its stages
+               paid left out (the run's stages follow in this process: `fixed.process_parts`).
 A killed pilot resumes: an attempt is pilot/plan.json (saved before its stages, until its calibration is
 written), which a pilot under the same values makes again; its generation and training resume by their keys,
 and what its generation measured is read back from the run's records.
@@ -32,6 +33,7 @@ from dflashx.config.schema import Recipe
 from dflashx.data.jsonl import iter_jsonl, iter_shards
 from dflashx.dflash.tau_record import curve_of, is_tau_row
 from dflashx.plan.calibration import PilotCalibration
+from dflashx.plan.estimates.fixed import process_parts
 from dflashx.plan.plan import Plan, make_plan
 from dflashx.resolve.tau import TauPoint
 from dflashx.run import pilot_compare as compare
@@ -94,8 +96,8 @@ class Pilot:
         cal = self._measure(self._generate())
         self.seconds["total"] = sum(self.seconds.values())
         path = save_calibration(self.run_dir, cal)
-        return PilotOutcome(cal, path, self.before, make_plan(self.recipe, self.resolved.target.facts, cal),
-                            self.seconds)
+        replan = make_plan(self.recipe, self.resolved.target.facts, cal, paid=process_parts(self.pilot))
+        return PilotOutcome(cal, path, self.before, replan, self.seconds)
 
     def _generate(self) -> bool:
         """The run's generate stage up to the pilot's limit; False when the run's generation was finished."""

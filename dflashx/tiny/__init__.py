@@ -18,6 +18,7 @@ end-to-end tests that cannot spend minutes on the full build.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -50,16 +51,21 @@ def builtin_identity(value: str) -> str:
     Stage keys use it, so a rebuilt tiny target (new code or settings, or the small CI size)
     re-runs the stages that read it.
     """
+    return _identity(value.removeprefix(BUILTIN_PREFIX), _small())
+
+
+@functools.lru_cache(maxsize=32)
+def _identity(name: str, small: bool) -> str:
+    """One build key per name and size per process: a key parses the build's sources (~20 ms), and a
+    run asks for it ~100 times (every stage key and progress write); the sources do not change under it."""
     from dflashx.tiny.build import BuildSettings, build_key
 
-    name = value.removeprefix(BUILTIN_PREFIX)
     if name in UPCYCLED:
         from dflashx.tiny.moe import moe_key
 
-        return f"{name}{'-small' if _small() else ''}-{moe_key(_small())}"
+        return f"{name}{'-small' if small else ''}-{moe_key(small)}"
     if name in MODEL_NAMES:
-        settings = BuildSettings.for_variant(name, _small())
-        return f"{name}{'-small' if settings.small else ''}-{build_key(settings)}"
+        return f"{name}{'-small' if small else ''}-{build_key(BuildSettings.for_variant(name, small))}"
     return f"{name}-{build_key(BuildSettings())}"
 
 

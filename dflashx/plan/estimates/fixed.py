@@ -7,13 +7,15 @@ a pipeline run:
   imports      torch + transformers, the target architecture's modeling code, matplotlib, datasets,
                W&B's service; once per process, by the first enabled stage that needs them
   loads        the target (from_pretrained), its tokenizer, a drafter checkpoint; each time a stage does
-  training     the process group (imports DeepSpeed), the DeepSpeed engine, each training checkpoint,
-               the drafter's safetensors
+  training     the process group (imports DeepSpeed), DeepSpeed's once-per-process set-up at its first engine,
+               the DeepSpeed engine, each training checkpoint, the drafter's safetensors
   tracking     one W&B run per stage (tracking.mode not disabled)
 Process model (`dflashx.run`): the stages run one after another in the `dflashx run` process, which
-imports torch itself once the first stage has ended (for its provenance record); a train stage of more
-than one rank starts one process per rank (in parallel), each paying the interpreter and
-its imports again. Not measured, so not in the plan: SGLang's server start-up (generate with
+imports torch itself once the first stage has ended (for its provenance record); a lone train process keeps
+its one-rank group open for the next train stage (`dflashx.dflash.trainer.run_training` closes it only when
+launched); a train stage of more than one rank starts one process per rank (in parallel), each paying the
+interpreter and its imports again. A run that follows its pilot in the same process finds the pilot's
+once-per-process parts paid (`process_parts` of the pilot's recipe, given to `fixed_costs` as `paid`). Not measured, so not in the plan: SGLang's server start-up (generate with
 `backend: sglang`) and S3 (backup). The parts were measured with the tiny target (11 MB of weights read
 from the page cache); a target load adds its checkpoint's bytes at a cited cold-start loading rate
 (LOAD_RATE): nothing for the tiny target, most of a large target's load.
@@ -33,15 +35,15 @@ from dflashx.resolve.model import ResolvedRecipe
 _SOURCE = "benchmarks/results/fixed_costs.json (python -m benchmarks.fixed_costs)"
 _WHERE = "the 2-core development machine, Python 3.11, torch 2.13 CPU, transformers 5, tiny-qwen3 target"
 
-# The JSON's medians of 3 fresh processes (measured 2026-12-05 on the 2 idle cores, load average about 2
-# from the benchmark itself): the CPU time of the process and of the children it waited for (`<part>_cpu`; on a shared
+# The JSON's medians of 3 fresh processes (measured 2026-12-07 on the 2 idle cores, load average 0.4 before the
+# benchmark): the CPU time of the process and of the children it waited for (`<part>_cpu`; on a shared
 # machine, about what the part takes on an idle core, in 10 ms ticks), and the bare interpreter's wall time.
 MEDIANS_S = {
-    "wandb_run_first": 0.71, "wandb_run": 0.06, "import_pandas": 0.24, "import_torch_transformers": 1.91,
-    "tokenizer_load": 0.01, "model_load_first": 1.55, "model_load": 0.02, "import_matplotlib": 0.5,
-    "figure_first": 0.16, "figure": 0.12, "import_datasets": 0.13, "dataset_steps": 0.06, "tokenize_samples": 0.11,
-    "process_group": 0.21, "engine_build": 3.35, "checkpoint_save": 0.01, "drafter_save": 0, "drafter_load": 0.02,
-    "interpreter": 0.024,
+    "wandb_run_first": 0.85, "wandb_run": 0.12, "import_pandas": 0.32, "import_torch_transformers": 3.94,
+    "tokenizer_load": 0.01, "model_load_first": 0.49, "model_load": 0.03, "import_matplotlib": 0.33,
+    "figure_first": 0.45, "figure": 0.13, "import_datasets": 0.16, "dataset_steps": 0.06, "tokenize_samples": 0.57,
+    "process_group": 0.23, "engine_build": 0.74, "engine_build_again": 0, "checkpoint_save": 0.01,
+    "drafter_save": 0.01, "drafter_load": 0.01, "interpreter": 0.03,
 }
 
 
@@ -71,8 +73,10 @@ PARTS: dict[str, Measured] = {
     "dataset_steps": _part("the tokenize stage's datasets steps on 8 lines: load_dataset, map, filter, save_to_disk",
                            "dataset_steps"),
     "process_group": _part("setup_distributed: imports DeepSpeed, a one-rank gloo group", "process_group"),
-    "engine": _part("TrainStep around a fresh tiny drafter: deepspeed.initialize and its compiler probes",
-                    "engine_build"),
+    "engine_setup": _part("deepspeed.initialize's once-per-process set-up (its compiler probes): the first TrainStep "
+                          "less a second", "engine_build", "engine_build_again"),
+    "engine": _part("TrainStep around a fresh tiny drafter, DeepSpeed set up: deepspeed.initialize",
+                    "engine_build_again"),
     "checkpoint": _part("checkpoint.save_training_state (engine, optimizer, RNG)", "checkpoint_save"),
     "drafter_save": _part("checkpoint.save_drafter (config.json + model.safetensors)", "drafter_save"),
     "drafter_load": _part("checkpoint.load_drafter", "drafter_load"),
@@ -99,7 +103,7 @@ def target_read_seconds(recipe: ResolvedRecipe) -> float:
 
 
 ONCE_PER_PROCESS = frozenset({"interpreter", "torch", "modeling", "matplotlib", "figure_setup", "pandas",
-                              "datasets", "wandb_service"})
+                              "datasets", "wandb_service", "process_group", "engine_setup"})
 # Imported by the orchestrator itself after the first stage ends (its provenance record names torch's version:
 # `dflashx.track.provenance.torch_facts`), outside every stage's timer.
 PROVENANCE_IMPORTS = frozenset({"torch"})
@@ -110,11 +114,13 @@ FIGURES = {"qc": 3, "eval": 2}
 
 @dataclass(frozen=True)
 class FixedCosts:
-    """Per stage: the fixed parts it pays (part -> count) and their seconds."""
+    """Per stage: the fixed parts it pays (part -> count) and their seconds; `paid`: the once-per-process parts
+    the `dflashx run` process holds after its stages."""
 
     parts: dict[str, dict[str, int]]
     seconds: dict[str, float]
     terms: dict[str, Term]
+    paid: frozenset[str]
 
 
 def checkpoint_saves(steps: int, every: int) -> int:
@@ -134,7 +140,7 @@ def stage_needs(recipe: ResolvedRecipe, stage: str, steps: int) -> dict[str, int
         needs = {"torch": 1, "pandas": 1, "datasets": 1, "dataset_steps": 1, "tokenizer": 1}
     elif stage == "train":
         needs = {"torch": 1, "modeling": 1, "pandas": 1, "datasets": 1, "process_group": 1, "target_load": 1,
-                 "tokenizer": 1, "engine": 1, "checkpoint": checkpoint_saves(steps, st.train.checkpoint_every),
+                 "tokenizer": 1, "engine_setup": 1, "engine": 1, "checkpoint": checkpoint_saves(steps, st.train.checkpoint_every),
                  "drafter_save": 1}
     elif stage == "eval":
         needs = {"torch": 1, "modeling": 1, "matplotlib": 1, "figure_setup": 1, "figure": FIGURES["eval"],
@@ -150,11 +156,12 @@ def tracking_needs(recipe: ResolvedRecipe) -> dict[str, int]:
     return {} if recipe.tracking.mode == "disabled" else {"wandb_service": 1, "pandas": 1, "wandb_run": 1}
 
 
-def fixed_costs(recipe: ResolvedRecipe, steps: int) -> FixedCosts:
+def fixed_costs(recipe: ResolvedRecipe, steps: int, paid: frozenset[str] = frozenset()) -> FixedCosts:
     """Walk the enabled stages in order: a once-per-process part is paid by the first stage needing it
-    in the `dflashx run` process (torch: by none after the first stage, whose provenance imports it); a
-    train stage of several ranks pays its own in fresh processes."""
-    imported: set[str] = {"interpreter"}  # the dflashx run process is running
+    in the `dflashx run` process (torch: by none after the first stage, whose provenance imports it), unless
+    the process had paid it before (`paid`: its pilot's, `process_parts`); a train stage of several ranks pays
+    its own in fresh processes."""
+    imported: set[str] = {"interpreter", *paid}  # the dflashx run process is running
     parts: dict[str, dict[str, int]] = {}
     for stage in STAGE_ORDER:
         if not getattr(recipe.stages, stage).enabled:
@@ -179,4 +186,10 @@ def fixed_costs(recipe: ResolvedRecipe, steps: int) -> FixedCosts:
                              for p, n in parts[s].items()})
              for s in parts}
     seconds = {s: expr.value for s, expr in sums.items()}
-    return FixedCosts(parts, seconds, terms)
+    return FixedCosts(parts, seconds, terms, frozenset(imported))
+
+
+def process_parts(recipe: ResolvedRecipe) -> frozenset[str]:
+    """The once-per-process parts a `dflashx run` process holds after the enabled stages of `recipe` (a pilot's:
+    the run that follows in the same process does not pay them again)."""
+    return fixed_costs(recipe, steps=1).paid
