@@ -155,11 +155,12 @@ def test_pilot_in_process_calibrates_the_next_plan_and_its_completions_are_reuse
 @pytest.mark.timeout(300)
 def test_pilot_over_http_stops_on_the_budget_and_the_run_reuses_its_completions(tmp_path):
     with ScriptedOpenAIServer(Script(delay_s=0.01)) as server:
-        # the recipe guesses 4 samples where the ingest finds 28: the scaled stages dominate without eval
+        # the recipe guesses 4 samples where the ingest finds 28: with 100 epochs the training steps, which scale
+        # with the samples, outweigh the fixed costs (imports, loads, which do not, and which the pilot's re-plan
+        # leaves out where the pilot paid them in its process), so the budget is 1.2x the guessed plan
         http = {"stages__generate__backend": "sglang", "stages__generate__urls": [server.url],
-                "stages__generate__concurrency": 4, "dataset__stats__samples": 4, "stages__eval__enabled": False}
-        # fixed costs (model loads, process starts) do not scale with the samples: 7x the samples makes the
-        # plan about 1.4x (6.8 s -> 9.4 s with the pilot's figures), so the budget is 1.2x the guessed plan
+                "stages__generate__concurrency": 4, "dataset__stats__samples": 4, "stages__eval__enabled": False,
+                "stages__train__epochs": 100}
         budget = plan_json(tiny_file(tmp_path, **http))["totals"]["days"] * 1.2
         recipe = tiny_file(tmp_path, **http, budget__max_days=budget)
         stopped = invoke("pilot", str(recipe))
