@@ -85,6 +85,24 @@ def test_builtin_tokenizer_resolves_without_building_the_model(tmp_path, monkeyp
     assert locate_tokenizer(TargetSpec(model="builtin:tiny-qwen3")) == folder
 
 
+def test_a_shipped_builtins_tokenizer_is_its_model_folder_copied_not_trained(tmp_path, monkeypatch):
+    """Full size, the build shipped under the current key: the tokenizer is the shipped model folder's (a copy),
+    byte for byte the tokenizer a tokenizer-only build trains (seconds of CPU saved at preflight)."""
+    from transformers import AutoTokenizer
+
+    from dflashx.tiny import shipped
+
+    monkeypatch.setenv("DFLASHX_CACHE", str(tmp_path))
+    assert shipped.record("tiny-qwen3")["key"] == build.build_key(build.BuildSettings.for_variant("tiny-qwen3"))
+    folder = locate_tokenizer(TargetSpec(model="builtin:tiny-qwen3"))
+    assert folder == locate_target(TargetSpec(model="builtin:tiny-qwen3"))  # the model folder, copied
+    assert not list((tmp_path / "tiny").glob("tokenizer-*")), "no tokenizer trained"
+    assert AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids("<|mask|>") == build.MASK_TOKEN_ID
+    trained = build.ensure_tiny_tokenizer("tiny-qwen3")
+    assert (trained / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+    assert (trained / "chat_template.jinja").read_bytes() == (folder / "chat_template.jinja").read_bytes()
+
+
 def test_concurrent_builds_of_one_folder_build_once(tmp_path):
     """A second builder waits on the lock and takes the first one's folder (no second training)."""
     calls: list[int] = []

@@ -36,37 +36,58 @@ def _small() -> bool:
 
 
 def locate_builtin_tokenizer(value: str) -> Path:
-    """Tokenizer folder of `builtin:tiny-qwen3` / `builtin:tiny-qwen3_5` without building the model."""
+    """Tokenizer folder of `builtin:tiny-qwen3` / `builtin:tiny-qwen3_5` without building the model: the model's
+    own folder when its build is cached or ships in the package under the current key (a copy, a fraction of a
+    second: its tokenizer files are the ones `ensure_tiny_tokenizer` trains), else the tokenizer alone (trained
+    in seconds)."""
     from dflashx.tiny.build import ensure_tiny_tokenizer
+    from dflashx.tiny.shipped import record
 
     name = value.removeprefix(BUILTIN_PREFIX)
     if name not in MODEL_NAMES:
         raise ValueError(f"{value!r} has no tokenizer; use one of {', '.join(BUILTIN_PREFIX + n for n in MODEL_NAMES)}")
-    return ensure_tiny_tokenizer(UPCYCLED.get(name, name), small=_small())
+    variant, small = UPCYCLED.get(name, name), _small()
+    ships = not small and (record(variant) or {}).get("key") == _build_key(variant, small)
+    if ships or _cached(variant, small) is not None:
+        return locate_builtin(BUILTIN_PREFIX + variant)
+    return ensure_tiny_tokenizer(variant, small=small)
 
 
 def builtin_identity(value: str) -> str:
     """What a `builtin:` value stands for (name, size, build key), cheaply and without building.
 
     Stage keys use it, so a rebuilt tiny target (new code or settings, or the small CI size)
-    re-runs the stages that read it.
+    re-runs the stages that read it. A model's identity is also its cache folder's name.
     """
-    return _identity(value.removeprefix(BUILTIN_PREFIX), _small())
+    name = value.removeprefix(BUILTIN_PREFIX)
+    return _folder_name(name, _small() and name in MODEL_NAMES)
+
+
+def _folder_name(name: str, small: bool) -> str:
+    """`<name>[-small]-<build key>`: a model builtin's cache folder."""
+    return f"{name}{'-small' if small else ''}-{_build_key(name, small)}"
 
 
 @functools.lru_cache(maxsize=32)
-def _identity(name: str, small: bool) -> str:
-    """One build key per name and size per process: a key parses the build's sources (~20 ms), and a
-    run asks for it ~100 times (every stage key and progress write); the sources do not change under it."""
+def _build_key(name: str, small: bool) -> str:
+    """A builtin's build key (a model's, the upcycled one's, else the default build's), once per name and size per
+    process: a key parses the build's sources (~20 ms), and a run asks ~100 times (every stage key, progress
+    write and target location); the sources do not change under it."""
     from dflashx.tiny.build import BuildSettings, build_key
 
     if name in UPCYCLED:
         from dflashx.tiny.moe import moe_key
 
-        return f"{name}{'-small' if small else ''}-{moe_key(small)}"
-    if name in MODEL_NAMES:
-        return f"{name}{'-small' if small else ''}-{build_key(BuildSettings.for_variant(name, small))}"
-    return f"{name}-{build_key(BuildSettings())}"
+        return moe_key(small)
+    return build_key(BuildSettings.for_variant(name, small) if name in MODEL_NAMES else BuildSettings())
+
+
+def _cached(name: str, small: bool) -> Path | None:
+    """A model builtin's cache folder when its build under the current key is there."""
+    from dflashx.tiny.build import _is_built, cache_root
+
+    folder = cache_root() / _folder_name(name, small)
+    return folder if _is_built(folder, _build_key(name, small)) else None
 
 
 def locate_builtin(value: str) -> Path:
@@ -75,6 +96,8 @@ def locate_builtin(value: str) -> Path:
     from dflashx.tiny.prompts import PROMPT_FILES, write_prompt_file
 
     name = value.removeprefix(BUILTIN_PREFIX)
+    if name in MODEL_NAMES and (folder := _cached(name, _small())) is not None:
+        return folder  # built under the current key: no build lock to take
     if name in UPCYCLED:
         from dflashx.tiny.moe import ensure_tiny_moe
 
@@ -84,8 +107,6 @@ def locate_builtin(value: str) -> Path:
 
         return ensure_tiny_target(name, small=_small(), log=logging.getLogger("dflashx.tiny").info)
     if name in PROMPT_FILES:
-        from dflashx.tiny.build import build_key, BuildSettings
-
-        return write_prompt_file(name, cache_root() / f"prompts-{build_key(BuildSettings())}")
+        return write_prompt_file(name, cache_root() / f"prompts-{_build_key(name, False)}")
     known = ", ".join(BUILTIN_PREFIX + n for n in (*MODEL_NAMES, *PROMPT_FILES))
     raise ValueError(f"unknown builtin {value!r}; known builtins are {known}")
