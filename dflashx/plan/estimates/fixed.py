@@ -15,10 +15,11 @@ imports torch itself once the first stage has ended (for its provenance record);
 its one-rank group open for the next train stage (`dflashx.dflash.trainer.run_training` closes it only when
 launched); a train stage of more than one rank starts one process per rank (in parallel), each paying the
 interpreter and its imports again. A run that follows its pilot in the same process finds the pilot's
-once-per-process parts paid (`process_parts` of the pilot's recipe, given to `fixed_costs` as `paid`). Not measured, so not in the plan: SGLang's server start-up (generate with
-`backend: sglang`) and S3 (backup). The parts were measured with the tiny target (11 MB of weights read
-from the page cache); a target load adds its checkpoint's bytes at a cited cold-start loading rate
-(LOAD_RATE): nothing for the tiny target, most of a large target's load.
+once-per-process parts paid (`process_parts` of the pilot's recipe, given to `fixed_costs` as `paid`). Not
+measured, so not in the plan: SGLang's server start-up (generate with `backend: sglang`) and S3 (backup).
+The parts were measured with the tiny target (11 MB of weights read from the page cache); a target load adds
+its checkpoint's bytes at a cited cold-start loading rate (LOAD_RATE): nothing for the tiny target, most of a
+large target's load.
 """
 
 from __future__ import annotations
@@ -140,8 +141,8 @@ def stage_needs(recipe: ResolvedRecipe, stage: str, steps: int) -> dict[str, int
         needs = {"torch": 1, "pandas": 1, "datasets": 1, "dataset_steps": 1, "tokenizer": 1}
     elif stage == "train":
         needs = {"torch": 1, "modeling": 1, "pandas": 1, "datasets": 1, "process_group": 1, "target_load": 1,
-                 "tokenizer": 1, "engine_setup": 1, "engine": 1, "checkpoint": checkpoint_saves(steps, st.train.checkpoint_every),
-                 "drafter_save": 1}
+                 "tokenizer": 1, "engine_setup": 1, "engine": 1,
+                 "checkpoint": checkpoint_saves(steps, st.train.checkpoint_every), "drafter_save": 1}
     elif stage == "eval":
         needs = {"torch": 1, "modeling": 1, "matplotlib": 1, "figure_setup": 1, "figure": FIGURES["eval"],
                  "target_load": 1, "tokenizer": 1, "drafter_load": 1 + len(st.eval.baselines)}
