@@ -74,8 +74,8 @@ PARTS: dict[str, Measured] = {
     "dataset_steps": _part("the tokenize stage's datasets steps on 8 lines: load_dataset, map, filter, save_to_disk",
                            "dataset_steps"),
     "process_group": _part("setup_distributed: imports DeepSpeed, a one-rank gloo group", "process_group"),
-    "engine_setup": _part("deepspeed.initialize's once-per-process set-up (its compiler probes): the first TrainStep "
-                          "less a second", "engine_build", "engine_build_again"),
+    "engine_setup": _part("DeepSpeed's once-per-process set-up at its first engine: the first TrainStep less a second",
+                          "engine_build", "engine_build_again"),
     "engine": _part("TrainStep around a fresh tiny drafter, DeepSpeed set up: deepspeed.initialize",
                     "engine_build_again"),
     "checkpoint": _part("checkpoint.save_training_state (engine, optimizer, RNG)", "checkpoint_save"),
