@@ -41,14 +41,13 @@ def locate_builtin_tokenizer(value: str) -> Path:
     second: its tokenizer files are the ones `ensure_tiny_tokenizer` trains), else the tokenizer alone (trained
     in seconds)."""
     from dflashx.tiny.build import ensure_tiny_tokenizer
-    from dflashx.tiny.shipped import record
+    from dflashx.tiny.shipped import record_under
 
     name = value.removeprefix(BUILTIN_PREFIX)
     if name not in MODEL_NAMES:
         raise ValueError(f"{value!r} has no tokenizer; use one of {', '.join(BUILTIN_PREFIX + n for n in MODEL_NAMES)}")
     variant, small = UPCYCLED.get(name, name), _small()
-    ships = not small and (record(variant) or {}).get("key") == _build_key(variant, small)
-    if ships or _cached(variant, small) is not None:
+    if record_under(variant, _build_key(variant, small)) is not None or _cached(variant, small) is not None:
         return locate_builtin(BUILTIN_PREFIX + variant)
     return ensure_tiny_tokenizer(variant, small=small)
 
@@ -64,7 +63,7 @@ def builtin_identity(value: str) -> str:
 
 
 def _folder_name(name: str, small: bool) -> str:
-    """`<name>[-small]-<build key>`: a model builtin's cache folder."""
+    """`<name>[-small]-<build key>`: a builtin's identity, and a model builtin's cache folder."""
     return f"{name}{'-small' if small else ''}-{_build_key(name, small)}"
 
 

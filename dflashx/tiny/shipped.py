@@ -50,11 +50,17 @@ def verify(variant: str) -> list[str]:
             if not (folder / name).is_file() or _sha256(folder / name) != sha]
 
 
+def record_under(variant: str, key: str) -> dict | None:
+    """The shipped record of `variant` when that build was made under `key`, else None."""
+    rec = record(variant)
+    return rec if rec is not None and rec["key"] == key else None
+
+
 def copy_into(variant: str, key: str, folder: Path) -> bool:
     """Copy the shipped build of `variant` into the empty `folder` when it was made under `key`;
     False when nothing matching ships (the caller builds). A damaged file stops with its name."""
-    rec = record(variant)
-    if rec is None or rec["key"] != key:
+    rec = record_under(variant, key)
+    if rec is None:
         return False
     problems = verify(variant)
     if problems:
