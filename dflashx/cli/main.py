@@ -113,5 +113,17 @@ def _register(argv: list[str]) -> None:
 
 _register(sys.argv)
 
+
+def main() -> None:
+    """The `dflashx` process (its console script): the command, then `process_end.end_process` with its exit code
+    (`typer` ends every command with SystemExit)."""
+    from dflashx.cli.process_end import end_process
+
+    try:
+        app()
+    except SystemExit as done:
+        end_process(done.code)
+
+
 if __name__ == "__main__":
-    app()
+    main()
