@@ -5,7 +5,7 @@
 # then the trainer step beside f5ac536's, interleaved (benchmarks/train_step_vs.py), in what time is left.
 # Needs: dflashx's missing dependencies as wheels in .whl/ (../shared/tools/device-wheels.sh, torch, nvidia-*,
 # triton, transformers and cuda-* wheels deleted), f5ac536's package in .devrun/f5ac536/
-# (`git archive f5ac536 dflashx | tar -x -C .devrun/f5ac536`); writes to $OUT. SKIP_TINY=1 / SKIP_BENCH=1.
+# (`git archive f5ac536 dflashx | tar -x -C .devrun/f5ac536`); writes to $OUT. SKIP_TINY=1 / SKIP_BENCH=1 / ROUNDS=2.
 set -u
 export PYTHONUNBUFFERED=1
 T0=$SECONDS
@@ -24,19 +24,22 @@ python3 -c "import torch, transformers, deepspeed; print(torch.__version__, tran
 python3 -m dflashx.cli.main profiles --show local 2>&1 | tail -15
 run() {  # name, overrides...
   local name=$1; shift
-  local start=$SECONDS
   export HOME=$(mktemp -d); rm -rf /tmp/torchinductor_* /tmp/runs/$name  # each run cold: no tiny target, no compile caches
+  local start=$(date +%s.%N)
   timeout ${BUDGET:-150} python3 -m dflashx.cli.main run recipes/tiny.yaml hardware=local tracking.mode=disabled \
       --run-dir /tmp/runs/$name "$@" > $OUT/$name.log 2>&1
-  echo "== $name: exit $? in $((SECONDS - start)) s (wall, the CLI's start included)"
+  local rc=$? end=$(date +%s.%N)
+  echo "== $name: exit $rc in $(python3 -c "print(f'{$end - $start:.1f}')") s (wall: the process's start to its end)"
   sed "s/\x1b\[[0-9;]*m//g" $OUT/$name.log | grep -E "^[0-9:]{8} [+~>]|round trip|Error|error" | tail -25 | cut -c1-160
   python3 -m benchmarks.tiny_run --from /tmp/runs/$name --tolerance 1.25 --out $OUT/$name.tiny_run.json 2>&1 | grep -v "^note" | head -12
   (cd /tmp/runs && tar czf $OUT/$name.tgz --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
       --exclude='dataset' --exclude='completions' --exclude='wandb' $name) 2>/dev/null
 }
 if [ -z "${SKIP_TINY-}" ]; then
-  BUDGET=130 run dflash
-  BUDGET=130 run dflash2 drafter.architecture=dflash2
+  for round in $(seq ${ROUNDS:-1}); do  # ROUNDS=2: each architecture again on the same machine (its files cached)
+    BUDGET=130 run dflash$round
+    BUDGET=130 run dflash2$round drafter.architecture=dflash2
+  done
 fi
 [ -n "${SKIP_BENCH-}" ] && { echo "== all done in $((SECONDS - T0)) s"; exit 0; }
 left=$((LIMIT - (SECONDS - T0)))
