@@ -63,6 +63,7 @@ def test_the_console_script_ends_with_the_commands_status(tmp_path: Path) -> Non
     done = subprocess.run([sys.executable, "-c", code, str(missing)], cwd=REPO, capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode != 0 and "missing.yaml" in done.stdout + done.stderr
-    ok = subprocess.run([sys.executable, "-c", code.replace("'validate', sys.argv[1]", "'validate', 'recipes/tiny.yaml'"),
-                         ], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    valid = code.replace("'validate', sys.argv[1]", "'validate', 'recipes/tiny.yaml'")
+    ok = subprocess.run([sys.executable, "-c", valid], cwd=REPO, capture_output=True, text=True, timeout=120,
+                        check=False)
     assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]

@@ -14,13 +14,14 @@ Public API: `end_process(code)`.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
 from typing import NoReturn
 
 
-def exit_status(code: object) -> int:
+def exit_status(code: str | int | None) -> int:
     """The status `sys.exit(code)` ends with: None 0, an int itself, anything else 1 (it is printed)."""
     if code is None:
         return 0
@@ -29,7 +30,7 @@ def exit_status(code: object) -> int:
     return 1
 
 
-def end_process(code: object) -> NoReturn:
+def end_process(code: str | int | None) -> NoReturn:
     """End this process with SystemExit's `code` (see the module docstring)."""
     if "torch" not in sys.modules:
         sys.exit(code)
@@ -40,8 +41,6 @@ def end_process(code: object) -> NoReturn:
         print(code, file=sys.stderr)
     atexit._run_exitfuncs()  # what Python runs at exit before its teardown
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing left to deliver
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: nothing left to deliver
-            pass
     os._exit(exit_status(code))

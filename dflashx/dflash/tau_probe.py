@@ -44,7 +44,7 @@ from dflashx.dflash.acceptance import summarize
 from dflashx.dflash.checkpoint import BEST_TAU, best_tau, copy_drafter, save_best_tau
 from dflashx.dflash.job import HeldOutSlice, TrainJob, torch_dtype
 from dflashx.dflash.model import DFlashDrafter
-from dflashx.dflash.tau_record import BEST_DIR, HeldOutTau, curve_of, tau_row
+from dflashx.dflash.tau_record import BEST_DIR, HeldOutTau, curve_of, metrics_file, tau_row
 from dflashx.resolve.tau import TauPoint
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class TauProbe:
         self.job, self.every, self.heldout = job, every, heldout
         self.target, self.drafter, self.rank, self.log = target, drafter, rank, log
         self.stage = Path(job.stage_dir)
-        self.metrics = self.stage / "logs" / "metrics.jsonl"
+        self.metrics = metrics_file(self.stage)
 
     @classmethod
     def of(cls, job: TrainJob, target: nn.Module, drafter: DFlashDrafter, rank: int,

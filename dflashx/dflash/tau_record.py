@@ -8,8 +8,9 @@ the export stage exports that one (`HeldOutTau.drafter_dir`). No torch here: rep
 too.
 
 Public API: `TAU_FILE`, `BEST_DIR`, `TauPoint`, `HeldOutTau` (`.read(folder)`, `.drafter_dir(folder)`,
-`.write(folder)`, `.summary()`), `tau_row(point, **figures)`, `is_tau_row(row)`, `curve_of(metrics_file)`
-(its lines in logs/metrics.jsonl); `TauPoint` and `curve_text(points)` (as findings and reports quote a
+`.write(folder)`, `.summary()`), `metrics_file(stage_dir)` (the train stage's logs/metrics.jsonl: one line per log
+step and per held-out τ measurement), `tau_row(point, **figures)`, `is_tau_row(row)`, `curve_of(metrics_file)`
+(its τ lines); `TauPoint` and `curve_text(points)` (as findings and reports quote a
 curve) come from `dflashx.resolve.tau`, where the planner reads them too.
 """
 
@@ -27,6 +28,11 @@ from dflashx.store.atomic import atomic_write_text
 TAU_FILE = "tau.json"
 BEST_DIR = "best"
 TAU_KEY = "heldout_tau"  # the metric name in logs/metrics.jsonl, the stage's records and W&B
+
+
+def metrics_file(stage_dir: Path) -> Path:
+    """The train stage's metrics log under its folder: one JSON line per log step and per held-out τ measurement."""
+    return Path(stage_dir) / "logs" / "metrics.jsonl"
 
 
 class HeldOutTau(BaseModel):

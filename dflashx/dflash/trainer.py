@@ -51,6 +51,7 @@ from dflashx.dflash.model import DFlashDrafter
 from dflashx.dflash.step import TrainStep
 from dflashx.dflash.target_shard import shard_target
 from dflashx.dflash.tau_probe import TauProbe
+from dflashx.dflash.tau_record import metrics_file
 from dflashx.dflash.window import Window
 from dflashx.resolve.compile_rule import DECIDE_AFTER_STEPS, WARMUP_STEPS
 from dflashx.resolve.formulas import optimizer_steps, steps_per_epoch
@@ -59,7 +60,6 @@ from dflashx.targets.load import model_from, tokenizer_from
 
 __all__ = ["TrainJob", "build_drafter", "main", "run_training"]
 Log = Callable[[dict[str, Any], int], None]
-METRICS = "metrics.jsonl"  # under logs/: one line per log step and per held-out τ measurement
 
 
 def _load_target(job: TrainJob, device: torch.device) -> tuple[nn.Module, Any, DFlashDrafter]:
@@ -193,7 +193,7 @@ class StepEnd:
         if step % train.log_every == 0 or step == total:
             self.last = self.window.read(engine.get_lr()[0]) | {"step": step, "epoch": epoch, "total_steps": total}
             if self.rank == 0:
-                with (stage / "logs" / METRICS).open("a") as f:
+                with metrics_file(stage).open("a") as f:
                     f.write(json.dumps(self.last) + "\n")
                 if self.log is not None:
                     self.log(self.last, step)
@@ -238,7 +238,7 @@ def run_training(job: TrainJob, log: Log | None = None) -> dict[str, Any]:
     step = g // accum
     window = Window(drafter.config.block_size, train.peak_flops, world, accum)
     if rank == 0:
-        _trim_metrics(stage / "logs" / METRICS, step)
+        _trim_metrics(metrics_file(stage), step)
     end = StepEnd(job, trainer, window, TauProbe.of(job, target, drafter, rank, log), EagerClock(step), rank, log,
                   write_kernels)
     epoch_micro = per_epoch * accum

@@ -31,7 +31,7 @@ from typing import IO, Any
 
 from dflashx.config.schema import Recipe
 from dflashx.data.jsonl import iter_jsonl, iter_shards
-from dflashx.dflash.tau_record import curve_of, is_tau_row
+from dflashx.dflash.tau_record import curve_of, is_tau_row, metrics_file
 from dflashx.plan.calibration import PilotCalibration
 from dflashx.plan.estimates.fixed import process_parts
 from dflashx.plan.plan import Plan, make_plan
@@ -173,7 +173,7 @@ class Pilot:
         self._stages(self.dir, Selection(["tokenize", "train"], force),
                      f"{len(ids)} completions into {PILOT_DIR}/, {self.pilot.stages.train.max_steps} steps to "
                      f"measure MFU and tokens/s{held_out}")
-        metrics = self.dir / "train" / "logs" / "metrics.jsonl"
+        metrics = metrics_file(self.dir / "train")
         rows = list(iter_jsonl(metrics)) if metrics.is_file() else []
         drop_states(self.run_dir)
         windows, probes = [r for r in rows if not is_tau_row(r)], [r for r in rows if is_tau_row(r)]

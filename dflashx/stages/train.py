@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflashx.backends.nodes import NodeAddressError, node_address
-from dflashx.dflash.tau_record import HeldOutTau, is_tau_row
+from dflashx.dflash.tau_record import HeldOutTau, is_tau_row, metrics_file
 from dflashx.plan.launch import TrainLaunch
 from dflashx.resolve.deepspeed import RUN_DIR
 from dflashx.stages.base import Artifact, StageFailed, StageResult, TrainContext
@@ -143,7 +143,7 @@ def _launch(ctx: TrainContext, argv: list[str]) -> None:
 def _replay(ctx: TrainContext) -> dict[str, Any]:
     """Every line of the launched job's metrics.jsonl into `ctx.log`; the last window (not a τ line)."""
     last: dict[str, Any] = {}
-    metrics = ctx.out_dir / "logs" / "metrics.jsonl"
+    metrics = metrics_file(ctx.out_dir)
     for line in metrics.read_text().splitlines() if metrics.exists() else []:
         row = json.loads(line)
         ctx.log(row, row.get("step"))
@@ -194,8 +194,8 @@ def probe_share(ctx: TrainContext, seconds: float) -> dict[str, Any]:
     """What the held-out τ measurements took (`heldout_seconds` of logs/metrics.jsonl; after a resume, the killed
     attempt's kept lines too), and their share of this attempt's training wall time `seconds` (the plan sizes
     `tau_every` for at most `resolve.tau.TAU_SHARE`)."""
-    metrics_file = ctx.out_dir / "logs" / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.is_file() else []
+    log = metrics_file(ctx.out_dir)
+    rows = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
     probe = sum(float(r.get("heldout_seconds") or 0.0) for r in rows if is_tau_row(r))
     return {"tau_probe_seconds": probe, "tau_probe_share": probe / seconds} if probe and seconds > 0 else {}
 
