@@ -37,8 +37,8 @@ run() {  # name, overrides...
 }
 if [ -z "${SKIP_TINY-}" ]; then
   for round in $(seq ${ROUNDS:-1}); do  # ROUNDS=2: each architecture again on the same machine (its files cached)
-    BUDGET=130 run dflash$round
-    BUDGET=130 run dflash2$round drafter.architecture=dflash2
+    BUDGET=130 run dflash-r$round
+    BUDGET=130 run dflash2-r$round drafter.architecture=dflash2
   done
 fi
 [ -n "${SKIP_BENCH-}" ] && { echo "== all done in $((SECONDS - T0)) s"; exit 0; }

@@ -21,12 +21,11 @@ import threading
 from typing import NoReturn
 
 
-def exit_status(code: str | int | None) -> int:
-    """The status `sys.exit(code)` ends with: None 0, an int itself, anything else 1 (it is printed)."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
+def _status(code: str | int | None) -> int:
+    """The status `sys.exit(code)` ends with, printing a message as it does: None 0, an int itself, a message 1."""
+    if code is None or isinstance(code, int):
+        return code or 0
+    print(code, file=sys.stderr)
     return 1
 
 
@@ -37,10 +36,9 @@ def end_process(code: str | int | None) -> NoReturn:
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
-    if code is not None and not isinstance(code, int):
-        print(code, file=sys.stderr)
+    status = _status(code)
     atexit._run_exitfuncs()  # what Python runs at exit before its teardown
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing left to deliver
             stream.flush()
-    os._exit(exit_status(code))
+    os._exit(status)
