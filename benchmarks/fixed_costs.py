@@ -11,8 +11,9 @@ import matplotlib (QC and eval plots), draw one QC histogram figure (twice: the 
 matplotlib up), import datasets, set up the one-rank process group (imports DeepSpeed), build the
 DeepSpeed engine around a fresh drafter (twice: the first also pays DeepSpeed's once-per-process set-up, as
 the run's train stage after its pilot's does not), save one training checkpoint, write and read the drafter's
-safetensors, then take the tokenize stage's datasets steps on 8 lines (load_dataset, map, filter,
-save_to_disk) and run the tokenize stage's function on 400 one-line completions (its cost per sample).
+safetensors, then run the tokenize stage's function on 400 one-line completions twice and on 4,000 once
+(the first call pays its once-per-process set-up: the stage's module, the datasets steps' first use, the chat
+template's compile; the 400 and 4,000 calls after it give its cost per sample and per call apart).
 The parent
 also times a bare interpreter (`python -c pass`). Each part is timed as wall time and as the
 process's CPU time with its waited-for children (`<part>_cpu`: on a shared machine, about what
@@ -25,6 +26,7 @@ the tiny run they are checked against (benchmarks/tiny_run.py).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -34,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +49,10 @@ RECIPE = REPO / "recipes" / "tiny.yaml"
 
 def _timed(parts: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
     """Run `fn`; record its wall time as `name` and the CPU time of this process and of the child
-    processes it waited for (DeepSpeed's compiler probes) as `name`_cpu."""
+    processes it waited for (DeepSpeed's compiler probes) as `name`_cpu. A full garbage collection runs first,
+    untimed: once torch is imported, the collector's full pass over the heap (~0.25 s here) lands in whichever part
+    happens to cross its threshold (it fell in the first QC figure on one day and in the second on the next)."""
+    gc.collect()
     start, cpu = time.perf_counter(), _cpu_seconds()
     out = fn()
     parts[name] = time.perf_counter() - start
@@ -87,8 +93,7 @@ def child(out: Path) -> None:
         _timed(parts, "figure", lambda: _figure(Path(tmp) / "b.png"))
         _timed(parts, "import_datasets", lambda: __import__("datasets"))
         _train_parts(parts, resolved, target, tokenizer, target_path, Path(tmp))
-        _timed(parts, "dataset_steps", lambda: _dataset_steps(Path(tmp)))
-        _timed(parts, "tokenize_samples", lambda: _tokenize_samples(Path(tmp), target_path))
+        _tokenize_parts(parts, Path(tmp), target_path)
     out.write_text(json.dumps(parts))
 
 
@@ -108,28 +113,25 @@ def _figure(path: Path) -> None:
     _histogram([random.Random(0).randint(1, 120) for _ in range(284)], path, "words", "words", 4)
 
 
-def _dataset_steps(folder: Path) -> None:
-    """The datasets steps the tokenize stage takes, on 8 lines: load_dataset("text") into a cache, a batched map,
-    a filter, save_to_disk (their set-up, caching and fingerprints; the lines' work is negligible)."""
-    from datasets import disable_progress_bars, load_dataset
-
-    disable_progress_bars()
-    text = folder / "lines.jsonl"
-    text.write_text("".join(f'{{"id": {i}}}\n' for i in range(8)))
-    lines = load_dataset("text", data_files=[str(text)], split="train", cache_dir=str(folder / "cache"))
-    encoded = lines.map(lambda b: {"n": [len(t) for t in b["text"]]}, batched=True, remove_columns=["text"],
-                        cache_file_name=str(folder / "encoded.arrow"))
-    kept = encoded.filter(lambda n: [x > 0 for x in n], input_columns="n", batched=True,
-                          cache_file_name=str(folder / "kept.arrow"))
-    kept.save_to_disk(str(folder / "dataset"))
-
-
 TOKENIZE_SAMPLES = 400
+TOKENIZE_SAMPLES_LARGE = 10 * TOKENIZE_SAMPLES
 
 
-def _tokenize_samples(folder: Path, tokenizer: str) -> None:
-    """The tokenize stage's function on TOKENIZE_SAMPLES synthetic one-line completions (about 27 tokens each with
-    the chat template): its cost per sample (rendering, masking, writing) beside its cost per token."""
+def _tokenize_parts(parts: dict[str, float], tmp: Path, tokenizer: str) -> None:
+    """The tokenize stage's function: its first call in the process, the same call again, and on ten times the
+    samples (each call in its own folder, as each stage run has its own). The stages' base module, which the `dflashx
+    run` process holds before its first stage, is imported first."""
+    __import__("dflashx.stages.base")
+    for name, samples in (("tokenize_first", TOKENIZE_SAMPLES), ("tokenize_again", TOKENIZE_SAMPLES),
+                          ("tokenize_large", TOKENIZE_SAMPLES_LARGE)):
+        folder = tmp / name
+        folder.mkdir()
+        _timed(parts, name, partial(_tokenize_samples, folder, tokenizer, samples))
+
+
+def _tokenize_samples(folder: Path, tokenizer: str, samples: int) -> None:
+    """The tokenize stage's function on `samples` synthetic one-line completions (about 27 tokens each with the chat
+    template): read, render, mask, encode, filter and write (its datasets steps included)."""
     from dflashx.stages.tokenize import TokenizePolicy, tokenize_completions
 
     shards = folder / "completions"
@@ -137,7 +139,7 @@ def _tokenize_samples(folder: Path, tokenizer: str) -> None:
     record = {"source": "synthetic", "messages": [{"role": "user", "content": "Say hi."}], "reasoning": "hi",
               "answer": "Hi.", "finish_reason": "stop", "usage": {"prompt_tokens": 8, "completion_tokens": 6}}
     (shards / "shard-00000.jsonl").write_text("".join(json.dumps({"id": f"s{i}", **record}) + "\n"
-                                                      for i in range(TOKENIZE_SAMPLES)))
+                                                      for i in range(samples)))
     tokenize_completions(shards, folder / "tokenized", tokenizer, TokenizePolicy(max_length=256, overflow="drop",
                                                                                  min_loss_tokens=1),
                          enable_thinking=True, template_kwargs={}, num_proc=1, shard_size=100_000)

@@ -161,13 +161,26 @@ def test_a_target_load_reads_its_checkpoint_at_the_cited_rate():
     assert eval_fixed > target_read_seconds(bf16) > 30  # tens of GB: most of the stage's fixed time
 
 
-def test_tokenize_per_sample_is_the_benchmarks_runs_share():
+def test_tokenize_per_sample_call_and_first_use_are_the_benchmarks_three_calls_apart():
+    """The slope between the benchmark's 400- and 4,000-sample calls is the per-sample rate; the first call's excess
+    over the same call again is paid once per process (a run after its pilot does not pay it)."""
     from benchmarks.fixed_costs import TOKENIZE_SAMPLES as measured_over
+    from benchmarks.fixed_costs import TOKENIZE_SAMPLES_LARGE
     from dflashx.plan.estimates.fixed import TOKENIZE_PER_SAMPLE, TOKENIZE_SAMPLES
 
-    assert measured_over == TOKENIZE_SAMPLES
-    assert TOKENIZE_PER_SAMPLE.value == pytest.approx(
-        (MEDIANS_S["tokenize_samples"] - MEDIANS_S["dataset_steps"]) / TOKENIZE_SAMPLES, rel=1e-3)
+    assert measured_over == TOKENIZE_SAMPLES and TOKENIZE_SAMPLES_LARGE == 10 * TOKENIZE_SAMPLES
+    slope = (MEDIANS_S["tokenize_large"] - MEDIANS_S["tokenize_again"]) / (TOKENIZE_SAMPLES_LARGE - TOKENIZE_SAMPLES)
+    assert TOKENIZE_PER_SAMPLE.value == pytest.approx(slope, rel=1e-3)
+    assert PARTS["tokenize_call"].value == pytest.approx(MEDIANS_S["tokenize_again"] - TOKENIZE_SAMPLES * slope,
+                                                         abs=1e-3)
+    assert PARTS["tokenize_setup"].value == pytest.approx(MEDIANS_S["tokenize_first"] - MEDIANS_S["tokenize_again"])
+    assert "tokenize_setup" in ONCE_PER_PROCESS and "tokenize_call" not in ONCE_PER_PROCESS
+    pilot = resolve(pilot_recipe(tiny_recipe(tracking__mode="disabled"), True, 0), TINY)
+    run = tiny(tracking__mode="disabled")
+    cold, warm = fixed_costs(run, steps=100), fixed_costs(run, steps=100, paid=process_parts(pilot))
+    assert payers(cold, "tokenize_setup") == ["tokenize"] and payers(warm, "tokenize_setup") == []
+    assert payers(warm, "tokenize_call") == ["tokenize"]
     plan = make_plan(tiny_recipe(), TINY).to_json(explain=True)
     term = next(t for t in plan["explain"] if t["key"] == "tokenize.seconds")
+    assert term["inputs"]["per_sample_s"] == TOKENIZE_PER_SAMPLE.value
     assert term["value"] > term["inputs"]["per_sample_s"] * 256  # the recipe's 256 samples, each at the measured cost

@@ -36,15 +36,15 @@ from dflashx.resolve.model import ResolvedRecipe
 _SOURCE = "benchmarks/results/fixed_costs.json (python -m benchmarks.fixed_costs)"
 _WHERE = "the 2-core development machine, Python 3.11, torch 2.13 CPU, transformers 5, tiny-qwen3 target"
 
-# The JSON's medians of 3 fresh processes (measured 2026-12-07 on the 2 idle cores, load average 0.4 before the
+# The JSON's medians of 3 fresh processes (measured 2026-12-07 on the 2 idle cores, load average 0.9 before the
 # benchmark): the CPU time of the process and of the children it waited for (`<part>_cpu`; on a shared
 # machine, about what the part takes on an idle core, in 10 ms ticks), and the bare interpreter's wall time.
 MEDIANS_S = {
-    "wandb_run_first": 0.85, "wandb_run": 0.12, "import_pandas": 0.32, "import_torch_transformers": 3.94,
-    "tokenizer_load": 0.01, "model_load_first": 0.49, "model_load": 0.03, "import_matplotlib": 0.33,
-    "figure_first": 0.45, "figure": 0.13, "import_datasets": 0.16, "dataset_steps": 0.06, "tokenize_samples": 0.57,
-    "process_group": 0.23, "engine_build": 0.74, "engine_build_again": 0, "checkpoint_save": 0.01,
-    "drafter_save": 0.01, "drafter_load": 0.01, "interpreter": 0.03,
+    "wandb_run_first": 0.72, "wandb_run": 0.11, "import_pandas": 0.19, "import_torch_transformers": 3.44,
+    "tokenizer_load": 0.01, "model_load_first": 0.44, "model_load": 0.03, "import_matplotlib": 0.26,
+    "figure_first": 0.16, "figure": 0.11, "import_datasets": 0.12, "tokenize_first": 0.12, "tokenize_again": 0.08,
+    "tokenize_large": 0.54, "process_group": 0.22, "engine_build": 0.66, "engine_build_again": 0,
+    "checkpoint_save": 0.01, "drafter_save": 0.01, "drafter_load": 0.01, "interpreter": 0.03,
 }
 
 
@@ -54,6 +54,27 @@ def _part(what: str, measured: str, less: str | None = None) -> Measured:
     figure = f"{what}: {measured} {MEDIANS_S[measured]:.2f} s" + (f" - {less} {MEDIANS_S[less]:.2f} s" if less else "")
     return Measured(round(value, 3), _SOURCE, figure, _WHERE)
 
+
+# The tokenize stage's function on synthetic one-line completions (about 27 tokens each with the chat template) in
+# one process: its first call on TOKENIZE_SAMPLES, the same call again, and on ten times the samples. Its work per
+# sample beside its per-token rate (host.py) is the slope between the two later calls; what a call costs besides
+# (the tokenizer's load, the datasets steps' set-up and writes) is the later small call less its samples; what the
+# first call pays once per process (the stage's module, the datasets steps' and the chat template's first use)
+# is the first call less the second.
+TOKENIZE_SAMPLES = 400
+_TOKENIZE_SLOPE = (MEDIANS_S["tokenize_large"] - MEDIANS_S["tokenize_again"]) / (9 * TOKENIZE_SAMPLES)
+_TOKENIZE_RUNS = (f"tokenize_first {MEDIANS_S['tokenize_first']:.2f} s, tokenize_again "
+                  f"{MEDIANS_S['tokenize_again']:.2f} s ({TOKENIZE_SAMPLES} completions), tokenize_large "
+                  f"{MEDIANS_S['tokenize_large']:.2f} s ({10 * TOKENIZE_SAMPLES})")
+TOKENIZE_PER_SAMPLE = Measured(round(_TOKENIZE_SLOPE, 7), _SOURCE,
+                               f"tokenize_completions per sample: (tokenize_large - tokenize_again) / "
+                               f"{9 * TOKENIZE_SAMPLES}; {_TOKENIZE_RUNS}", _WHERE)
+_TOKENIZE_SETUP = _part("the tokenize stage's first call in a process less a second", "tokenize_first",
+                        "tokenize_again")
+_TOKENIZE_CALL = Measured(
+    round(MEDIANS_S["tokenize_again"] - TOKENIZE_SAMPLES * _TOKENIZE_SLOPE, 3), _SOURCE,
+    f"a tokenize_completions call besides its samples: tokenize_again less {TOKENIZE_SAMPLES} x the per-sample "
+    f"slope; {_TOKENIZE_RUNS}", _WHERE)
 
 PARTS: dict[str, Measured] = {
     "interpreter": _part("python -c pass (wall)", "interpreter"),
@@ -71,8 +92,8 @@ PARTS: dict[str, Measured] = {
     "figure_setup": _part("matplotlib's first figure less a second (fonts, backend)", "figure_first", "figure"),
     "figure": _part("one QC histogram figure drawn and written as PNG", "figure"),
     "datasets": _part("import datasets", "import_datasets"),
-    "dataset_steps": _part("the tokenize stage's datasets steps on 8 lines: load_dataset, map, filter, save_to_disk",
-                           "dataset_steps"),
+    "tokenize_setup": _TOKENIZE_SETUP,
+    "tokenize_call": _TOKENIZE_CALL,
     "process_group": _part("setup_distributed: imports DeepSpeed, a one-rank gloo group", "process_group"),
     "engine_setup": _part("DeepSpeed's once-per-process set-up at its first engine: the first TrainStep less a second",
                           "engine_build", "engine_build_again"),
@@ -82,13 +103,6 @@ PARTS: dict[str, Measured] = {
     "drafter_save": _part("checkpoint.save_drafter (config.json + model.safetensors)", "drafter_save"),
     "drafter_load": _part("checkpoint.load_drafter", "drafter_load"),
 }
-# The tokenize stage's work per sample beside its per-token rate (host.py): its function on synthetic one-line
-# completions (about 27 tokens each with the chat template), less the datasets steps it takes once.
-TOKENIZE_SAMPLES = 400
-TOKENIZE_PER_SAMPLE = Measured(
-    round((MEDIANS_S["tokenize_samples"] - MEDIANS_S["dataset_steps"]) / TOKENIZE_SAMPLES, 6), _SOURCE,
-    f"tokenize_completions on {TOKENIZE_SAMPLES} one-line completions: tokenize_samples "
-    f"{MEDIANS_S['tokenize_samples']:.2f} s - dataset_steps {MEDIANS_S['dataset_steps']:.2f} s", _WHERE)
 # A target's weights loaded at a cold start with the default safetensors loader (mmap through the page cache).
 LOAD_RATE = Measured(
     1.1e9, "github.com/mgoin/instanttensor README, model loading benchmark on inference engines",
@@ -104,7 +118,7 @@ def target_read_seconds(recipe: ResolvedRecipe) -> float:
 
 
 ONCE_PER_PROCESS = frozenset({"interpreter", "torch", "modeling", "matplotlib", "figure_setup", "pandas",
-                              "datasets", "wandb_service", "process_group", "engine_setup"})
+                              "datasets", "tokenize_setup", "wandb_service", "process_group", "engine_setup"})
 # Imported by the orchestrator itself after the first stage ends (its provenance record names torch's version:
 # `dflashx.track.provenance.torch_facts`), outside every stage's timer.
 PROVENANCE_IMPORTS = frozenset({"torch"})
@@ -138,7 +152,7 @@ def stage_needs(recipe: ResolvedRecipe, stage: str, steps: int) -> dict[str, int
     elif stage == "qc":  # loading a tokenizer (AutoTokenizer) imports torch
         needs = {"torch": 1, "matplotlib": 1, "figure_setup": 1, "figure": FIGURES["qc"], "tokenizer": 1}
     elif stage == "tokenize":
-        needs = {"torch": 1, "pandas": 1, "datasets": 1, "dataset_steps": 1, "tokenizer": 1}
+        needs = {"torch": 1, "pandas": 1, "datasets": 1, "tokenize_setup": 1, "tokenize_call": 1}  # loads its tokenizer
     elif stage == "train":
         needs = {"torch": 1, "modeling": 1, "pandas": 1, "datasets": 1, "process_group": 1, "target_load": 1,
                  "tokenizer": 1, "engine_setup": 1, "engine": 1,
