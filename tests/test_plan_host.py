@@ -55,3 +55,24 @@ def test_the_transformers_row_is_the_cited_measurement():
     pre = prefill_of(facts, CPU, 1, "fp32", 64, False, TRANSFORMERS.engine, fixed_s=0.01)
     assert pre.mixer_s == 0 and pre.seconds == pytest.approx(
         pre.weight_gemm_s + attention_flops(facts, [64]) * facts.num_kv_layers / CPU.bf16_flops / GEMM.value + 0.01)
+
+
+def test_the_tokenize_rate_is_the_benchmarks_stage_run_less_its_per_sample_work():
+    """The per-token rate is read off benchmarks/results/tokenize.json's stage run (the figures it cites), with
+    the per-sample work the fixed-cost benchmark measured taken out; the plan's tokenize term uses it."""
+    from dflashx.plan.estimates.fixed import TOKENIZE_PER_SAMPLE
+    from dflashx.plan.estimates.host import TOKENIZE_STAGE_RUN, TOKENIZE_TOKENS_PER_S_PER_PROC
+
+    measured = json.loads((REPO / "benchmarks" / "results" / "tokenize.json").read_text())
+    run = measured["stage"]
+    cited = {"samples": run["samples"], "seconds": pytest.approx(run["seconds"], abs=5e-3), "tokens": run["tokens"],
+             "num_proc": measured["num_proc"]}
+    assert cited == TOKENIZE_STAGE_RUN
+    per_process = run["seconds"] * measured["num_proc"] - run["samples"] * TOKENIZE_PER_SAMPLE.value
+    assert TOKENIZE_TOKENS_PER_S_PER_PROC.value == pytest.approx(run["tokens"] / per_process, rel=1e-3)
+    plan = make_plan(tiny_recipe(), TINY).to_json(explain=True)
+    term = next(t for t in plan["explain"] if t["key"] == "tokenize.seconds")
+    assert term["inputs"]["rate"] == TOKENIZE_TOKENS_PER_S_PER_PROC.value
+    i = term["inputs"]
+    assert term["value"] == pytest.approx((i["samples"] * TOKENIZE_PER_SAMPLE.value + i["tokens"] / i["rate"])
+                                          / i["num_proc"])
