@@ -76,3 +76,15 @@ def test_the_tokenize_rate_is_the_benchmarks_stage_run_less_its_per_sample_work(
     i = term["inputs"]
     assert term["value"] == pytest.approx((i["samples"] * TOKENIZE_PER_SAMPLE.value + i["tokens"] / i["rate"])
                                           / i["num_proc"])
+
+
+def test_the_ingest_rate_is_the_benchmarks_seeds_scale_run():
+    """The ingest rate is benchmarks/results/ingest_generate.json's 200,000-prompt run (prompts read / seconds), and
+    the plan's ingest term divides the raw prompts by it."""
+    from dflashx.plan.estimates.host import INGEST_PROMPTS_PER_S
+
+    run = json.loads((REPO / "benchmarks" / "results" / "ingest_generate.json").read_text())["ingest_full"]
+    assert INGEST_PROMPTS_PER_S.value == pytest.approx(run["prompts_in"] / run["seconds"], abs=1)
+    plan = make_plan(tiny_recipe(), TINY).to_json(explain=True)
+    term = next(t for t in plan["explain"] if t["key"] == "ingest.seconds")
+    assert term["value"] == pytest.approx(term["inputs"]["raw_prompts"] / INGEST_PROMPTS_PER_S.value)
