@@ -26,23 +26,44 @@ def eval_term(**overrides):
     return next(t for t in ctx.terms if t.key == "eval.seconds")
 
 
-def test_cpu_eval_decodes_at_the_deploy_models_batch_one_rate():
-    """The plan's deploy prediction at concurrency 1 and the eval time read the same tokens/s."""
-    plan = make_plan(tiny_recipe(), TINY).to_json(explain=True)
-    row = next(r for r in plan["deploy"]["rows"] if r["concurrency"] == 1)
-    term = next(t for t in plan["explain"] if t["key"] == "eval.seconds")
-    assert term["inputs"]["tokens_per_s_trained"] == pytest.approx(row["tokens_per_second_drafter"])
-    assert term["inputs"]["tokens_per_s_baseline"] < term["inputs"]["tokens_per_s_trained"]  # tau 1 < expected
+def test_cpu_eval_decodes_batched_at_the_deploy_models_cycle_for_its_rows():
+    """The eval stage decodes every suite's prompts as one batch per drafter on the CPU too: each batch's cycles
+    cost the deploy model's cycle at that many rows in flight (the sampled runs' batch, five times the rows, its
+    own), and the cycle grows with the rows."""
+    plan = make_plan(tiny_recipe(), TINY)
+    rows = {r["concurrency"]: r for r in plan.to_json()["deploy"]["rows"]}
+    term = eval_term()
+    i, ev = term.inputs, plan.resolved.stages.eval
+    prompts = 2 * ev.num_prompts  # the tiny recipe's two suites
+    from dflashx.plan.estimates.host import in_process_cycle_seconds
+
+    assert i["rows"] == prompts and i["cycle_s"] == in_process_cycle_seconds(plan.resolved, prompts)
+    assert i["sampled_cycle_s"] == in_process_cycle_seconds(plan.resolved, prompts * ev.sampled_runs)
+    assert i["sampled_cycle_s"] > 2 * i["cycle_s"]  # compute-bound: five times the rows
+    assert rows[32]["cycle_s"] == pytest.approx(in_process_cycle_seconds(plan.resolved, 32))
+    assert term.value == pytest.approx(i["cycles"] * i["cycle_s"] + i["sampled_cycles"] * i["sampled_cycle_s"])
+    assert i["cycles"] == pytest.approx(i["longest_output"] / i["expected_tau"] + i["longest_output"])
 
 
 def test_cpu_eval_grows_with_its_baselines_and_output_cap():
     full, alone = eval_term(), eval_term(stages__eval__baselines=[])
     i = full.inputs
-    assert full.value - alone.value == pytest.approx(i["prompts_per_drafter"] * i["output_tokens"]
-                                                     / i["tokens_per_s_baseline"])
+    assert full.value - alone.value == pytest.approx(i["longest_output"] * i["cycle_s"])  # one batch at tau 1
     short = eval_term(stages__eval__max_new_tokens=8)
-    assert short.inputs["output_tokens"] == pytest.approx(8)
+    assert short.inputs["longest_output"] == pytest.approx(8)
     assert short.value < full.value
+
+
+def test_a_hybrid_target_on_the_cpu_decodes_one_prompt_at_a_time_at_the_deploy_models_batch_one_rate():
+    """A target whose cache cannot roll rows back decodes one prompt after another: the in-process engine at
+    batch 1, the deploy model's tokens/s at concurrency 1."""
+    hybrid = lookup("builtin:tiny-qwen3_5")
+    assert not hybrid.full_attention_only
+    plan = make_plan(tiny_recipe(target__model="builtin:tiny-qwen3_5"), hybrid).to_json(explain=True)
+    row = next(r for r in plan["deploy"]["rows"] if r["concurrency"] == 1)
+    term = next(t for t in plan["explain"] if t["key"] == "eval.seconds")
+    assert term["inputs"]["tokens_per_s_trained"] == pytest.approx(row["tokens_per_second_drafter"])
+    assert term["inputs"]["tokens_per_s_baseline"] < term["inputs"]["tokens_per_s_trained"]  # tau 1 < expected
 
 
 def test_the_transformers_row_is_the_cited_measurement():

@@ -18,10 +18,16 @@ from typing import Any
 #   cost ~15 ms of `dflashx plan` and free next to nothing (its peak memory grows by ~0.3 MB);
 # - without pydantic's plugin discovery, which reads every installed distribution's entry points on
 #   the first model built (~8 ms). A PYDANTIC_DISABLE_PLUGINS the user set is kept.
+# Every other command may import torch and the libraries around it: its collector runs at a higher young
+# threshold (`dflashx.track.collector`).
 PURE_COMMANDS = ("plan", "validate", "schema", "--help")
 if len(sys.argv) > 1 and sys.argv[1] in PURE_COMMANDS:
     gc.disable()
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+else:
+    from dflashx.track.collector import for_long_process
+
+    for_long_process()
 
 import typer  # noqa: E402  (after the start-up settings above)
 from typer.core import TyperCommand  # noqa: E402

@@ -214,5 +214,8 @@ def main(argv: list[str] | None = None) -> None:
     trainer.main(["--stage-dir", args.stage_dir or str(Path(args.run_dir) / "train"), "--run-dir", args.run_dir])
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # a launched rank: a long process of its own
+    from dflashx.track.collector import for_long_process
+
+    for_long_process()
     main(sys.argv[1:])

@@ -87,13 +87,14 @@ def in_process_tokens_per_s(recipe: ResolvedRecipe, acceptance: list[float | Non
 
 
 def eval_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
-    """The eval stage's decodes. On the CPU its decoder is the measured in-process engine
-    (`eval_in_process_seconds`); on a GPU it decodes batched (`eval_batched_seconds`) unless the target's cache
-    cannot roll rows back (linear-attention or sliding layers: `eval_one_by_one_seconds`)."""
-    if recipe.hardware.gpu is None:
-        return eval_in_process_seconds(recipe)
+    """The eval stage's decodes: batched (`eval_batched_seconds`), unless the target's cache cannot roll rows back
+    (linear-attention or sliding layers), whose prompts decode one at a time: on the CPU through the measured
+    in-process engine (`eval_in_process_seconds`), on a GPU at the batch-1 bandwidth bound
+    (`eval_one_by_one_seconds`)."""
     if recipe.target.facts.full_attention_only:
         return eval_batched_seconds(recipe, s)
+    if recipe.hardware.gpu is None:
+        return eval_in_process_seconds(recipe)
     return eval_one_by_one_seconds(recipe, s)
 
 
@@ -111,20 +112,29 @@ def eval_one_by_one_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
 def decode_cycle_seconds(recipe: ResolvedRecipe, weight_bytes: Expr, tp: int) -> Expr:
     """One batched draft-verify cycle on a GPU: what the pilot's held-out τ measurements measured per cycle on this
     node (hardware.calibrated.decode_cycle_seconds: a small model's decode is launch-bound, which no roofline
-    prices), else the batch-1 bandwidth bound per token (a cycle at τ 1 reads the weights once)."""
+    prices, and costs about the same whatever its rows), else the batch-1 bandwidth bound per token (a cycle at
+    τ 1 reads the weights once)."""
     measured, calibrated = factor(recipe.hardware, CALIBRATED_DECODE_CYCLE, 0.0)
     if calibrated:
         return var("measured_cycle_s", measured)
     return batch1_seconds_per_token(recipe, weight_bytes, tp)
 
 
+def in_process_cycle_seconds(recipe: ResolvedRecipe, rows: int) -> float:
+    """One batched draft-verify cycle of `rows` rows on the CPU, whose cost grows with its rows: the deploy model's
+    cycle at `rows` in flight (the in-process engine's measured time per layer call, the verify and the drafter's
+    forward over rows x block tokens at the CPU's compute). The pilot's probes measure one row count only."""
+    return predict_speedup(recipe, list(recipe.deploy.acceptance), recipe.drafter.dims,
+                           window=drafter_window(recipe), concurrencies=[rows]).rows[0].cycle_s
+
+
 def eval_batched_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
-    """The eval stage on a GPU (`BatchDecoder`): one batch per drafter and setting, every suite's prompts its rows
+    """The eval stage's decoder (`BatchDecoder`): one batch per drafter and setting, every suite's prompts its rows
     (the trained drafter greedily, its sampled runs as one more batch of runs x prompts rows, each baseline
     greedily; assumed to fit one batch: the decoder chunks by memory). A batch runs until its longest row ends:
     the output-length quantile at rows / (rows + 1) (the longest of `rows` draws), capped at max_new_tokens, over
     the row's τ (the trained drafter at deploy's expected τ, a baseline at τ 1) cycles, each at
-    `decode_cycle_seconds`."""
+    `decode_cycle_seconds` on a GPU, `in_process_cycle_seconds` of its batch's rows on the CPU."""
     ev, lengths = recipe.stages.eval, OutputLengths.of(recipe.dataset.stats)
     prompts = round(prompts_per_drafter(recipe))
 
@@ -132,11 +142,17 @@ def eval_batched_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
         return var(name, min(lengths.quantile(rows / (rows + 1)), ev.max_new_tokens))
 
     greedy, tau = longest("longest_output", prompts), var("expected_tau", recipe.deploy.expected_tau)
-    batches = greedy / tau + var("baselines", len(ev.baselines)) * greedy
-    if ev.sampled_runs:
-        batches = batches + longest("longest_sampled_output", prompts * ev.sampled_runs) / tau
-    cycle = named("cycle_s", decode_cycle_seconds(recipe, var("weight_bytes", s.weight_bytes), s.tp))
-    return explained("eval.seconds", named("cycles", batches) * cycle, "s",
+    cycles = greedy / tau + var("baselines", len(ev.baselines)) * greedy
+    sampled = longest("longest_sampled_output", prompts * ev.sampled_runs) / tau if ev.sampled_runs else None
+    if recipe.hardware.gpu is None:  # a cycle's cost grows with its rows: the sampled batch's apart
+        seconds = named("cycles", cycles) * var("cycle_s", in_process_cycle_seconds(recipe, prompts))
+        if sampled is not None:
+            seconds = seconds + named("sampled_cycles", sampled) * var(
+                "sampled_cycle_s", in_process_cycle_seconds(recipe, prompts * ev.sampled_runs))
+    else:
+        cycle = named("cycle_s", decode_cycle_seconds(recipe, var("weight_bytes", s.weight_bytes), s.tp))
+        seconds = named("cycles", cycles if sampled is None else cycles + sampled) * cycle
+    return explained("eval.seconds", seconds, "s",
                      "longest_*: the output-length quantile at rows / (rows + 1), capped at max_new_tokens; a batch "
                      "runs until its longest row ends", rows=prompts, sampled_runs=ev.sampled_runs)
 
