@@ -5,7 +5,7 @@
 # then the trainer step beside f5ac536's, interleaved (benchmarks/train_step_vs.py), in what time is left.
 # Needs: dflashx's missing dependencies as wheels in .whl/ (../shared/tools/device-wheels.sh, torch, nvidia-*,
 # triton, transformers and cuda-* wheels deleted), f5ac536's package in .devrun/f5ac536/
-# (`git archive f5ac536 dflashx | tar -x -C .devrun/f5ac536`); writes to $OUT. SKIP_TINY=1 / SKIP_BENCH=1 / ROUNDS=2.
+# (`git archive f5ac536 dflashx | tar -x -C .devrun/f5ac536`); writes to $OUT. SKIP_TINY=1 / SKIP_BENCH=1 / ROUNDS=2 / ONLY=dflash|dflash2.
 set -u
 export PYTHONUNBUFFERED=1
 T0=$SECONDS
@@ -37,8 +37,8 @@ run() {  # name, overrides...
 }
 if [ -z "${SKIP_TINY-}" ]; then
   for round in $(seq ${ROUNDS:-1}); do  # ROUNDS=2: each architecture again on the same machine (its files cached)
-    BUDGET=130 run dflash-r$round
-    BUDGET=130 run dflash2-r$round drafter.architecture=dflash2
+    [ "${ONLY-}" != dflash2 ] && BUDGET=130 run dflash-r$round
+    [ "${ONLY-}" != dflash ] && BUDGET=130 run dflash2-r$round drafter.architecture=dflash2
   done
 fi
 [ -n "${SKIP_BENCH-}" ] && { echo "== all done in $((SECONDS - T0)) s"; exit 0; }
