@@ -6,7 +6,7 @@ Throughputs are conservative assumptions for one node, listed in docs/planner.md
 from __future__ import annotations
 
 from dflashx.config.schema import Recipe
-from dflashx.plan.estimates.deployment import predict_speedup
+from dflashx.plan.estimates.deployment import SpeedupRow, predict_speedup
 from dflashx.plan.estimates.speculative import drafter_window
 from dflashx.plan.estimates.device import CALIBRATED_DECODE_CYCLE, device_of, factor
 from dflashx.plan.estimates.engine import Measured
@@ -78,12 +78,16 @@ def batch1_seconds_per_token(recipe: ResolvedRecipe, weight_bytes: Expr, tp: int
                                                                              EVAL_BANDWIDTH_EFFICIENCY.value))
 
 
+def _in_process_row(recipe: ResolvedRecipe, acceptance: list[float | None], concurrency: int) -> SpeedupRow:
+    """deploy.speedup's row for the recipe's own drafter accepting `acceptance` at `concurrency` in flight."""
+    return predict_speedup(recipe, acceptance, recipe.drafter.dims, window=drafter_window(recipe),
+                           concurrencies=[concurrency]).rows[0]
+
+
 def in_process_tokens_per_s(recipe: ResolvedRecipe, acceptance: list[float | None]) -> float:
     """The in-process speculative decoder at batch 1 with a drafter accepting `acceptance` (deploy.speedup's
     model at concurrency 1; on the CPU its fixed time per layer call was measured: engine.IN_PROCESS)."""
-    row = predict_speedup(recipe, acceptance, recipe.drafter.dims, window=drafter_window(recipe),
-                          concurrencies=[1]).rows[0]
-    return row.tokens_per_second_drafter
+    return _in_process_row(recipe, acceptance, 1).tokens_per_second_drafter
 
 
 def eval_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
@@ -124,8 +128,7 @@ def in_process_cycle_seconds(recipe: ResolvedRecipe, rows: int) -> float:
     """One batched draft-verify cycle of `rows` rows on the CPU, whose cost grows with its rows: the deploy model's
     cycle at `rows` in flight (the in-process engine's measured time per layer call, the verify and the drafter's
     forward over rows x block tokens at the CPU's compute). The pilot's probes measure one row count only."""
-    return predict_speedup(recipe, list(recipe.deploy.acceptance), recipe.drafter.dims,
-                           window=drafter_window(recipe), concurrencies=[rows]).rows[0].cycle_s
+    return _in_process_row(recipe, list(recipe.deploy.acceptance), rows).cycle_s
 
 
 def eval_batched_seconds(recipe: ResolvedRecipe, s: Serving) -> Term:
