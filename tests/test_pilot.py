@@ -98,6 +98,9 @@ def test_pilot_in_process_calibrates_the_next_plan_and_its_completions_are_reuse
     assert cal.decode_cycle_seconds and cal.decode_cycle_seconds > 0  # each probe's seconds per batched cycle
     assert 0 < cal.training_mfu <= 1 and cal.measured["training"]["windows"] >= 3
     assert cal.serving_ratio and cal.serving_ratio > 0
+    ingest = next(r for r in map(json.loads, (run_dir / "records.jsonl").read_text().splitlines())
+                  if r["event"] == "stage_end" and r["stage"] == "ingest")
+    assert cal.ingest_seconds == ingest["duration_s"] > 0  # the run's own ingest, run by the pilot
     assert not (run_dir / "pilot" / "train" / "checkpoints").exists()  # full training states deleted
     # held-out τ in the pilot's training: the run's eval prompts registered in pilot/ as the train stage's input,
     # every ceil(6 / 4) = 2 steps, the curve in calibration.json; the drafters deleted with the states
@@ -132,6 +135,8 @@ def test_pilot_in_process_calibrates_the_next_plan_and_its_completions_are_reuse
     assert work["value"] == pytest.approx((PROMPTS - PILOT) * rate["output_tokens_mean"] / rate["tokens_per_second"])
     assert after["calibration"]["tau_curve"] == [p.model_dump() for p in cal.tau_curve]  # for the rules
     assert applied[f"hardware.calibrated.{CALIBRATED_MFU}"] == pytest.approx(cal.training_mfu)
+    # the ingest is done (the run skips it): the re-plan's ingest is the pilot's measured one
+    assert next(s for s in after["stages"] if s["name"] == "ingest")["estimates"]["seconds"] == cal.ingest_seconds
     assert f"hardware.calibrated.{CALIBRATED_SERVING}" in applied
     assert after["ranges"]["output_tokens_mean"]["p50"] == pytest.approx(cal.stats["output_tokens_mean"], rel=0.02)
     human = invoke("plan", str(recipe)).output

@@ -84,7 +84,8 @@ class HardwareProfile(Strict):
     calibrated: dict[str, FiniteFloat] = Field(
         default_factory=dict, description="Measured factors written by `dflashx calibrate` and the pilot "
         "(serving_ratio: measured / predicted generation throughput; training_mfu: measured MFU; tau_probe_seconds: "
-        "one held-out τ measurement; decode_cycle_seconds: one batched draft-verify cycle of it).",
+        "one held-out τ measurement; decode_cycle_seconds: one batched draft-verify cycle of it; ingest_seconds: the "
+        "run's own ingest as the pilot ran it).",
         json_schema_extra=UNCALIBRATED
     )
     unknown: list[str] = Field(

@@ -44,7 +44,7 @@ from dflashx.config.tree import flatten
 from dflashx.resolve.tau import TauPoint, tau_slice
 from dflashx.plan.context import PlanContext, build_context
 from dflashx.plan.estimates.device import (
-    CALIBRATED_DECODE_CYCLE, CALIBRATED_KEYS, CALIBRATED_MFU, CALIBRATED_SERVING, CALIBRATED_TAU_PROBE,
+    CALIBRATED_DECODE_CYCLE, CALIBRATED_INGEST, CALIBRATED_KEYS, CALIBRATED_MFU, CALIBRATED_SERVING, CALIBRATED_TAU_PROBE,
 )
 from dflashx.resolve import resolve
 from dflashx.resolve.speculative import geometric_profile
@@ -75,6 +75,9 @@ class PilotCalibration(BaseModel):
                                             "the pilot's training (the median of its measurements).")
     decode_cycle_seconds: float | None = Field(None, gt=0, description="Seconds of one batched draft-verify cycle "
                                                "in the pilot's held-out τ measurements (the median of theirs).")
+    ingest_seconds: float | None = Field(None, gt=0, description="Seconds the run's own ingest stage took in the "
+                                         "pilot (the run skips it: its key is unchanged); None: the pilot did not "
+                                         "run it.")
     tau_curve: list[TauPoint] = Field(default_factory=list, description="Held-out τ the pilot's training measured, "
                                       "by optimizer step (the last at its last step); empty: none measured.")
     measured: dict[str, Any] = Field(default_factory=dict, description="The pilot's raw figures, for reports.")
@@ -196,7 +199,8 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, Ca
     now = conditions(recipe)
     stats, calibrated = recipe.dataset.stats, dict(recipe.hardware.calibrated)
     figures = {
-        "data": {f"dataset.stats.{k}": _shown(k, v) for k, v in cal.stats.items()},
+        "data": {**{f"dataset.stats.{k}": _shown(k, v) for k, v in cal.stats.items()},
+                 f"hardware.calibrated.{CALIBRATED_INGEST}": cal.ingest_seconds},
         "serving": {f"hardware.calibrated.{CALIBRATED_SERVING}": cal.serving_ratio,
                     MTP_KEY: mtp_profile(recipe, cal.mtp_accept_length)},
         "training": {f"hardware.calibrated.{CALIBRATED_MFU}": cal.training_mfu,
@@ -217,6 +221,8 @@ def apply_calibration(recipe: Recipe, cal: PilotCalibration) -> tuple[Recipe, Ca
         applied |= values
         if group == "data" and values:
             stats = DatasetStats.model_validate({**stats.model_dump(), **cal.stats})
+            if cal.ingest_seconds is not None:
+                calibrated[CALIBRATED_INGEST] = float(cal.ingest_seconds)
         elif group == "serving" and values:
             if cal.serving_ratio is not None:
                 calibrated[CALIBRATED_SERVING] = float(cal.serving_ratio)

@@ -90,5 +90,6 @@ def calibration(recipe: Recipe, run: tuple[str, Path], stats: dict[str, Any], me
         training_mfu=min(trained["mfu"], 1.0) if trained else None,
         training_mfu_rse=trained.get("mfu_rse") if trained else None,
         tau_probe_seconds=trained.get("tau_probe_s") if trained else None,
-        decode_cycle_seconds=trained.get("decode_cycle_s") if trained else None, tau_curve=list(curve),
+        decode_cycle_seconds=trained.get("decode_cycle_s") if trained else None,
+        ingest_seconds=measured["seconds"].get("ingest") or None, tau_curve=list(curve),
         measured=measured)

@@ -10,12 +10,14 @@ from dflashx.config.schema import HardwareProfile
 # Keys `dflashx calibrate` and `dflashx pilot` write into `hardware.calibrated`: measured generation
 # tokens/s over the serving model's prediction for the same conditions, the MFU the trainer measured, and the
 # seconds one held-out τ measurement took (the pilot's training, the same slice), and the seconds of one batched
-# draft-verify cycle in it (what the eval stage's batched decodes cost per cycle on this node).
+# draft-verify cycle in it (what the eval stage's batched decodes cost per cycle on this node); and the seconds the
+# run's own ingest stage took when the pilot ran it (the run then skips it: its key is unchanged).
 CALIBRATED_SERVING = "serving_ratio"
 CALIBRATED_MFU = "training_mfu"
 CALIBRATED_TAU_PROBE = "tau_probe_seconds"
 CALIBRATED_DECODE_CYCLE = "decode_cycle_seconds"
-CALIBRATED_KEYS = (CALIBRATED_SERVING, CALIBRATED_MFU, CALIBRATED_TAU_PROBE, CALIBRATED_DECODE_CYCLE)
+CALIBRATED_INGEST = "ingest_seconds"
+CALIBRATED_KEYS = (CALIBRATED_SERVING, CALIBRATED_MFU, CALIBRATED_TAU_PROBE, CALIBRATED_DECODE_CYCLE, CALIBRATED_INGEST)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from dflashx.config.fields import PRECISION_BYTES
 from dflashx.config.schema import STAGE_ORDER
+from dflashx.plan.estimates.device import CALIBRATED_INGEST
 from dflashx.plan.estimates.engine import Measured
 from dflashx.plan.explain import Term, explained
 from dflashx.plan.expr import const, total, var
@@ -175,11 +176,13 @@ def fixed_costs(recipe: ResolvedRecipe, steps: int, paid: frozenset[str] = froze
     """Walk the enabled stages in order: a once-per-process part is paid by the first stage needing it
     in the `dflashx run` process (torch: by none after the first stage, whose provenance imports it), unless
     the process had paid it before (`paid`: its pilot's, `process_parts`); a train stage of several ranks pays
-    its own in fresh processes."""
+    its own in fresh processes. An ingest its pilot ran (`hardware.calibrated.ingest_seconds`) pays none: it was
+    measured whole, and the run skips it."""
     imported: set[str] = {"interpreter", *paid}  # the dflashx run process is running
     parts: dict[str, dict[str, int]] = {}
     for stage in STAGE_ORDER:
-        if not getattr(recipe.stages, stage).enabled:
+        if not getattr(recipe.stages, stage).enabled or (stage == "ingest"
+                                                         and CALIBRATED_INGEST in recipe.hardware.calibrated):
             continue
         work = stage_needs(recipe, stage, steps)
         launched = stage == "train" and recipe.stages.train.world_size > 1

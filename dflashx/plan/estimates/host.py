@@ -8,13 +8,13 @@ from __future__ import annotations
 from dflashx.config.schema import Recipe
 from dflashx.plan.estimates.deployment import SpeedupRow, predict_speedup
 from dflashx.plan.estimates.speculative import drafter_window
-from dflashx.plan.estimates.device import CALIBRATED_DECODE_CYCLE, device_of, factor
+from dflashx.plan.estimates.device import CALIBRATED_DECODE_CYCLE, CALIBRATED_INGEST, device_of, factor
 from dflashx.plan.estimates.engine import Measured
 from dflashx.plan.estimates.fixed import TOKENIZE_PER_SAMPLE
 from dflashx.plan.estimates.generation import Serving
 from dflashx.plan.estimates.lengths import OutputLengths
 from dflashx.plan.estimates.tokens import Tokens
-from dflashx.plan.explain import Term, explained
+from dflashx.plan.explain import Term, explained, term
 from dflashx.plan.expr import Expr, named, var
 from dflashx.resolve.model import ResolvedRecipe
 
@@ -58,9 +58,7 @@ def host_seconds(recipe: Recipe, tokens: Tokens, storage_total: float, export_by
     tokenize = (var("samples", tokens.samples) * var("per_sample_s", TOKENIZE_PER_SAMPLE.value)
                 + var("tokens", tokens.total) / var("rate", TOKENIZE_TOKENS_PER_S_PER_PROC.value)) / num_proc
     return {
-        "ingest": explained("ingest.seconds", var("raw_prompts", tokens.raw_prompts)
-                            / var("rate", INGEST_PROMPTS_PER_S.value), "s",
-                            f"{INGEST_PROMPTS_PER_S.source}: {INGEST_PROMPTS_PER_S.figure}"),
+        "ingest": ingest_seconds(recipe, tokens),
         "qc": _rate_term("qc.seconds", var("samples", tokens.samples), QC_SAMPLES_PER_S),
         "tokenize": explained("tokenize.seconds", tokenize, "s", "rate: tokens per second per process",
                               per_sample_source=f"{TOKENIZE_PER_SAMPLE.source}: {TOKENIZE_PER_SAMPLE.figure}",
@@ -69,6 +67,18 @@ def host_seconds(recipe: Recipe, tokens: Tokens, storage_total: float, export_by
         "export": _rate_term("export.seconds", var("drafter_bytes", export_bytes), EXPORT_BYTES_PER_S),
         "backup": _rate_term("backup.seconds", var("run_bytes", storage_total), BACKUP_BYTES_PER_S),
     }
+
+
+def ingest_seconds(recipe: Recipe, tokens: Tokens) -> Term:
+    """The ingest stage: as the pilot ran it (hardware.calibrated.ingest_seconds: the pilot runs the run's own
+    ingest, which the run then skips), else the raw prompts at the measured rate (INGEST_PROMPTS_PER_S)."""
+    measured, calibrated = factor(recipe.hardware, CALIBRATED_INGEST, 0.0)
+    if calibrated:
+        return term("ingest.seconds", measured, "s", "measured_s",
+                    "the run's own ingest stage as its pilot ran it (hardware.calibrated.ingest_seconds)",
+                    measured_s=measured)
+    return explained("ingest.seconds", var("raw_prompts", tokens.raw_prompts) / var("rate", INGEST_PROMPTS_PER_S.value),
+                     "s", f"{INGEST_PROMPTS_PER_S.source}: {INGEST_PROMPTS_PER_S.figure}")
 
 
 def batch1_seconds_per_token(recipe: ResolvedRecipe, weight_bytes: Expr, tp: int) -> Expr:
