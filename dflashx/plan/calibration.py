@@ -44,7 +44,8 @@ from dflashx.config.tree import flatten
 from dflashx.resolve.tau import TauPoint, tau_slice
 from dflashx.plan.context import PlanContext, build_context
 from dflashx.plan.estimates.device import (
-    CALIBRATED_DECODE_CYCLE, CALIBRATED_INGEST, CALIBRATED_KEYS, CALIBRATED_MFU, CALIBRATED_SERVING, CALIBRATED_TAU_PROBE,
+    CALIBRATED_DECODE_CYCLE, CALIBRATED_INGEST, CALIBRATED_KEYS, CALIBRATED_MFU, CALIBRATED_SERVING,
+    CALIBRATED_TAU_PROBE,
 )
 from dflashx.resolve import resolve
 from dflashx.resolve.speculative import geometric_profile
