@@ -8,7 +8,8 @@ finish an offline W&B run (twice: the first also imports W&B and starts its serv
 and pyarrow (which the pipeline imports at W&B's start), import torch and transformers, load the tiny
 target's tokenizer and weights (twice: the first load also imports the architecture's modeling code),
 import matplotlib (QC and eval plots), draw one QC histogram figure (twice: the first also sets
-matplotlib up), import datasets, set up the one-rank process group (imports DeepSpeed), build the
+matplotlib up), write the eval stage's report (the predicted speed-up and its two figures, from 2 drafters' decodes
+of 2 suites of 16 prompts), import datasets, set up the one-rank process group (imports DeepSpeed), build the
 DeepSpeed engine around a fresh drafter (twice: the first also pays DeepSpeed's once-per-process set-up, as
 the run's train stage after its pilot's does not), save one training checkpoint, write and read the drafter's
 safetensors, then run the tokenize stage's function on 400 one-line completions twice and on 4,000 once
@@ -91,6 +92,8 @@ def child(out: Path) -> None:
         _timed(parts, "import_matplotlib", _import_matplotlib)
         _timed(parts, "figure_first", lambda: _figure(Path(tmp) / "a.png"))
         _timed(parts, "figure", lambda: _figure(Path(tmp) / "b.png"))
+        report = _eval_report(resolved)
+        _timed(parts, "eval_report", lambda: report(Path(tmp)))
         _timed(parts, "import_datasets", lambda: __import__("datasets"))
         _train_parts(parts, resolved, target, tokenizer, target_path, Path(tmp))
         _tokenize_parts(parts, Path(tmp), target_path)
@@ -111,6 +114,38 @@ def _figure(path: Path) -> None:
     from dflashx.data.qc_report import _histogram
 
     _histogram([random.Random(0).randint(1, 120) for _ in range(284)], path, "words", "words", 4)
+
+
+def _eval_report(resolved: Any) -> Callable[[Path], None]:
+    """What the eval stage does after its decodes, as on the tiny run: the trained drafter's predicted speed-up at
+    the deploy concurrencies (`eval_speedup.section`, speedup.png) and acceptance.png (5 panels: per position,
+    accepted length, per source, per context bucket, per suite), from synthetic decodes of 16 prompts in each of
+    2 suites by the trained and the untrained drafter (block 8). The modules are imported and the decodes summarised
+    here, untimed; the returned call writes the report into a folder."""
+    import random
+
+    from dflashx.dflash.acceptance import drafter_summary, plot_acceptance
+    from dflashx.dflash.spec_decode import DecodeResult
+    from dflashx.stages import eval_speedup
+
+    rng, block = random.Random(0), resolved.drafter.block_size
+
+    def decodes(best: int) -> list[DecodeResult]:
+        out = []
+        for _ in range(16):
+            accepted = [rng.randint(0, best) for _ in range(12)]
+            out.append(DecodeResult(list(range(1 + sum(a + 1 for a in accepted))), [block - 1] * 12, accepted, 0.1))
+        return out
+
+    sources, buckets = ["alpaca"] * 8 + ["sharegpt"] * 8, ["<1K"] * 16
+    suites = {suite: {name: drafter_summary(decodes(best), block, sources, buckets)
+                      for name, best in (("trained", block - 1), ("untrained", 0))} for suite in ("heldout", "mt")}
+    result = {"sampling": None, "trained": suites["heldout"]["trained"], "prompts": 16, "block_size": block}
+
+    def write(folder: Path) -> None:
+        eval_speedup.section(resolved, result, folder)
+        plot_acceptance(suites["heldout"], folder / "acceptance.png", suites=suites, suite="heldout")
+    return write
 
 
 TOKENIZE_SAMPLES = 400

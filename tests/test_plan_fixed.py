@@ -13,12 +13,12 @@ from _plan_recipes import REPO, seeds_recipe, tiny_recipe
 
 from dflashx.plan.context import build_context
 from dflashx.plan.estimates.fixed import (
-    FIGURES,
     LOAD_RATE,
     MEDIANS_S,
     ONCE_PER_PROCESS,
     PARTS,
     PROVENANCE_IMPORTS,
+    QC_FIGURES,
     checkpoint_saves,
     fixed_costs,
     process_parts,
@@ -45,7 +45,8 @@ def test_the_tiny_run_imports_each_library_once_in_its_first_user():
     assert payers(costs, "torch") == []  # the orchestrator imports it after ingest, for ingest's provenance
     assert payers(costs, "modeling") == ["generate"]  # the transformers backend loads the target first
     assert payers(costs, "matplotlib") == ["qc"]
-    assert payers(costs, "figure_setup") == ["qc"] and payers(costs, "figure") == ["qc", "eval"]
+    assert payers(costs, "figure_setup") == ["qc"] and payers(costs, "figure") == ["qc"]
+    assert payers(costs, "eval_report") == ["eval"]  # its own figures and the predicted speed-up
     assert payers(costs, "datasets") == ["tokenize"]
     assert payers(costs, "wandb_service") == ["ingest"]
     assert payers(costs, "pandas") == ["ingest"]  # W&B's start imports it before datasets needs it
@@ -146,7 +147,7 @@ def test_the_constants_are_the_cited_measurements():
 def test_qc_figures_are_the_reports_histograms():
     from dflashx.data.qc_report import HISTOGRAMS
 
-    assert FIGURES["qc"] == len(HISTOGRAMS)
+    assert QC_FIGURES == len(HISTOGRAMS)
     assert fixed_costs(tiny(), steps=100).parts["qc"]["figure"] == len(HISTOGRAMS)
 
 

@@ -37,15 +37,15 @@ from dflashx.resolve.model import ResolvedRecipe
 _SOURCE = "benchmarks/results/fixed_costs.json (python -m benchmarks.fixed_costs)"
 _WHERE = "the 2-core development machine, Python 3.11, torch 2.13 CPU, transformers 5, tiny-qwen3 target"
 
-# The JSON's medians of 3 fresh processes (measured 2026-12-07 on the 2 idle cores, load average 0.9 before the
+# The JSON's medians of 3 fresh processes (measured 2026-12-07 on the 2 idle cores, load average 1.0 before the
 # benchmark): the CPU time of the process and of the children it waited for (`<part>_cpu`; on a shared
 # machine, about what the part takes on an idle core, in 10 ms ticks), and the bare interpreter's wall time.
 MEDIANS_S = {
-    "wandb_run_first": 0.72, "wandb_run": 0.11, "import_pandas": 0.19, "import_torch_transformers": 3.44,
-    "tokenizer_load": 0.01, "model_load_first": 0.44, "model_load": 0.03, "import_matplotlib": 0.26,
-    "figure_first": 0.16, "figure": 0.11, "import_datasets": 0.12, "tokenize_first": 0.12, "tokenize_again": 0.08,
-    "tokenize_large": 0.54, "process_group": 0.22, "engine_build": 0.66, "engine_build_again": 0,
-    "checkpoint_save": 0.01, "drafter_save": 0.01, "drafter_load": 0.01, "interpreter": 0.03,
+    "wandb_run_first": 0.69, "wandb_run": 0.1, "import_pandas": 0.17, "import_torch_transformers": 3.29,
+    "tokenizer_load": 0.01, "model_load_first": 0.44, "model_load": 0.03, "import_matplotlib": 0.28,
+    "figure_first": 0.14, "figure": 0.12, "eval_report": 0.47, "import_datasets": 0.16, "tokenize_first": 0.13,
+    "tokenize_again": 0.07, "tokenize_large": 0.51, "process_group": 0.22, "engine_build": 0.7,
+    "engine_build_again": 0.01, "checkpoint_save": 0, "drafter_save": 0, "drafter_load": 0.01, "interpreter": 0.02,
 }
 
 
@@ -92,6 +92,8 @@ PARTS: dict[str, Measured] = {
     "matplotlib": _part("import matplotlib (Agg) and pyplot", "import_matplotlib"),
     "figure_setup": _part("matplotlib's first figure less a second (fonts, backend)", "figure_first", "figure"),
     "figure": _part("one QC histogram figure drawn and written as PNG", "figure"),
+    "eval_report": _part("the eval's report after its decodes: the predicted speed-up with speedup.png, and "
+                         "acceptance.png (5 panels), on the tiny recipe's 2 suites of 16 prompts", "eval_report"),
     "datasets": _part("import datasets", "import_datasets"),
     "tokenize_setup": _TOKENIZE_SETUP,
     "tokenize_call": _TOKENIZE_CALL,
@@ -123,9 +125,9 @@ ONCE_PER_PROCESS = frozenset({"interpreter", "torch", "modeling", "matplotlib", 
 # Imported by the orchestrator itself after the first stage ends (its provenance record names torch's version:
 # `dflashx.track.provenance.torch_facts`), outside every stage's timer.
 PROVENANCE_IMPORTS = frozenset({"torch"})
-# Figures a stage draws (the code's, checked by tests/test_plan_fixed.py): QC's histograms
-# (`dflashx.data.qc_report.HISTOGRAMS`) and eval's acceptance.png and speedup.png.
-FIGURES = {"qc": 3, "eval": 2}
+# The QC histograms the QC report draws (the code's, checked by tests/test_plan_fixed.py:
+# `dflashx.data.qc_report.HISTOGRAMS`); the eval's report is a part of its own (`eval_report`).
+QC_FIGURES = 3
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,7 @@ def stage_needs(recipe: ResolvedRecipe, stage: str, steps: int) -> dict[str, int
     if stage == "generate" and st.generate.serving.mode == "in-process":
         needs = {"torch": 1, "modeling": 1, "tokenizer": 1, "target_load": 1}
     elif stage == "qc":  # loading a tokenizer (AutoTokenizer) imports torch
-        needs = {"torch": 1, "matplotlib": 1, "figure_setup": 1, "figure": FIGURES["qc"], "tokenizer": 1}
+        needs = {"torch": 1, "matplotlib": 1, "figure_setup": 1, "figure": QC_FIGURES, "tokenizer": 1}
     elif stage == "tokenize":
         needs = {"torch": 1, "pandas": 1, "datasets": 1, "tokenize_setup": 1, "tokenize_call": 1}  # loads its tokenizer
     elif stage == "train":
@@ -159,7 +161,7 @@ def stage_needs(recipe: ResolvedRecipe, stage: str, steps: int) -> dict[str, int
                  "tokenizer": 1, "engine_setup": 1, "engine": 1,
                  "checkpoint": checkpoint_saves(steps, st.train.checkpoint_every), "drafter_save": 1}
     elif stage == "eval":
-        needs = {"torch": 1, "modeling": 1, "matplotlib": 1, "figure_setup": 1, "figure": FIGURES["eval"],
+        needs = {"torch": 1, "modeling": 1, "matplotlib": 1, "figure_setup": 1, "eval_report": 1,
                  "target_load": 1, "tokenizer": 1, "drafter_load": 1 + len(st.eval.baselines)}
     elif stage == "export":
         needs = {"torch": 1, "drafter_load": 1, "drafter_save": 1}
