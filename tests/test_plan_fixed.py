@@ -147,7 +147,7 @@ def test_the_constants_are_the_cited_measurements():
 def test_qc_figures_are_the_reports_histograms():
     from dflashx.data.qc_report import HISTOGRAMS
 
-    assert QC_FIGURES == len(HISTOGRAMS)
+    assert len(HISTOGRAMS) == QC_FIGURES
     assert fixed_costs(tiny(), steps=100).parts["qc"]["figure"] == len(HISTOGRAMS)
 
 
