@@ -1,6 +1,8 @@
 """Wall time of the stages bound by the host (CPU, disk, network) and of evaluation.
 
-Throughputs are conservative assumptions for one node, listed in docs/planner.md.
+Ingest's and tokenize's rates are measurements (cited below), and after a pilot the ingest is the one the pilot
+ran; QC's, export's and backup's throughputs are conservative assumptions for one node. All are listed in
+docs/planner.md.
 """
 
 from __future__ import annotations
