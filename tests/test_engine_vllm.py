@@ -2,9 +2,10 @@
 dflashx produces, and its own counters are compared with our decoder's. Nothing here is mocked.
 
 One tiny run, as a user runs it, `dflashx run recipes/tiny.yaml generate.backend=vllm stages.eval.engine=vllm`:
-dflashx launches vLLM to generate the data (its server SIGKILLed at about 25%, 50% and 75% of the records, and
-started again each time), trains, measures the drafter through vLLM in the eval stage, exports. Then the export is
-served in both layouts with the README's CPU command, greedily, and at the deployment's sampling settings.
+dflashx launches vLLM to generate the data (its server SIGKILLed three times from a quarter of the records on, each
+launch once it has answered, and started again each time), trains, measures the drafter through vLLM in the eval
+stage, exports. Then the export is served in both layouts with the README's CPU command, greedily, and at the
+deployment's sampling settings.
 
 Skipped where vLLM is not installed (it is optional; CI installs it: .ci/run). Slow: every server start costs
 30-60 s on 2 cores.
@@ -12,6 +13,7 @@ Skipped where vLLM is not installed (it is optional; CI installs it: .ci/run). S
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -63,25 +65,39 @@ def _prompt_ids(run: Path) -> list[str]:
             for line in f.read_text().splitlines()]
 
 
-class Killer(threading.Thread):
-    """SIGKILLs the generate stage's server (its whole process group) once the completions reach each share of the
-    ingested prompts."""
+def _answered(run: Path) -> int:
+    """Completions the generate stage's server has answered since its last launch (its log: a header per launch)."""
+    log = run / "generate" / "server-30000.log"
+    last = log.read_text(errors="replace").rsplit("==== dflashx: launch at", 1)[-1] if log.exists() else ""
+    return last.count('"POST /v1/chat/completions HTTP/1.1" 200')
 
-    def __init__(self, run: Path, shares: tuple[float, ...] = (0.25, 0.5, 0.75)) -> None:
+
+class Killer(threading.Thread):
+    """SIGKILLs the generate stage's server (its whole process group) `kills` times: once the completions reach
+    `first` of the ingested prompts and the server has answered since its launch, while fewer than `last` are written.
+    The server answers in bursts (its running batch finishes together), so each kill waits for the launch's first
+    answers rather than for a fixed share of the records, which one burst can step over."""
+
+    def __init__(self, run: Path, kills: int = 3, first: float = 0.25, last: float = 0.9) -> None:
         super().__init__(daemon=True)
-        self.run_dir, self.shares, self.killed, self.stop = run, list(shares), [], False
+        self.run_dir, self.kills, self.first, self.last = run, kills, first, last
+        self.killed: list[float] = []
+        self.stop = False
+        self.seen: list[tuple[float, int, int]] = []  # (seconds, completions, servers) at each change: a miss's story
 
     def run(self) -> None:
-        total = 0
-        while self.shares and not self.stop:
+        total, started = 0, time.monotonic()
+        while len(self.killed) < self.kills and not self.stop:
             total = total or len(_prompt_ids(self.run_dir))
             written = len(_records(self.run_dir)) if (self.run_dir / "generate").exists() else 0
             pids = _server_pids()
-            if total and written >= self.shares[0] * total and pids:
+            if not self.seen or self.seen[-1][1:] != (written, len(pids)):
+                self.seen.append((round(time.monotonic() - started, 1), written, len(pids)))
+            if total and pids and self.first * total <= written < self.last * total and _answered(self.run_dir):
                 for pid in pids:
-                    os.killpg(pid, signal.SIGKILL)
+                    with contextlib.suppress(ProcessLookupError):  # a child of the group already killed
+                        os.killpg(pid, signal.SIGKILL)
                 self.killed.append(written / total)
-                self.shares.pop(0)
                 while _server_pids() == pids and not self.stop:  # the next kill hits the next launch
                     time.sleep(0.2)
             time.sleep(0.2)
@@ -106,7 +122,7 @@ def engine_run(tmp_path_factory) -> tuple[Path, Killer, str]:
 
 def test_dflashx_launches_vllm_which_is_killed_three_times_and_every_prompt_is_written_once(engine_run):
     run, killer, _ = engine_run
-    assert len(killer.killed) == 3 and all(0.25 <= share < 0.9 for share in killer.killed), killer.killed
+    assert len(killer.killed) == 3 and all(0.25 <= share < 0.9 for share in killer.killed), (killer.killed, killer.seen)
     ids, prompts = [r["id"] for r in _records(run)], _prompt_ids(run)
     assert len(ids) == len(set(ids)) == len(prompts) == 284 and set(ids) == set(prompts)  # each prompt once
     assert all(r["backend"] == "vllm" and r["reasoning"].strip() for r in _records(run)[:50])
