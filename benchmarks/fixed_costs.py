@@ -1,6 +1,6 @@
 """The fixed costs of the pipeline's stages, each measured in isolation (not from a pipeline run).
 
-    python -m benchmarks.fixed_costs [--repeats 3]
+    python -m benchmarks.fixed_costs [--repeats 5]
 
 Each repeat starts a fresh Python process that does, timed one by one and mostly in the pipeline's
 order, what a stage does besides its per-token work on the tiny recipe (recipes/tiny.yaml): open and
@@ -12,9 +12,12 @@ matplotlib up), write the eval stage's report (the predicted speed-up and its tw
 of 2 suites of 16 prompts), import datasets, set up the one-rank process group (imports DeepSpeed), build the
 DeepSpeed engine around a fresh drafter (twice: the first also pays DeepSpeed's once-per-process set-up, as
 the run's train stage after its pilot's does not), save one training checkpoint, write and read the drafter's
-safetensors, then run the tokenize stage's function on 400 one-line completions twice and on 4,000 once
-(the first call pays its once-per-process set-up: the stage's module, the datasets steps' first use, the chat
-template's compile; the 400 and 4,000 calls after it give its cost per sample and per call apart).
+safetensors, do the export stage's work on that drafter (load it, write both layouts, read them back against the
+engines' contracts, write the READMEs) and the orchestrator's around one stage (its log captured, its watchdog, the
+export's two folders hashed and registered in a manifest), then run the tokenize stage's function on 400 one-line
+completions twice and on 4,000 once (the first call pays its once-per-process set-up: the stage's module, the
+datasets steps' first use, the chat template's compile; the 400 and 4,000 calls after it give its cost per sample
+and per call apart).
 The parent
 also times a bare interpreter (`python -c pass`). Each part is timed as wall time and as the
 process's CPU time with its waited-for children (`<part>_cpu`: on a shared machine, about what
@@ -62,8 +65,10 @@ def _timed(parts: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
 
 
 def _cpu_seconds() -> float:
+    """This process's CPU time at the clock's full resolution (`os.times` counts in 10 ms ticks, as coarse as the
+    export's or a stage's bookkeeping), with its waited-for children's (in ticks)."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    return time.process_time() + t.children_user + t.children_system
 
 
 def child(out: Path) -> None:
@@ -190,7 +195,8 @@ def _wandb_run(folder: Path, name: str) -> None:
 
 def _train_parts(parts: dict[str, float], resolved: Any, target: Any, tokenizer: Any, target_path: str,
                  tmp: Path) -> None:
-    """The train stage's set-up and write-out around its steps, and export's safetensors."""
+    """The train stage's set-up and write-out around its steps, the export stage's work on its drafter, and the
+    orchestrator's around a stage."""
     import torch
 
     from dflashx.dflash import checkpoint as ckpt
@@ -198,6 +204,7 @@ def _train_parts(parts: dict[str, float], resolved: Any, target: Any, tokenizer:
     from dflashx.dflash.job import TrainJob
     from dflashx.dflash.step import TrainStep
     from dflashx.dflash.trainer import build_drafter
+    from dflashx.stages.export import write_export
 
     _timed(parts, "process_group", setup_distributed)
     job = TrainJob.of(resolved, tmp / "train", tmp / "dataset", target_path, target_path)
@@ -210,6 +217,40 @@ def _train_parts(parts: dict[str, float], resolved: Any, target: Any, tokenizer:
     _timed(parts, "drafter_save", lambda: ckpt.save_drafter(drafter, tmp / "drafter"))
     _timed(parts, "drafter_load", lambda: ckpt.load_drafter(tmp / "drafter"))
     teardown_distributed()
+    exported = tmp / "export"
+    _timed(parts, "export", lambda: write_export(resolved, ckpt.load_drafter(tmp / "drafter"), exported, target_path,
+                                                 None))
+    _timed(parts, "bookkeeping", _bookkeeping(exported))
+
+
+def _bookkeeping(folder: Path) -> Callable[[], None]:
+    """What the orchestrator does around one stage inside its timer (`dflashx.run.executor.execute`: the stage's
+    output captured into stage.log, the watchdog started and stopped, the artifacts hashed and registered in the
+    manifest, which is saved), here around a stage that returns the export's two folders at once."""
+    from types import SimpleNamespace
+
+    from dflashx.run.executor import execute
+    from dflashx.run.observer import SilentObserver
+    from dflashx.stages.base import Artifact, StageResult
+    from dflashx.stages.export import OUT, VLLM, VLLM_DIR
+    from dflashx.store.manifest import Manifest
+
+    result = StageResult(artifacts={OUT: Artifact(OUT), VLLM: Artifact(VLLM_DIR)})
+
+    def register(done: StageResult) -> None:
+        manifest = Manifest.load(folder)
+        for name, artifact in done.artifacts.items():
+            manifest.register("export", name, folder / artifact.path, artifact.tier, ["train.checkpoint"],
+                              stage_key="bench")
+        manifest.save()
+
+    def stage() -> None:
+        ran = execute(lambda _ctx: result, SimpleNamespace(out_dir=folder), label="export",  # type: ignore[arg-type]
+                      key="bench", reason=None, estimate_s=1.0, log=folder / "stage.log", observer=SilentObserver(),
+                      finish=register)
+        if ran.error is not None:
+            raise ran.error
+    return stage
 
 
 def interpreter_seconds() -> float:
@@ -220,7 +261,7 @@ def interpreter_seconds() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

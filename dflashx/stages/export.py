@@ -39,6 +39,7 @@ from dflashx.dflash.tau_record import HeldOutTau
 from dflashx.stages.base import Artifact, ExportContext, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import input_name
 from dflashx.store.atomic import atomic_dir, atomic_write_text
+from dflashx.resolve.model import ResolvedRecipe
 from dflashx.targets.registry import TargetFacts
 from dflashx.targets.locate import locate_target
 
@@ -83,16 +84,6 @@ def contract_violations(facts: TargetFacts, drafter_dir: Path,
     return out
 
 
-def check_written(ctx: ExportContext, drafter_dir: Path, vllm_dir: Path | None) -> None:
-    """The engine checkers on the written folders; StageFailed naming every broken key."""
-    found = contract_violations(ctx.recipe.target.facts, drafter_dir, vllm_dir)
-    failures = [f"{folder / CONFIG}: " + report(engine, broken) for engine, folder, broken in found if broken]
-    if failures:
-        raise StageFailed("export: the drafter does not meet the serving engines' contracts for target "
-                          f"{ctx.recipe.target.model}\n" + "\n".join(failures),
-                          metrics={"contract_violations": sum(len(v) for _, _, v in found)})
-
-
 def write_folders(drafter: Any, out: Path, vllm_out: Path, dtype: Any, target: str) -> Path | None:
     """The drafter in the DFlash layout at `out` and, where it has one, the speculators layout at `vllm_out` (its
     folder, or None: vLLM serves DFlash2 from the DFlash layout itself, PR #52816 qwen3_dflash2.py, and a DFlash
@@ -116,36 +107,49 @@ def exported(tau: HeldOutTau | None) -> dict[str, Any]:
     return {"exported": tau.exported, "exported_step": point.step, "exported_heldout_tau": point.tau}
 
 
+def write_export(recipe: ResolvedRecipe, drafter: Any, out_dir: Path, target: str,
+                 trained_for: chat_contract.ChatContract | None) -> Path | None:
+    """The export's work on a loaded drafter: both layouts under `out_dir` (`write_folders`), the engines' contracts
+    read back (`StageFailed` naming every broken key), the README with the serve commands in each folder (and the
+    chat contract the drafter was trained under, when known), the commands printed. Returns the speculators
+    folder, or None. `benchmarks/fixed_costs.py` times it on the tiny drafter (the plan's `export` part)."""
+    import torch
+
+    dtype = getattr(torch, TORCH_DTYPE[recipe.stages.export.dtype])
+    out = out_dir / OUT
+    vllm = write_folders(drafter, out, out_dir / VLLM_DIR, dtype, target)
+    found = contract_violations(recipe.target.facts, out, vllm)
+    failures = [f"{folder / CONFIG}: " + report(engine, broken) for engine, folder, broken in found if broken]
+    if failures:
+        raise StageFailed("export: the drafter does not meet the serving engines' contracts for target "
+                          f"{recipe.target.model}\n" + "\n".join(failures),
+                          metrics={"contract_violations": sum(len(v) for _, _, v in found)})
+    config = json.loads((out / CONFIG).read_text())
+    serving = Serving.of(config, recipe.target.facts, target, str(out), str(vllm or out),
+                         tp=recipe.stages.generate.serving.tp)
+    text = readme(serving, config, recipe.name, recipe.stages.export.dtype)
+    for folder in (out, vllm) if vllm is not None else (out,):
+        atomic_write_text(folder / README_FILE, text)
+        if trained_for is not None:
+            chat_contract.write(folder, trained_for)
+    print(f"export: serve the drafter with\n{commands(serving)}", flush=True)  # stage.log under `dflashx run`
+    return vllm
+
+
 def run(ctx: ExportContext) -> StageResult:
     from dflashx.dflash.checkpoint import load_drafter
 
     if CHECKPOINT not in ctx.inputs:
         raise ValueError(f"export stage needs input `{CHECKPOINT}` (the train stage's drafter); enable stages.train")
-    import torch
-
-    dtype = getattr(torch, TORCH_DTYPE[ctx.config.dtype])
     trained = Path(ctx.inputs[CHECKPOINT])
     tau = HeldOutTau.read(trained)  # held-out τ measured while training: the best drafter when it beat the last
     drafter = load_drafter(HeldOutTau.handed_on(trained))
-    out, target = ctx.out_dir / OUT, served_target(ctx)
-    vllm = write_folders(drafter, out, ctx.out_dir / VLLM_DIR, dtype, target)
-    speculators, vllm_out = vllm is not None, ctx.out_dir / VLLM_DIR
-    check_written(ctx, out, vllm)
-
-    config = json.loads((out / CONFIG).read_text())
-    serving = Serving.of(config, ctx.recipe.target.facts, target, str(out), str(vllm or out),
-                         tp=ctx.recipe.stages.generate.serving.tp)
-    text = readme(serving, config, ctx.recipe.name, ctx.config.dtype)
-    trained_for = chat_contract.read(ctx.inputs[CHECKPOINT])  # the template and thinking mode of training
-    for folder in (out, vllm_out) if speculators else (out,):
-        atomic_write_text(folder / README_FILE, text)
-        if trained_for is not None:
-            chat_contract.write(folder, trained_for)
-    print(f"export: serve the drafter with\n{commands(serving)}", flush=True)  # stage.log under `dflashx run`
+    vllm = write_export(ctx.recipe, drafter, ctx.out_dir, served_target(ctx), chat_contract.read(trained))
+    out = ctx.out_dir / OUT
     kind = architecture(drafter.config.architecture).hf_name
     artifacts = {OUT: Artifact(OUT, tier="irreplaceable", description=f"{kind} drafter (SGLang / z-lab / vLLM "
                                "layout): config.json + model.safetensors")}
-    if speculators:
+    if vllm is not None:
         artifacts[VLLM] = Artifact(VLLM_DIR, tier="replaceable",
                                    description="the same drafter in the speculators layout (vLLM)")
     return StageResult(

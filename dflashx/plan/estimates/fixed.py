@@ -9,7 +9,9 @@ a pipeline run:
   loads        the target (from_pretrained), its tokenizer, a drafter checkpoint; each time a stage does
   training     the process group (imports DeepSpeed), DeepSpeed's once-per-process set-up at its first engine,
                the DeepSpeed engine, each training checkpoint, the drafter's safetensors
-  tracking     one W&B run per stage (tracking.mode not disabled)
+  export       the export stage's work on the drafter (both layouts written and checked, the READMEs)
+  orchestrator each stage's bookkeeping (its log, watchdog, artifacts hashed and registered) and its W&B run
+               (tracking.mode not disabled)
 Process model (`dflashx.run`): the stages run one after another in the `dflashx run` process, which
 imports torch itself once the first stage has ended (for its provenance record); a lone train process keeps
 its one-rank group open for the next train stage (`dflashx.dflash.trainer.run_training` closes it only when
@@ -37,22 +39,24 @@ from dflashx.resolve.model import ResolvedRecipe
 _SOURCE = "benchmarks/results/fixed_costs.json (python -m benchmarks.fixed_costs)"
 _WHERE = "the 2-core development machine, Python 3.11, torch 2.13 CPU, transformers 5, tiny-qwen3 target"
 
-# The JSON's medians of 3 fresh processes (measured 2026-12-07 on the 2 idle cores, load average 1.0 before the
-# benchmark): the CPU time of the process and of the children it waited for (`<part>_cpu`; on a shared
-# machine, about what the part takes on an idle core, in 10 ms ticks), and the bare interpreter's wall time.
+# The JSON's medians of 5 fresh processes (measured 2026-12-07 on the 2 idle cores, load average 1.2 before the
+# benchmark; 3 processes on this day's new machine spread by up to 20%): the CPU time of the process (at the clock's
+# resolution) and of the children it waited for (`<part>_cpu`; on a shared machine, about what the part takes on an
+# idle core), and the bare interpreter's wall time.
 MEDIANS_S = {
-    "wandb_run_first": 0.69, "wandb_run": 0.1, "import_pandas": 0.17, "import_torch_transformers": 3.29,
-    "tokenizer_load": 0.01, "model_load_first": 0.44, "model_load": 0.03, "import_matplotlib": 0.28,
-    "figure_first": 0.14, "figure": 0.12, "eval_report": 0.47, "import_datasets": 0.16, "tokenize_first": 0.13,
-    "tokenize_again": 0.07, "tokenize_large": 0.51, "process_group": 0.22, "engine_build": 0.7,
-    "engine_build_again": 0.01, "checkpoint_save": 0, "drafter_save": 0, "drafter_load": 0.01, "interpreter": 0.02,
+    "wandb_run_first": 0.72, "wandb_run": 0.103, "import_pandas": 0.185, "import_torch_transformers": 3.267,
+    "tokenizer_load": 0.01, "model_load_first": 0.427, "model_load": 0.027, "import_matplotlib": 0.266,
+    "figure_first": 0.156, "figure": 0.124, "eval_report": 0.493, "import_datasets": 0.131, "tokenize_first": 0.151,
+    "tokenize_again": 0.08, "tokenize_large": 0.569, "process_group": 0.223, "engine_build": 0.708,
+    "engine_build_again": 0.007, "checkpoint_save": 0.009, "drafter_save": 0.004, "drafter_load": 0.008,
+    "export": 0.02, "bookkeeping": 0.005, "interpreter": 0.023,
 }
 
 
 def _part(what: str, measured: str, less: str | None = None) -> Measured:
     """A part: the median `measured`, less the median `less` where the first figure includes it."""
     value = MEDIANS_S[measured] - (MEDIANS_S[less] if less else 0.0)
-    figure = f"{what}: {measured} {MEDIANS_S[measured]:.2f} s" + (f" - {less} {MEDIANS_S[less]:.2f} s" if less else "")
+    figure = f"{what}: {measured} {MEDIANS_S[measured]:.3f} s" + (f" - {less} {MEDIANS_S[less]:.3f} s" if less else "")
     return Measured(round(value, 3), _SOURCE, figure, _WHERE)
 
 
@@ -64,9 +68,9 @@ def _part(what: str, measured: str, less: str | None = None) -> Measured:
 # is the first call less the second.
 TOKENIZE_SAMPLES = 400
 _TOKENIZE_SLOPE = (MEDIANS_S["tokenize_large"] - MEDIANS_S["tokenize_again"]) / (9 * TOKENIZE_SAMPLES)
-_TOKENIZE_RUNS = (f"tokenize_first {MEDIANS_S['tokenize_first']:.2f} s, tokenize_again "
-                  f"{MEDIANS_S['tokenize_again']:.2f} s ({TOKENIZE_SAMPLES} completions), tokenize_large "
-                  f"{MEDIANS_S['tokenize_large']:.2f} s ({10 * TOKENIZE_SAMPLES})")
+_TOKENIZE_RUNS = (f"tokenize_first {MEDIANS_S['tokenize_first']:.3f} s, tokenize_again "
+                  f"{MEDIANS_S['tokenize_again']:.3f} s ({TOKENIZE_SAMPLES} completions), tokenize_large "
+                  f"{MEDIANS_S['tokenize_large']:.3f} s ({10 * TOKENIZE_SAMPLES})")
 TOKENIZE_PER_SAMPLE = Measured(round(_TOKENIZE_SLOPE, 7), _SOURCE,
                                f"tokenize_completions per sample: (tokenize_large - tokenize_again) / "
                                f"{9 * TOKENIZE_SAMPLES}; {_TOKENIZE_RUNS}", _WHERE)
@@ -105,6 +109,11 @@ PARTS: dict[str, Measured] = {
     "checkpoint": _part("checkpoint.save_training_state (engine, optimizer, RNG)", "checkpoint_save"),
     "drafter_save": _part("checkpoint.save_drafter (config.json + model.safetensors)", "drafter_save"),
     "drafter_load": _part("checkpoint.load_drafter", "drafter_load"),
+    "export": _part("the export stage's work on the tiny drafter: load it, write both layouts, read them back "
+                    "against the engines' contracts, the READMEs (stages.export.write_export)", "export"),
+    "bookkeeping": _part("the orchestrator's work around a stage inside its timer: its output captured, its watchdog, "
+                         "its artifacts hashed and registered, the manifest saved (the export's two folders)",
+                         "bookkeeping"),
 }
 # A target's weights loaded at a cold start with the default safetensors loader (mmap through the page cache).
 LOAD_RATE = Measured(
@@ -164,14 +173,16 @@ def stage_needs(recipe: ResolvedRecipe, stage: str, steps: int) -> dict[str, int
         needs = {"torch": 1, "modeling": 1, "matplotlib": 1, "figure_setup": 1, "eval_report": 1,
                  "target_load": 1, "tokenizer": 1, "drafter_load": 1 + len(st.eval.baselines)}
     elif stage == "export":
-        needs = {"torch": 1, "drafter_load": 1, "drafter_save": 1}
+        needs = {"torch": 1, "export": 1}
     return needs
 
 
-def tracking_needs(recipe: ResolvedRecipe) -> dict[str, int]:
-    """The `dflashx run` process opens a W&B run around every stage unless tracking is disabled; W&B's start
-    imports pandas and pyarrow (`python -X importtime` of the tiny run: in ingest, after W&B's exporters)."""
-    return {} if recipe.tracking.mode == "disabled" else {"wandb_service": 1, "pandas": 1, "wandb_run": 1}
+def orchestrator_needs(recipe: ResolvedRecipe) -> dict[str, int]:
+    """What the `dflashx run` process does around every stage: its bookkeeping, and a W&B run unless tracking is
+    disabled; W&B's start imports pandas and pyarrow (`python -X importtime` of the tiny run: in ingest, after W&B's
+    exporters)."""
+    tracking = {} if recipe.tracking.mode == "disabled" else {"wandb_service": 1, "pandas": 1, "wandb_run": 1}
+    return {"bookkeeping": 1, **tracking}
 
 
 def fixed_costs(recipe: ResolvedRecipe, steps: int, paid: frozenset[str] = frozenset()) -> FixedCosts:
@@ -188,7 +199,7 @@ def fixed_costs(recipe: ResolvedRecipe, steps: int, paid: frozenset[str] = froze
             continue
         work = stage_needs(recipe, stage, steps)
         launched = stage == "train" and recipe.stages.train.world_size > 1
-        here = tracking_needs(recipe) if launched else {**work, **tracking_needs(recipe)}
+        here = orchestrator_needs(recipe) if launched else {**work, **orchestrator_needs(recipe)}
         parts[stage] = {p: n for p, n in here.items() if p not in ONCE_PER_PROCESS or p not in imported}
         if launched:  # each rank: a fresh process doing the stage's work, in parallel with the others
             parts[stage] |= {"interpreter": 1, **work}
