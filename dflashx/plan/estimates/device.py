@@ -60,3 +60,9 @@ def factor(profile: HardwareProfile, key: str, default: float) -> tuple[float, b
         return profile.calibrated[key], True
     return default, False
 
+
+def pilot_ingest_seconds(profile: HardwareProfile) -> float | None:
+    """The seconds of the run's own ingest stage as its pilot ran it (`hardware.calibrated.ingest_seconds`; the run
+    then skips the stage), or None: the one answer to whether the plan's ingest was measured whole."""
+    value = profile.calibrated.get(CALIBRATED_INGEST)
+    return None if value is None else float(value)

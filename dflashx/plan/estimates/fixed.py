@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from dflashx.config.fields import PRECISION_BYTES
 from dflashx.config.schema import STAGE_ORDER
-from dflashx.plan.estimates.device import CALIBRATED_INGEST
+from dflashx.plan.estimates.device import pilot_ingest_seconds
 from dflashx.plan.estimates.engine import Measured
 from dflashx.plan.explain import Term, explained
 from dflashx.plan.expr import const, total, var
@@ -195,7 +195,7 @@ def fixed_costs(recipe: ResolvedRecipe, steps: int, paid: frozenset[str] = froze
     parts: dict[str, dict[str, int]] = {}
     for stage in STAGE_ORDER:
         if not getattr(recipe.stages, stage).enabled or (stage == "ingest"
-                                                         and CALIBRATED_INGEST in recipe.hardware.calibrated):
+                                                         and pilot_ingest_seconds(recipe.hardware) is not None):
             continue
         work = stage_needs(recipe, stage, steps)
         launched = stage == "train" and recipe.stages.train.world_size > 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dflashx.config.schema import Recipe
 from dflashx.plan.estimates.deployment import SpeedupRow, predict_speedup
 from dflashx.plan.estimates.speculative import drafter_window
-from dflashx.plan.estimates.device import CALIBRATED_DECODE_CYCLE, CALIBRATED_INGEST, device_of, factor
+from dflashx.plan.estimates.device import CALIBRATED_DECODE_CYCLE, device_of, factor, pilot_ingest_seconds
 from dflashx.plan.estimates.engine import Measured
 from dflashx.plan.estimates.fixed import TOKENIZE_PER_SAMPLE
 from dflashx.plan.estimates.generation import Serving
@@ -74,8 +74,8 @@ def host_seconds(recipe: Recipe, tokens: Tokens, storage_total: float, export_by
 def ingest_seconds(recipe: Recipe, tokens: Tokens) -> Term:
     """The ingest stage: as the pilot ran it (hardware.calibrated.ingest_seconds: the pilot runs the run's own
     ingest, which the run then skips), else the raw prompts at the measured rate (INGEST_PROMPTS_PER_S)."""
-    measured, calibrated = factor(recipe.hardware, CALIBRATED_INGEST, 0.0)
-    if calibrated:
+    measured = pilot_ingest_seconds(recipe.hardware)
+    if measured is not None:
         return term("ingest.seconds", measured, "s", "measured_s",
                     "the run's own ingest stage as its pilot ran it (hardware.calibrated.ingest_seconds)",
                     measured_s=measured)
