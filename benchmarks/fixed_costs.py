@@ -225,29 +225,25 @@ def _train_parts(parts: dict[str, float], resolved: Any, target: Any, tokenizer:
 
 def _bookkeeping(folder: Path) -> Callable[[], None]:
     """What the orchestrator does around one stage inside its timer (`dflashx.run.executor.execute`: the stage's
-    output captured into stage.log, the watchdog started and stopped, the artifacts hashed and registered in the
-    manifest, which is saved), here around a stage that returns the export's two folders at once."""
+    output captured into stage.log, the watchdog started and stopped, `orchestrator.register_outputs`: the artifacts
+    hashed and registered in the manifest, which is saved), here around a stage that returns the export's two
+    folders at once."""
     from types import SimpleNamespace
 
     from dflashx.run.executor import execute
+    from dflashx.run.keys import StageKey
     from dflashx.run.observer import SilentObserver
+    from dflashx.run.orchestrator import register_outputs
     from dflashx.stages.base import Artifact, StageResult
     from dflashx.stages.export import OUT, VLLM, VLLM_DIR
-    from dflashx.store.manifest import Manifest
 
     result = StageResult(artifacts={OUT: Artifact(OUT), VLLM: Artifact(VLLM_DIR)})
-
-    def register(done: StageResult) -> None:
-        manifest = Manifest.load(folder)
-        for name, artifact in done.artifacts.items():
-            manifest.register("export", name, folder / artifact.path, artifact.tier, ["train.checkpoint"],
-                              stage_key="bench")
-        manifest.save()
+    key = StageKey("bench", {"train.checkpoint": None})
 
     def stage() -> None:
         ran = execute(lambda _ctx: result, SimpleNamespace(out_dir=folder), label="export",  # type: ignore[arg-type]
-                      key="bench", reason=None, estimate_s=1.0, log=folder / "stage.log", observer=SilentObserver(),
-                      finish=register)
+                      key=key.key, reason=None, estimate_s=1.0, log=folder / "stage.log", observer=SilentObserver(),
+                      finish=lambda done: register_outputs(folder, "export", key, done, folder, {}, 0.0))
         if ran.error is not None:
             raise ran.error
     return stage

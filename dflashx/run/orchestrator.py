@@ -20,11 +20,12 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from dflashx.config.schema import Tier
 from dflashx.plan.context import Estimates
 from dflashx.plan.plan import Plan
 from dflashx.resolve.model import ResolvedRecipe
@@ -181,8 +182,9 @@ class Orchestrator:
         try:
             ran = execute(fn, ctx, label=name, key=key.key, reason=reason, estimate_s=estimates.seconds,
                           log=out_dir / "stage.log", observer=self.observer, tracker=tracker,
-                          finish=lambda result: None if result.unfinished else self._register(name, key, result,
-                                                                                              out_dir),
+                          finish=lambda result: None if result.unfinished else register_outputs(
+                              self.rundir.path, name, key, result, out_dir, self.recipe.storage.tiers,
+                              estimates.usd),
                           warn=lambda message: self.records.append("warning", stage=name, message=message))
         except KeyboardInterrupt:
             self._write_provenance(attempt, "interrupted", {}, "interrupted by the user")
@@ -205,28 +207,6 @@ class Orchestrator:
         self.records.append("stage_end", stage=name, stage_key=key.key, duration_s=duration,
                             metrics=metrics, outputs=outputs)
         return StageOutcome(name, "done", key.key, duration_s=duration, metrics=metrics)
-
-    def _register(self, name: str, key: StageKey, result: StageResult, out_dir: Path) -> dict[str, dict[str, Any]]:
-        """Register the stage's artifacts (tiers from the recipe's overrides) and save the manifest."""
-        manifest = Manifest.load(self.rundir.path)  # a stage (backup) may have saved it meanwhile
-        cost = self.plan.stage(name).estimates.usd
-        undeclared = sorted(set(result.artifacts) - set(GRAPH[name].outputs))
-        if undeclared:
-            raise RuntimeError(f"stage {name} returned artifacts {undeclared} that dflashx.stages.graph does not "
-                               f"declare (it declares {list(GRAPH[name].outputs)})")
-        outputs = {}
-        for artifact_name, artifact in result.artifacts.items():
-            path = (out_dir / artifact.path).resolve()
-            if not path.exists() or out_dir.resolve() not in (path, *path.parents):
-                raise RuntimeError(f"stage {name} returned artifact {artifact_name!r} at {artifact.path!r}, "
-                                   f"which is not an existing path inside {out_dir}")
-            tier = self.recipe.storage.tiers.get(f"{name}.{artifact_name}", artifact.tier)
-            entry = manifest.register(name, artifact_name, path, tier, inputs=list(key.inputs),
-                                      regen_cost_usd=cost if tier == "replaceable" else None,
-                                      stage_key=key.key, description=artifact.description)
-            outputs[artifact_name] = {"path": entry.path, "size": entry.size, "sha256": entry.sha256, "tier": tier}
-        manifest.save()
-        return outputs
 
     def _write_provenance(self, attempt: _Attempt, state: str, outputs: dict[str, Any],
                           message: str | None = None) -> None:
@@ -276,3 +256,28 @@ def run_pipeline(recipe: ResolvedRecipe, plan: Plan, run_dir: Path, selection: S
     `observer` (default: none) sees the run as it goes; `held`: the run lock the caller already
     holds (a session's pilot and stages, the pilot's stages in `pilot/`), else this call takes it."""
     return Orchestrator(recipe, plan, run_dir, argv, on_progress, observer, held).run(selection)
+
+
+def register_outputs(run_dir: Path, name: str, key: StageKey, result: StageResult, out_dir: Path,
+                     tiers: Mapping[str, Tier], cost_usd: float) -> dict[str, dict[str, Any]]:
+    """Register stage `name`'s artifacts in the run's manifest (tiers from the recipe's overrides `tiers`; a
+    replaceable one carries the stage's planned `cost_usd`) and save it: what the orchestrator does when a stage
+    ends, inside its timer (`benchmarks/fixed_costs.py` times it as part of a stage's bookkeeping)."""
+    manifest = Manifest.load(run_dir)  # a stage (backup) may have saved it meanwhile
+    undeclared = sorted(set(result.artifacts) - set(GRAPH[name].outputs))
+    if undeclared:
+        raise RuntimeError(f"stage {name} returned artifacts {undeclared} that dflashx.stages.graph does not "
+                           f"declare (it declares {list(GRAPH[name].outputs)})")
+    outputs = {}
+    for artifact_name, artifact in result.artifacts.items():
+        path = (out_dir / artifact.path).resolve()
+        if not path.exists() or out_dir.resolve() not in (path, *path.parents):
+            raise RuntimeError(f"stage {name} returned artifact {artifact_name!r} at {artifact.path!r}, "
+                               f"which is not an existing path inside {out_dir}")
+        tier = tiers.get(f"{name}.{artifact_name}", artifact.tier)
+        entry = manifest.register(name, artifact_name, path, tier, inputs=list(key.inputs),
+                                  regen_cost_usd=cost_usd if tier == "replaceable" else None,
+                                  stage_key=key.key, description=artifact.description)
+        outputs[artifact_name] = {"path": entry.path, "size": entry.size, "sha256": entry.sha256, "tier": tier}
+    manifest.save()
+    return outputs

@@ -36,10 +36,10 @@ from dflashx.export.causality import trained
 from dflashx.export.architecture import export_half
 from dflashx.data import chat_contract
 from dflashx.dflash.tau_record import HeldOutTau
+from dflashx.resolve.model import ResolvedRecipe
 from dflashx.stages.base import Artifact, ExportContext, StageContext, StageFailed, StageResult
 from dflashx.stages.graph import input_name
 from dflashx.store.atomic import atomic_dir, atomic_write_text
-from dflashx.resolve.model import ResolvedRecipe
 from dflashx.targets.registry import TargetFacts
 from dflashx.targets.locate import locate_target
 
